@@ -1,0 +1,87 @@
+# kcoll top-level Makefile. Each room adds itself through a build.mk fragment.
+#   make            build everything this machine can build into $(BUILD)/
+#   make V=1        show commands
+#   make CC=clang   build with clang
+#   make SAN=1      ASan+UBSan build (into build-asan/ unless BUILD is given)
+#   make deps       install missing Debian packages (idempotent; needs root)
+#   make check      deps + build + host-tier tests (+ the same tests under ASan/UBSan)
+#   make demo       deps + build + start kcolld + 4-rank all-reduce sweep
+#   make vmtest     the VM tier (kernel module, Soft-RoCE, BPF tracing) under QEMU
+
+SAN ?= 0
+ifeq ($(SAN),1)
+BUILD ?= build-asan
+else
+BUILD ?= build
+endif
+CC ?= cc
+ifeq ($(origin CC),default)
+CC := gcc
+endif
+AR ?= ar
+V ?= 0
+Q := $(if $(filter 1,$(V)),,@)
+msg = $(if $(filter 1,$(V)),,@printf '  %-7s %s\n' '$(1)' '$(2)';)
+
+KCOLL_VERSION := 1.0.0
+
+CPPFLAGS += -D_GNU_SOURCE -Iinclude -Iinclude/uapi -Iuser/common -DKCOLL_VERSION='"$(KCOLL_VERSION)"'
+# -ffp-contract=off: no FMA contraction, so vector and scalar reductions agree bit for bit.
+CFLAGS += -std=gnu11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -fPIC -pthread \
+	  -ffp-contract=off -fno-strict-aliasing
+LDFLAGS += -pthread
+ifeq ($(SAN),1)
+CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+OBJ := $(BUILD)/obj
+BIN := $(BUILD)/bin
+LIB := $(BUILD)/lib
+TBIN := $(BUILD)/tests
+
+# Fragments append to these.
+ALL_TARGETS :=
+CHECK_TARGETS :=
+
+.PHONY: all deps check check-host check-san check-clang demo vmtest clean install help
+all:
+
+include $(sort $(wildcard user/*/build.mk)) $(wildcard gpu/build.mk rdma/build.mk bpf/build.mk tests/build.mk)
+
+all: $(ALL_TARGETS)
+
+$(OBJ)/%.o: %.c
+	$(call msg,CC,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+-include $(shell find $(OBJ) -name '*.d' 2>/dev/null)
+
+deps:
+	$(Q)scripts/deps.sh
+
+# The host tier: plain build, then the same tests under ASan+UBSan, then a
+# clang -Werror build. Prints TAP and a final "N passed, N failed" line.
+check: deps
+	$(Q)$(MAKE) --no-print-directory check-host
+	$(Q)$(MAKE) --no-print-directory SAN=1 check-san
+	$(Q)$(MAKE) --no-print-directory CC=clang BUILD=build-clang all
+
+check-host: all $(CHECK_TARGETS)
+	$(Q)tests/run.sh $(BUILD)
+
+check-san: all $(CHECK_TARGETS)
+	$(Q)KCOLL_TEST_SAN=1 tests/run.sh $(BUILD)
+
+demo: deps all
+	$(Q)scripts/demo.sh $(BUILD)
+
+vmtest: deps
+	$(Q)scripts/vmtest.sh --suite
+
+clean:
+	rm -rf build build-asan build-clang
+
+help:
+	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'

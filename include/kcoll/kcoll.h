@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libkcoll: hand collective operations to the local kcolld.
+ *
+ * Conventions (the whole API keeps them):
+ *  - every function that can fail returns 0 or a negative errno; results come
+ *    back through out-parameters (never a pointer-or-NULL return);
+ *  - kcoll_strerror() turns any such value into a sentence;
+ *  - a struct kcoll handle (one connection, one ring) may be used by several
+ *    threads: submission and completion are serialized inside.
+ *
+ * Minimal use:
+ *
+ *	struct kcoll *k;  struct kcoll_comm *c;  struct kcoll_req *r;
+ *	kcoll_connect(NULL, &k);
+ *	if (rank == 0) kcoll_get_unique_id(k, &id);   // then share id with the other ranks
+ *	kcoll_comm_init_rank(k, &id, nranks, rank, &c);
+ *	kcoll_allreduce(c, send, recv, count, KCOLL_F32, KCOLL_SUM, &r);
+ *	kcoll_wait(r, -1);
+ */
+#ifndef KCOLL_KCOLL_H
+#define KCOLL_KCOLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <linux/kcoll.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KCOLL_DEFAULT_SOCKET	"/run/kcoll/kcolld.sock"
+#define KCOLL_UNIQUE_ID_BYTES	128
+
+struct kcoll;
+struct kcoll_comm;
+struct kcoll_req;
+
+/* Opaque, copyable bytes that name one communicator; share them out of band. */
+typedef struct {
+	uint8_t bytes[KCOLL_UNIQUE_ID_BYTES];
+} kcoll_unique_id_t;
+
+struct kcoll_connect_opts {
+	uint32_t size;		/* sizeof(struct kcoll_connect_opts) */
+	uint32_t flags;		/* none defined: must be 0 */
+	const char *socket_path;/* NULL: $KCOLL_SOCKET, else KCOLL_DEFAULT_SOCKET */
+	uint32_t sq_entries;	/* 0: default (256); rounded up to a power of two */
+	uint32_t reserved;
+};
+
+/* Connect to kcolld and map a private ring. opts may be NULL. */
+int kcoll_connect(const struct kcoll_connect_opts *opts, struct kcoll **out);
+/* Fail any request still pending, drop the ring and the connection. */
+void kcoll_disconnect(struct kcoll *k);
+
+/* Version of this libkcoll ("1.0.0") and the ring ABI it speaks. */
+const char *kcoll_version(void);
+
+/* A fresh id for a new communicator (random token; carries this host). */
+int kcoll_get_unique_id(struct kcoll *k, kcoll_unique_id_t *id);
+
+/* Join communicator id as rank 'rank' of 'nranks'; blocks until every rank
+ * has joined or timeout ($KCOLL_TIMEOUT_MS, default 30000) expires. */
+int kcoll_comm_init_rank(struct kcoll *k, const kcoll_unique_id_t *id, int nranks, int rank,
+			 struct kcoll_comm **out);
+/* Leave and free; pending operations on it complete with -ECANCELED. */
+int kcoll_comm_destroy(struct kcoll_comm *comm);
+int kcoll_comm_rank(const struct kcoll_comm *comm);
+int kcoll_comm_size(const struct kcoll_comm *comm);
+
+/*
+ * Collectives. All are asynchronous: they queue the operation and return a
+ * request in *req to test or wait on. sendbuf == recvbuf means in place (for
+ * reduce-scatter and all-gather: the rank's own slice of recvbuf, as in MPI).
+ * Buffers from kcoll_mem_alloc() are used by the daemon without any copy;
+ * other buffers are moved with one copy. The buffers must stay valid until
+ * the request completes.
+ */
+int kcoll_allreduce(struct kcoll_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+		    enum kcoll_dtype dtype, enum kcoll_redop op, struct kcoll_req **req);
+/* recvbuf gets recvcount elements: this rank's slice of the reduced vector. */
+int kcoll_reduce_scatter(struct kcoll_comm *comm, const void *sendbuf, void *recvbuf,
+			 size_t recvcount, enum kcoll_dtype dtype, enum kcoll_redop op,
+			 struct kcoll_req **req);
+/* recvbuf gets nranks * sendcount elements, rank r's at r * sendcount. */
+int kcoll_allgather(struct kcoll_comm *comm, const void *sendbuf, void *recvbuf, size_t sendcount,
+		    enum kcoll_dtype dtype, struct kcoll_req **req);
+/* buf of root is copied into buf of every other rank. */
+int kcoll_broadcast(struct kcoll_comm *comm, void *buf, size_t count, enum kcoll_dtype dtype,
+		    int root, struct kcoll_req **req);
+int kcoll_barrier(struct kcoll_comm *comm, struct kcoll_req **req);
+
+/* 1 and the request's result in *result if done (the request is then freed),
+ * 0 if still pending. */
+int kcoll_test(struct kcoll_req *req, int *result);
+/* Wait at most timeout_ms (< 0: forever) and free the request. Returns the
+ * operation's result, or -ETIMEDOUT (request still pending and still valid),
+ * or -ENOTCONN if the daemon went away. */
+int kcoll_wait(struct kcoll_req *req, int timeout_ms);
+/* After a failed request: the rank the daemon blamed, or -1. */
+int kcoll_req_err_rank(const struct kcoll_req *req);
+
+/* Shared-memory buffers the daemon maps too: collectives on them are zero-copy. */
+int kcoll_mem_alloc(struct kcoll *k, size_t size, void **ptr);
+int kcoll_mem_free(struct kcoll *k, void *ptr);
+
+/* Bytes per element of dtype, 0 if unknown. */
+size_t kcoll_dtype_size(enum kcoll_dtype dtype);
+const char *kcoll_dtype_name(enum kcoll_dtype dtype);
+const char *kcoll_redop_name(enum kcoll_redop op);
+/* Parse "f32", "bf16", ... / "sum", "max", ...: 0 or -EINVAL. */
+int kcoll_dtype_parse(const char *s, enum kcoll_dtype *out);
+int kcoll_redop_parse(const char *s, enum kcoll_redop *out);
+
+/* A sentence for any value returned by this API. */
+const char *kcoll_strerror(int err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KCOLL_KCOLL_H */

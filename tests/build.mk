@@ -1,0 +1,12 @@
+# Every tests/test_*.c is one test program printing TAP; tests/run.sh runs them.
+# They link the static libkcoll and the internal helpers; daemon-side units
+# they exercise are listed in TEST_DAEMON_OBJS (from user/daemon/build.mk).
+TEST_SRCS := $(sort $(wildcard tests/test_*.c))
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(TBIN)/%)
+
+$(TBIN)/%: $(OBJ)/tests/%.o $(LIB)/libkcoll.a $(COMMON_LIB) $(TEST_DAEMON_OBJS)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(TEST_DAEMON_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -lm
+
+CHECK_TARGETS += $(TEST_BINS)

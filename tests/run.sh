@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Host-tier test runner: starts a private kcolld, runs every TAP test program
+# ($BUILD/tests/test_*) and TAP script (tests/t_*.sh), and sums them up.
+#   tests/run.sh BUILD [NAME...]   NAME filters tests by substring
+# Output: each test's TAP lines, then "N passed, N failed, N skipped".
+set -u
+BUILD=${1:-build}; shift || true
+filters=("$@")
+top=$(cd "$(dirname "$0")/.." && pwd)
+export KCOLL_BUILD="$top/$BUILD" KCOLL_TOP="$top"
+tmp=$(mktemp -d /tmp/kcoll-test.XXXXXX)
+export KCOLL_TEST_TMP="$tmp"
+export KCOLL_SOCKET="$tmp/kcolld.sock"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+per_test_timeout=${KCOLL_TEST_TIMEOUT:-300}
+daemon_pid=
+
+cleanup() {
+	[ -n "$daemon_pid" ] && kill -TERM "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+start_daemon() {
+	"$KCOLL_BUILD/bin/kcolld" -f -s "$KCOLL_SOCKET" -l "$tmp/kcolld.log" &
+	daemon_pid=$!
+	for _ in $(seq 100); do [ -S "$KCOLL_SOCKET" ] && return 0; sleep 0.05; done
+	echo "Bail out! kcolld did not create $KCOLL_SOCKET"; cat "$tmp/kcolld.log"; exit 1
+}
+
+selected() {
+	[ ${#filters[@]} -eq 0 ] && return 0
+	for f in "${filters[@]}"; do case "$1" in *"$f"*) return 0 ;; esac; done
+	return 1
+}
+
+pass=0 fail=0 skip=0
+run_one() {	# name, command...
+	local name=$1; shift
+	local out rc
+	echo "# --- $name"
+	out=$(timeout -k 5 "$per_test_timeout" "$@" 2>&1); rc=$?
+	printf '%s\n' "$out"
+	local p f s
+	p=$(grep -cE '^ok [0-9]+' <<<"$out" | head -1)
+	s=$(grep -cE '^ok [0-9]+.*# *(SKIP|skip)' <<<"$out" | head -1)
+	f=$(grep -cE '^not ok [0-9]+' <<<"$out" | head -1)
+	p=$((p - s))
+	if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+		echo "not ok - $name exited with status $rc"
+		f=1
+	fi
+	if [ $((p + f + s)) -eq 0 ]; then
+		echo "not ok - $name printed no test result"
+		f=1
+	fi
+	pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+}
+
+[ -x "$KCOLL_BUILD/bin/kcolld" ] || { echo "Bail out! $KCOLL_BUILD/bin/kcolld missing: run make"; exit 1; }
+start_daemon
+
+for t in "$KCOLL_BUILD"/tests/test_*; do
+	[ -x "$t" ] || continue
+	selected "$(basename "$t")" || continue
+	run_one "$(basename "$t")" "$t"
+done
+for t in "$top"/tests/t_*.sh; do
+	[ -f "$t" ] || continue
+	selected "$(basename "$t")" || continue
+	run_one "$(basename "$t")" bash "$t"
+done
+
+if ! kill -0 "$daemon_pid" 2>/dev/null; then
+	echo "not ok - the shared kcolld died during the run"; fail=$((fail + 1)); daemon_pid=
+	tail -20 "$tmp/kcolld.log"
+fi
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
