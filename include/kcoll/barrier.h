@@ -7,6 +7,8 @@
 #ifndef KCOLL_BARRIER_H
 #define KCOLL_BARRIER_H
 
+#include <sched.h>
+
 /* Read an index the other side publishes; orders later reads of the entries
  * it covers after this load (pairs with kcoll_store_release). */
 #define kcoll_load_acquire(p)		__atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -32,6 +34,15 @@ static inline void kcoll_cpu_relax(void)
 #elif defined(__aarch64__)
 	__asm__ __volatile__("yield" ::: "memory");
 #endif
+}
+
+/* One step of a busy-poll that others may need the CPU for: when there are
+ * more spinning threads than cores (ranks + daemon threads on a small host),
+ * a plain pause loop starves the very thread it waits for. */
+static inline void kcoll_spin_yield(void)
+{
+	kcoll_cpu_relax();
+	sched_yield();
 }
 
 #endif /* KCOLL_BARRIER_H */

@@ -72,8 +72,9 @@ int kcoll_comm_size(const struct kcoll_comm *comm);
 
 /*
  * Collectives. All are asynchronous: they queue the operation and return a
- * request in *req to test or wait on. sendbuf == recvbuf means in place (for
- * reduce-scatter and all-gather: the rank's own slice of recvbuf, as in MPI).
+ * request in *req to test or wait on. In place follows NCCL: all-reduce
+ * sendbuf == recvbuf; reduce-scatter recvbuf == sendbuf + rank * recvcount;
+ * all-gather sendbuf == recvbuf + rank * sendcount. Other overlaps: -EINVAL.
  * Buffers from kcoll_mem_alloc() are used by the daemon without any copy;
  * other buffers are moved with one copy. The buffers must stay valid until
  * the request completes.

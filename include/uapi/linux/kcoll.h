@@ -183,4 +183,200 @@ struct kcoll_ring_hdr {
 #define KCOLL_RING_HDR_SIZE	4096	/* header page; sq_off is at least this */
 #define KCOLL_RING_MAX_ENTRIES	4096
 
+/* ===========================================================================
+ * BEGIN kcoll.ko device ABI (/dev/kcoll): ioctls, mmap offsets, feature bits.
+ * Owned by kmod/; asserted in include/kcoll/abi_check_kmod.c; documented in
+ * man/kcoll.4 and docs/sysfs.md.
+ *
+ * Every ioctl argument begins with __u32 size (the caller's sizeof) and
+ * __u32 flags. The kernel accepts any size from the first version's size up
+ * to a page: a shorter struct is zero-extended, a longer one must have an
+ * all-zero tail (else -E2BIG). A size below the first version's -> -EINVAL;
+ * non-zero reserved fields -> -EINVAL; unknown flags -> -EOPNOTSUPP. Output
+ * fields are written back for at most the caller's size. The ioctl number's
+ * size bits are not checked: the size field governs, so a grown struct keeps
+ * working with an older or newer module.
+ *
+ * Process (file) model: each open of /dev/kcoll is one context holding at
+ * most one ring and any number of registered buffers; closing the last
+ * reference (fd, fork copy or mapping) frees them.
+ */
+#include <linux/ioctl.h>
+
+#define KCOLL_DEV_PATH		"/dev/kcoll"
+#define KCOLL_KDEV_ABI_VERSION	1
+
+/* Feature bits (KCOLL_IOC_QUERY.features, /sys/kernel/kcoll/features) */
+#define KCOLL_FEAT_RING		(1ULL << 0)	/* RING_CREATE + mmap at KCOLL_MMAP_OFF_RING */
+#define KCOLL_FEAT_DOORBELL	(1ULL << 1)	/* WAIT / WAKE */
+#define KCOLL_FEAT_BUF		(1ULL << 2)	/* BUF_REGISTER / UNREGISTER / IMPORT + mmap */
+#define KCOLL_FEAT_GRANT	(1ULL << 3)	/* BUF_GRANT by uid or pid */
+#define KCOLL_FEAT_PEERS	(1ULL << 4)	/* PEER_REPORT + /sys/kernel/kcoll/peers */
+
+/*
+ * mmap offsets. The ring sits at 0 (length <= ring_size). Registered buffer
+ * h (h >= 1) sits at KCOLL_MMAP_OFF_BUF(h), one 4 GiB slot per handle, so a
+ * registration is at most 4 GiB - 1 page; KCOLL_IOC_BUF_IMPORT returns the
+ * offset, use that rather than computing it. Mappings must be MAP_SHARED.
+ */
+#define KCOLL_MMAP_OFF_RING	0ULL
+#define KCOLL_MMAP_BUF_SHIFT	32
+#define KCOLL_MMAP_OFF_BUF(h)	((__u64)(h) << KCOLL_MMAP_BUF_SHIFT)
+
+/* Feature and limit query. Only size and flags are input; min size 8. */
+struct kcoll_ioc_query {
+	__u32 size;
+	__u32 flags;			/* none defined: 0 */
+	__aligned_u64 features;		/* out: KCOLL_FEAT_* */
+	__u32 abi_version;		/* out: KCOLL_KDEV_ABI_VERSION */
+	__u32 page_size;		/* out */
+	__u32 max_ring_entries;		/* out: sq_entries limit */
+	__u32 max_grants;		/* out: grants per buffer */
+	__aligned_u64 max_buf_bytes;	/* out: largest single registration */
+	__aligned_u64 max_pinned_bytes;	/* out: limit on all pinned memory */
+};
+
+/* Create this file's ring (one per file, -EBUSY for a second). */
+struct kcoll_ioc_ring_create {
+	__u32 size;
+	__u32 flags;			/* none defined: 0 */
+	__u32 sq_entries;		/* power of two, 1..KCOLL_RING_MAX_ENTRIES */
+	__u32 cq_entries;		/* power of two, sq_entries..2*KCOLL_RING_MAX_ENTRIES;
+					 * 0: 2 * sq_entries */
+	__aligned_u64 ring_size;	/* out: bytes to map */
+	__aligned_u64 mmap_offset;	/* out: KCOLL_MMAP_OFF_RING */
+};
+
+/* Doorbells: each watches one index of the file's ring header. */
+#define KCOLL_DOORBELL_SQ	0	/* sq_tail: the daemon waits for submissions */
+#define KCOLL_DOORBELL_CQ	1	/* cq_tail: the client waits for completions */
+#define KCOLL_NR_DOORBELLS	2
+
+#define KCOLL_WAIT_FOREVER	0xffffffffU
+/* wait flags: any signal ends the wait (-EINTR); by default only a fatal one */
+#define KCOLL_WAIT_F_INTERRUPTIBLE	(1U << 0)
+
+/*
+ * Sleep while the doorbell's index in the ring header equals value, until a
+ * WAKE on that doorbell, the timeout (-ETIMEDOUT) or a signal (-EINTR).
+ * Returns 0 at once if the index already differs: no wakeup is lost when the
+ * producer publishes the index before ringing.
+ */
+struct kcoll_ioc_wait {
+	__u32 size;
+	__u32 flags;			/* KCOLL_WAIT_F_* */
+	__u32 doorbell;			/* KCOLL_DOORBELL_* */
+	__u32 value;			/* index the caller last saw */
+	__u32 timeout_ms;		/* KCOLL_WAIT_FOREVER: no limit; 0: just check */
+	__u32 reserved;			/* must be zero */
+};
+
+/* Wake every waiter of one doorbell of this file's ring. */
+struct kcoll_ioc_wake {
+	__u32 size;
+	__u32 flags;			/* none defined: 0 */
+	__u32 doorbell;			/* KCOLL_DOORBELL_* */
+	__u32 reserved;			/* must be zero */
+};
+
+/* Registration flags */
+#define KCOLL_BUF_F_READONLY	(1U << 0)	/* importers may map it PROT_READ only */
+
+/*
+ * Pin [addr, addr + len) of the caller's memory and name it by a handle that
+ * other contexts may import (KCOLL_IOC_BUF_IMPORT, then mmap). The pin is
+ * charged to the caller's RLIMIT_MEMLOCK. The registration ends with
+ * UNREGISTER or when this file is released; its pages stay pinned until the
+ * last importer mapping is gone too.
+ */
+struct kcoll_ioc_buf_register {
+	__u32 size;
+	__u32 flags;			/* KCOLL_BUF_F_* */
+	__aligned_u64 addr;		/* need not be page aligned */
+	__aligned_u64 len;		/* bytes, > 0 */
+	__aligned_u64 handle;		/* out: >= 1 */
+};
+
+/* End a registration made on this file (-ENOENT otherwise). */
+struct kcoll_ioc_buf_unregister {
+	__u32 size;
+	__u32 flags;			/* none defined: 0 */
+	__aligned_u64 handle;
+};
+
+/* Grant kinds */
+#define KCOLL_GRANT_UID		0	/* id is a uid (caller's user namespace) */
+#define KCOLL_GRANT_PID		1	/* id is a process id (caller's pid namespace) */
+/* grant flags */
+#define KCOLL_GRANT_F_REVOKE	(1U << 0)	/* remove the grant; mappings already made stay */
+
+/*
+ * Let another uid or process import a buffer registered on this file.
+ * Without a grant only processes whose effective uid equals the
+ * registrant's may import it.
+ */
+struct kcoll_ioc_buf_grant {
+	__u32 size;
+	__u32 flags;			/* KCOLL_GRANT_F_* */
+	__aligned_u64 handle;
+	__u32 kind;			/* KCOLL_GRANT_UID or KCOLL_GRANT_PID */
+	__u32 id;
+};
+
+/*
+ * Check that the caller may map a registered buffer and tell it where:
+ * mmap(NULL, map_len, PROT_READ[|PROT_WRITE], MAP_SHARED, fd, mmap_offset);
+ * the buffer then starts page_offset bytes into the mapping. A mapping may
+ * also cover a page-aligned part: offset mmap_offset + k * page size.
+ * -ENOENT: no such registration; -EACCES: not the owner's uid nor granted.
+ */
+struct kcoll_ioc_buf_import {
+	__u32 size;
+	__u32 flags;			/* none defined: 0 */
+	__aligned_u64 handle;
+	__aligned_u64 mmap_offset;	/* out */
+	__aligned_u64 map_len;		/* out: page-rounded length */
+	__aligned_u64 len;		/* out: registered length */
+	__u32 page_offset;		/* out: buffer start within the first page */
+	__u32 buf_flags;		/* out: KCOLL_BUF_F_* it was registered with */
+	__u32 owner_pid;		/* out: registrant's pid in the caller's namespace, 0 if gone */
+	__u32 reserved;			/* must be zero */
+};
+
+/* Link health kcolld reports (CAP_NET_ADMIN); shown in /sys/kernel/kcoll/peers. */
+enum kcoll_peer_state {
+	KCOLL_PEER_UNKNOWN = 0,		/* forget the peer */
+	KCOLL_PEER_OK = 1,
+	KCOLL_PEER_SLOW = 2,		/* beyond slow_ratio_pct of its usual speed */
+	KCOLL_PEER_HUNG = 3,		/* no progress for hang_ms */
+	KCOLL_PEER_DOWN = 4,		/* connection lost */
+	KCOLL_PEER_STATE_MAX
+};
+
+#define KCOLL_MAX_PEERS		64
+
+struct kcoll_ioc_peer_report {
+	__u32 size;
+	__u32 flags;			/* none defined: 0 */
+	__u32 peer;			/* < KCOLL_MAX_PEERS: rank or host index */
+	__u32 state;			/* enum kcoll_peer_state */
+	__u32 latency_us;		/* last measured latency, 0 if unknown */
+	__u32 bw_mbps;			/* last measured bandwidth in MB/s, 0 if unknown */
+};
+
+#define KCOLL_IOC_MAGIC		'k'
+#define KCOLL_IOC_QUERY		_IOWR(KCOLL_IOC_MAGIC, 0x40, struct kcoll_ioc_query)
+#define KCOLL_IOC_RING_CREATE	_IOWR(KCOLL_IOC_MAGIC, 0x41, struct kcoll_ioc_ring_create)
+#define KCOLL_IOC_WAIT		_IOWR(KCOLL_IOC_MAGIC, 0x42, struct kcoll_ioc_wait)
+#define KCOLL_IOC_WAKE		_IOWR(KCOLL_IOC_MAGIC, 0x43, struct kcoll_ioc_wake)
+#define KCOLL_IOC_BUF_REGISTER	_IOWR(KCOLL_IOC_MAGIC, 0x44, struct kcoll_ioc_buf_register)
+#define KCOLL_IOC_BUF_UNREGISTER _IOWR(KCOLL_IOC_MAGIC, 0x45, struct kcoll_ioc_buf_unregister)
+#define KCOLL_IOC_BUF_GRANT	_IOWR(KCOLL_IOC_MAGIC, 0x46, struct kcoll_ioc_buf_grant)
+#define KCOLL_IOC_BUF_IMPORT	_IOWR(KCOLL_IOC_MAGIC, 0x47, struct kcoll_ioc_buf_import)
+#define KCOLL_IOC_PEER_REPORT	_IOWR(KCOLL_IOC_MAGIC, 0x48, struct kcoll_ioc_peer_report)
+
+/* END kcoll.ko device ABI
+ * ===========================================================================
+ */
+
 #endif /* _UAPI_LINUX_KCOLL_H */

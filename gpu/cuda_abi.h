@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The few CUDA numbers kcoll uses, spelled out so that gpu.c builds where no
+ * CUDA toolkit is installed. gpu/cuda_abi_check.c asserts each one against
+ * cuda.h / driver_types.h wherever the toolkit exists.
+ *
+ * The driver's CUresult and the runtime's cudaError_t share one numbering for
+ * every code below, so one conversion serves both sides.
+ * Valid C11 and CUDA C++: reduce.cu includes it too.
+ */
+#ifndef KCOLL_GPU_CUDA_ABI_H
+#define KCOLL_GPU_CUDA_ABI_H
+
+#include <errno.h>
+
+enum kcoll_cuda_error {
+	KCOLL_CUDA_SUCCESS = 0,
+	KCOLL_CUDA_INVALID_VALUE = 1,
+	KCOLL_CUDA_OUT_OF_MEMORY = 2,
+	KCOLL_CUDA_NOT_INITIALIZED = 3,
+	KCOLL_CUDA_DEINITIALIZED = 4,
+	KCOLL_CUDA_INVALID_CONFIGURATION = 9,	/* runtime only */
+	KCOLL_CUDA_STUB_LIBRARY = 34,
+	KCOLL_CUDA_INSUFFICIENT_DRIVER = 35,	/* runtime only */
+	KCOLL_CUDA_CALL_REQUIRES_NEWER_DRIVER = 36,
+	KCOLL_CUDA_DEVICE_UNAVAILABLE = 46,
+	KCOLL_CUDA_INVALID_DEVICE_FUNCTION = 98,	/* runtime only */
+	KCOLL_CUDA_NO_DEVICE = 100,
+	KCOLL_CUDA_INVALID_DEVICE = 101,
+	KCOLL_CUDA_INVALID_IMAGE = 200,
+	KCOLL_CUDA_INVALID_CONTEXT = 201,
+	KCOLL_CUDA_NO_BINARY_FOR_GPU = 209,
+	KCOLL_CUDA_ECC_UNCORRECTABLE = 214,
+	KCOLL_CUDA_INVALID_PTX = 218,
+	KCOLL_CUDA_UNSUPPORTED_PTX_VERSION = 222,
+	KCOLL_CUDA_OPERATING_SYSTEM = 304,
+	KCOLL_CUDA_INVALID_HANDLE = 400,
+	KCOLL_CUDA_NOT_FOUND = 500,
+	KCOLL_CUDA_NOT_READY = 600,
+	KCOLL_CUDA_ILLEGAL_ADDRESS = 700,
+	KCOLL_CUDA_LAUNCH_OUT_OF_RESOURCES = 701,
+	KCOLL_CUDA_LAUNCH_TIMEOUT = 702,
+	KCOLL_CUDA_MISALIGNED_ADDRESS = 716,
+	KCOLL_CUDA_LAUNCH_FAILED = 719,
+	KCOLL_CUDA_NOT_PERMITTED = 800,
+	KCOLL_CUDA_NOT_SUPPORTED = 801,
+	KCOLL_CUDA_SYSTEM_NOT_READY = 802,
+	KCOLL_CUDA_SYSTEM_DRIVER_MISMATCH = 803,
+	KCOLL_CUDA_TIMEOUT = 909,
+	KCOLL_CUDA_UNKNOWN = 999,
+};
+
+/* CUdevice_attribute values the doctor queries. */
+enum kcoll_cuda_attr {
+	KCOLL_CU_ATTR_MULTIPROCESSOR_COUNT = 16,
+	KCOLL_CU_ATTR_CC_MAJOR = 75,
+	KCOLL_CU_ATTR_CC_MINOR = 76,
+	KCOLL_CU_ATTR_GPU_DIRECT_RDMA_SUPPORTED = 116,	/* since CUDA 11.3 */
+	KCOLL_CU_ATTR_DMA_BUF_SUPPORTED = 124,		/* since CUDA 11.7 */
+};
+
+/*
+ * CUresult or cudaError_t -> 0 or negative errno. Anything not listed is an
+ * I/O-class failure of the device or driver: -EIO.
+ */
+static inline int kcoll_cuda_errno(int err)
+{
+	switch (err) {
+	case KCOLL_CUDA_SUCCESS:
+		return 0;
+	case KCOLL_CUDA_INVALID_VALUE:
+	case KCOLL_CUDA_INVALID_CONFIGURATION:
+	case KCOLL_CUDA_INVALID_CONTEXT:
+		return -EINVAL;
+	case KCOLL_CUDA_OUT_OF_MEMORY:
+		return -ENOMEM;
+	case KCOLL_CUDA_NOT_INITIALIZED:
+	case KCOLL_CUDA_STUB_LIBRARY:
+	case KCOLL_CUDA_NO_DEVICE:
+	case KCOLL_CUDA_INVALID_DEVICE:
+	case KCOLL_CUDA_SYSTEM_DRIVER_MISMATCH:
+		return -ENODEV;
+	case KCOLL_CUDA_DEINITIALIZED:
+		return -ESHUTDOWN;
+	case KCOLL_CUDA_INSUFFICIENT_DRIVER:
+	case KCOLL_CUDA_CALL_REQUIRES_NEWER_DRIVER:
+	case KCOLL_CUDA_NOT_SUPPORTED:
+		return -EOPNOTSUPP;
+	case KCOLL_CUDA_DEVICE_UNAVAILABLE:
+		return -EBUSY;
+	case KCOLL_CUDA_INVALID_DEVICE_FUNCTION:
+	case KCOLL_CUDA_INVALID_IMAGE:
+	case KCOLL_CUDA_NO_BINARY_FOR_GPU:
+	case KCOLL_CUDA_INVALID_PTX:
+	case KCOLL_CUDA_UNSUPPORTED_PTX_VERSION:
+		return -ENOEXEC;	/* no usable kernel image for this device */
+	case KCOLL_CUDA_INVALID_HANDLE:
+		return -EBADF;
+	case KCOLL_CUDA_NOT_FOUND:
+		return -ENOENT;
+	case KCOLL_CUDA_NOT_READY:
+	case KCOLL_CUDA_SYSTEM_NOT_READY:
+		return -EAGAIN;
+	case KCOLL_CUDA_ILLEGAL_ADDRESS:
+	case KCOLL_CUDA_MISALIGNED_ADDRESS:
+		return -EFAULT;
+	case KCOLL_CUDA_LAUNCH_OUT_OF_RESOURCES:
+		return -ENOSPC;
+	case KCOLL_CUDA_LAUNCH_TIMEOUT:
+	case KCOLL_CUDA_TIMEOUT:
+		return -ETIMEDOUT;
+	case KCOLL_CUDA_NOT_PERMITTED:
+		return -EPERM;
+	default:
+		return -EIO;
+	}
+}
+
+#endif /* KCOLL_GPU_CUDA_ABI_H */

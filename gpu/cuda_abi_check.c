@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Compile-time proof that gpu/cuda_abi.h matches the installed CUDA headers.
+ * Built only where cuda.h exists (gpu/build.mk); never linked.
+ */
+#include <cuda.h>
+#include <driver_types.h>
+
+#include "cuda_abi.h"
+
+#define SAME(ours, drv, rt)                                                    \
+	_Static_assert((int)(ours) == (int)(drv) && (int)(ours) == (int)(rt), \
+		       #ours " differs from " #drv " or " #rt)
+#define SAME_DRV(ours, drv) _Static_assert((int)(ours) == (int)(drv), #ours " differs from " #drv)
+#define SAME_RT(ours, rt) _Static_assert((int)(ours) == (int)(rt), #ours " differs from " #rt)
+
+SAME(KCOLL_CUDA_SUCCESS, CUDA_SUCCESS, cudaSuccess);
+SAME(KCOLL_CUDA_INVALID_VALUE, CUDA_ERROR_INVALID_VALUE, cudaErrorInvalidValue);
+SAME(KCOLL_CUDA_OUT_OF_MEMORY, CUDA_ERROR_OUT_OF_MEMORY, cudaErrorMemoryAllocation);
+SAME(KCOLL_CUDA_NOT_INITIALIZED, CUDA_ERROR_NOT_INITIALIZED, cudaErrorInitializationError);
+SAME(KCOLL_CUDA_DEINITIALIZED, CUDA_ERROR_DEINITIALIZED, cudaErrorCudartUnloading);
+SAME_RT(KCOLL_CUDA_INVALID_CONFIGURATION, cudaErrorInvalidConfiguration);
+SAME(KCOLL_CUDA_STUB_LIBRARY, CUDA_ERROR_STUB_LIBRARY, cudaErrorStubLibrary);
+SAME_RT(KCOLL_CUDA_INSUFFICIENT_DRIVER, cudaErrorInsufficientDriver);
+SAME(KCOLL_CUDA_CALL_REQUIRES_NEWER_DRIVER, CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER,
+     cudaErrorCallRequiresNewerDriver);
+SAME(KCOLL_CUDA_DEVICE_UNAVAILABLE, CUDA_ERROR_DEVICE_UNAVAILABLE, cudaErrorDevicesUnavailable);
+SAME_RT(KCOLL_CUDA_INVALID_DEVICE_FUNCTION, cudaErrorInvalidDeviceFunction);
+SAME(KCOLL_CUDA_NO_DEVICE, CUDA_ERROR_NO_DEVICE, cudaErrorNoDevice);
+SAME(KCOLL_CUDA_INVALID_DEVICE, CUDA_ERROR_INVALID_DEVICE, cudaErrorInvalidDevice);
+SAME(KCOLL_CUDA_INVALID_IMAGE, CUDA_ERROR_INVALID_IMAGE, cudaErrorInvalidKernelImage);
+SAME(KCOLL_CUDA_INVALID_CONTEXT, CUDA_ERROR_INVALID_CONTEXT, cudaErrorDeviceUninitialized);
+SAME(KCOLL_CUDA_NO_BINARY_FOR_GPU, CUDA_ERROR_NO_BINARY_FOR_GPU, cudaErrorNoKernelImageForDevice);
+SAME(KCOLL_CUDA_ECC_UNCORRECTABLE, CUDA_ERROR_ECC_UNCORRECTABLE, cudaErrorECCUncorrectable);
+SAME(KCOLL_CUDA_INVALID_PTX, CUDA_ERROR_INVALID_PTX, cudaErrorInvalidPtx);
+SAME(KCOLL_CUDA_UNSUPPORTED_PTX_VERSION, CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+     cudaErrorUnsupportedPtxVersion);
+SAME(KCOLL_CUDA_OPERATING_SYSTEM, CUDA_ERROR_OPERATING_SYSTEM, cudaErrorOperatingSystem);
+SAME(KCOLL_CUDA_INVALID_HANDLE, CUDA_ERROR_INVALID_HANDLE, cudaErrorInvalidResourceHandle);
+SAME(KCOLL_CUDA_NOT_FOUND, CUDA_ERROR_NOT_FOUND, cudaErrorSymbolNotFound);
+SAME(KCOLL_CUDA_NOT_READY, CUDA_ERROR_NOT_READY, cudaErrorNotReady);
+SAME(KCOLL_CUDA_ILLEGAL_ADDRESS, CUDA_ERROR_ILLEGAL_ADDRESS, cudaErrorIllegalAddress);
+SAME(KCOLL_CUDA_LAUNCH_OUT_OF_RESOURCES, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+     cudaErrorLaunchOutOfResources);
+SAME(KCOLL_CUDA_LAUNCH_TIMEOUT, CUDA_ERROR_LAUNCH_TIMEOUT, cudaErrorLaunchTimeout);
+SAME(KCOLL_CUDA_MISALIGNED_ADDRESS, CUDA_ERROR_MISALIGNED_ADDRESS, cudaErrorMisalignedAddress);
+SAME(KCOLL_CUDA_LAUNCH_FAILED, CUDA_ERROR_LAUNCH_FAILED, cudaErrorLaunchFailure);
+SAME(KCOLL_CUDA_NOT_PERMITTED, CUDA_ERROR_NOT_PERMITTED, cudaErrorNotPermitted);
+SAME(KCOLL_CUDA_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED, cudaErrorNotSupported);
+SAME(KCOLL_CUDA_SYSTEM_NOT_READY, CUDA_ERROR_SYSTEM_NOT_READY, cudaErrorSystemNotReady);
+SAME(KCOLL_CUDA_SYSTEM_DRIVER_MISMATCH, CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+     cudaErrorSystemDriverMismatch);
+SAME(KCOLL_CUDA_TIMEOUT, CUDA_ERROR_TIMEOUT, cudaErrorTimeout);
+SAME(KCOLL_CUDA_UNKNOWN, CUDA_ERROR_UNKNOWN, cudaErrorUnknown);
+
+SAME_DRV(KCOLL_CU_ATTR_MULTIPROCESSOR_COUNT, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+SAME_DRV(KCOLL_CU_ATTR_CC_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+SAME_DRV(KCOLL_CU_ATTR_CC_MINOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+SAME_DRV(KCOLL_CU_ATTR_GPU_DIRECT_RDMA_SUPPORTED, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED);
+SAME_DRV(KCOLL_CU_ATTR_DMA_BUF_SUPPORTED, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED);
+
+/* The loader's function-pointer types assume these widths. */
+_Static_assert(sizeof(CUresult) == sizeof(int), "CUresult is not an int");
+_Static_assert(sizeof(CUdevice) == sizeof(int), "CUdevice is not an int");

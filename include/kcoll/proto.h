@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Control protocol between libkcoll (and kcollctl) and kcolld over the unix
+ * socket (SOCK_SEQPACKET: one message per datagram, file descriptors passed
+ * with SCM_RIGHTS). The data path never uses it: operations go through the
+ * ring. Internal to kcoll: both ends are built from this tree, and HELLO
+ * refuses a peer of another protocol version with a message saying so.
+ */
+#ifndef KCOLL_PROTO_H
+#define KCOLL_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <linux/kcoll.h>
+
+#define KCOLL_PROTO_MAGIC	0x6b63746cU	/* "kctl" */
+#define KCOLL_PROTO_VERSION	1
+#define KCOLL_MSG_BYTES		65536
+#define KCOLL_ID_TOKEN_BYTES	32
+
+enum kcoll_msg_type {
+	KCOLL_MSG_HELLO = 1,		/* -> ring memfd back */
+	KCOLL_MSG_MEM_REG = 2,		/* memfd in, region handle back */
+	KCOLL_MSG_MEM_UNREG = 3,
+	KCOLL_MSG_UNIQUE_ID = 4,
+	KCOLL_MSG_COMM_INIT = 5,	/* reply deferred until all ranks joined */
+	KCOLL_MSG_COMM_DESTROY = 6,
+	KCOLL_MSG_STATUS = 7,		/* reply: JSON text */
+	KCOLL_MSG_TYPE_MAX
+};
+
+/* Every message and every reply starts with this. */
+struct kcoll_msg_hdr {
+	uint32_t magic;
+	uint16_t type;
+	uint16_t flags;
+	uint32_t len;		/* whole message, header included */
+	uint32_t seq;		/* echoed in the reply */
+	int32_t status;		/* replies: 0 or negative errno */
+	uint32_t reserved;
+};
+
+struct kcoll_msg_hello {
+	struct kcoll_msg_hdr hdr;
+	uint32_t proto_version;
+	uint32_t abi_version;
+	uint32_t sq_entries;
+	uint32_t flags;
+};
+
+struct kcoll_msg_hello_reply {
+	struct kcoll_msg_hdr hdr;
+	uint64_t ring_size;
+	uint32_t daemon_pid;
+	uint32_t features;
+	char daemon_version[32];
+	char error[128];	/* on failure: what to do about it */
+};
+
+struct kcoll_msg_mem_reg {
+	struct kcoll_msg_hdr hdr;
+	uint64_t addr;		/* where the client mapped the memfd */
+	uint64_t size;
+};
+
+struct kcoll_msg_mem_unreg {
+	struct kcoll_msg_hdr hdr;
+	uint64_t addr;
+};
+
+/* Unique id layout (kcoll_unique_id_t is 128 opaque bytes to applications). */
+struct kcoll_id {
+	uint32_t magic;
+	uint32_t version;
+	uint8_t token[KCOLL_ID_TOKEN_BYTES];	/* random: the communicator's name */
+	uint32_t daemon_pid;
+	uint32_t reserved;
+	char host[80];				/* root daemon: host (multi-host bootstrap) */
+};
+
+struct kcoll_msg_comm_init {
+	struct kcoll_msg_hdr hdr;
+	struct kcoll_id id;
+	uint32_t nranks;
+	uint32_t rank;
+	uint32_t timeout_ms;
+	uint32_t reserved;
+};
+
+struct kcoll_msg_comm_init_reply {
+	struct kcoll_msg_hdr hdr;
+	uint32_t comm_id;	/* the client's handle, used in sqe->coll.comm_id */
+	uint32_t reserved;
+	char error[128];
+};
+
+struct kcoll_msg_comm_destroy {
+	struct kcoll_msg_hdr hdr;
+	uint32_t comm_id;
+	uint32_t reserved;
+};
+
+/* Send msg (len bytes, hdr.len set by the caller) with an optional fd (-1). */
+int kcoll_msg_send(int sock, const void *msg, size_t len, int fd);
+/*
+ * Receive one message into buf (at most cap bytes). *fd gets a passed
+ * descriptor or -1 (fd may be NULL: any passed descriptor is closed).
+ * Returns the length, 0 on orderly EOF, or a negative errno; a message that
+ * is truncated, has a bad magic or a len that disagrees is -EBADMSG.
+ */
+ssize_t kcoll_msg_recv(int sock, void *buf, size_t cap, int *fd);
+
+#endif /* KCOLL_PROTO_H */

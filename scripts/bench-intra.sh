@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Intra-node all-reduce, kcoll vs Open MPI, f32 sum, N=2 and N=4, 1 KiB..64 MiB.
+#   scripts/bench-intra.sh [BUILD]        (BUILD defaults to build)
+# Writes docs/perf/intra-<date>.json, draws docs/perf/allreduce-intra.png
+# (scripts/plot-perf.sh) and prints a markdown table of busbw with the
+# kcoll/Open MPI ratio per size, plus the 8-byte latency at N=2.
+#
+# Fairness on a small, noisy machine: the two systems alternate size by size
+# (kcoll, Open MPI, next N, next size), each point is repeated in ROUNDS rounds
+# and the median is kept; a plain memcpy sweep runs in every round as the DRAM
+# reference. kcoll uses kcoll_mem_alloc buffers (zero-copy).
+#
+# Open MPI (Debian 4.1): mpirun --allow-run-as-root (only when root)
+#   --oversubscribe (N may exceed the cores), --bind-to none (kcoll ranks are
+#   not pinned either), --mca pml ob1 --mca btl self,vader (shared memory;
+#   without pml ob1 the UCX pml is picked, ignores the btl list and was 5x
+#   slower at 4 MiB here), --mca mpi_yield_when_idle 1 only when N exceeds the
+#   cores (no measurable gain otherwise on shared memory).
+#
+# Environment: KCOLL_SOCKET  use that daemon (else a private kcolld is started
+#              and stopped); BENCH_ROUNDS (2), BENCH_MIN (1K), BENCH_MAX (64M),
+#              BENCH_FACTOR (4), BENCH_NS ("2 4"), BENCH_OUT (docs/perf).
+# Bounded: about 3-4 minutes on the 2-core VM with the defaults.
+set -euo pipefail
+
+BUILD=${1:-build}
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+bin="$top/$BUILD/bin"
+rounds=${BENCH_ROUNDS:-2}
+min=${BENCH_MIN:-1K}
+max=${BENCH_MAX:-64M}
+factor=${BENCH_FACTOR:-4}
+ns=${BENCH_NS:-2 4}
+outdir=${BENCH_OUT:-docs/perf}
+stamp=$(date +%Y-%m-%d-%H%M)
+json="$outdir/intra-$stamp.json"
+png="$outdir/allreduce-intra.png"
+ncpu=$(nproc)
+
+die() { echo "bench-intra: $*" >&2; exit 1; }
+note() { echo "bench-intra: $*" >&2; }
+
+[ -x "$bin/kcoll-bench" ] || die "$bin/kcoll-bench missing: run make"
+command -v python3 >/dev/null || die "python3 is needed to merge the JSON results"
+
+to_bytes() {	# 64M -> 67108864
+	local v=$1 m=1
+	case "$v" in
+	*[Gg]) m=$((1 << 30)); v=${v%?} ;;
+	*[Mm]) m=$((1 << 20)); v=${v%?} ;;
+	*[Kk]) m=$((1 << 10)); v=${v%?} ;;
+	esac
+	echo $((v * m))
+}
+
+tmp=$(mktemp -d /tmp/kcoll-bench-intra.XXXXXX)
+daemon_pid=
+cleanup() {
+	if [ -n "$daemon_pid" ]; then
+		kill -TERM "$daemon_pid" 2>/dev/null || true
+		wait "$daemon_pid" 2>/dev/null || true
+	fi
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ -n "${KCOLL_SOCKET:-}" ]; then
+	sock=$KCOLL_SOCKET
+else
+	[ -x "$bin/kcolld" ] || die "$bin/kcolld missing: run make (or set KCOLL_SOCKET)"
+	sock="$tmp/kcolld.sock"
+	"$bin/kcolld" -f -s "$sock" -l "$tmp/kcolld.log" &
+	daemon_pid=$!
+	for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+	[ -S "$sock" ] || { cat "$tmp/kcolld.log" >&2; die "kcolld did not create $sock"; }
+fi
+
+mpi=()
+if [ -x "$bin/mpi-coll-bench" ] && command -v mpirun >/dev/null; then
+	mpi=(mpirun)
+	[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+	mpi+=(--oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
+else
+	note "no mpirun or $bin/mpi-coll-bench: measuring kcoll only"
+fi
+
+# Iterations per point: enough to average out a small size, bounded for a
+# large one (about 256 MiB moved per point, 10..200 iterations).
+iters_for() {
+	local n=$(( (256 << 20) / $1 ))
+	[ "$n" -lt 10 ] && n=10
+	[ "$n" -gt 200 ] && n=200
+	echo "$n"
+}
+
+run=0
+record() {	# round system N file: tag a tool's JSON document
+	printf '{"round": %s, "system": "%s", "N": %s, "result": ' "$1" "$2" "$3" >"$tmp/run-$run.json"
+	cat "$4" >>"$tmp/run-$run.json"
+	echo "}" >>"$tmp/run-$run.json"
+	run=$((run + 1))
+}
+
+point() {	# round system N size iters warmup
+	local out="$tmp/point.json"
+	local args=(allreduce -b "$4" -e "$4" -n "$5" -w "$6" -c 0 -d f32 -o sum --json)
+	if [ "$2" = kcoll ]; then
+		timeout 120 "$bin/kcoll-bench" "${args[@]}" -N "$3" -s "$sock" >"$out" ||
+			die "kcoll-bench -N $3 at $4 bytes failed"
+	else
+		local extra=()
+		[ "$3" -gt "$ncpu" ] && extra=(--mca mpi_yield_when_idle 1)
+		timeout 120 "${mpi[@]}" "${extra[@]}" -np "$3" "$bin/mpi-coll-bench" "${args[@]}" \
+			>"$out" 2>"$tmp/mpi.err" ||
+			{ cat "$tmp/mpi.err" >&2; die "mpi-coll-bench -np $3 at $4 bytes failed"; }
+	fi
+	record "$1" "$2" "$3" "$out"
+}
+
+lo=$(to_bytes "$min")
+hi=$(to_bytes "$max")
+start=$SECONDS
+for r in $(seq "$rounds"); do
+	note "round $r/$rounds: memcpy reference, 8-byte latency, sweep $min..$max x$factor for N=${ns// /,}"
+	timeout 120 "$bin/kcoll-bench" memcpy -b "$lo" -e "$hi" -f "$factor" -n 20 -w 5 --json \
+		>"$tmp/point.json" || die "kcoll-bench memcpy failed"
+	record "$r" memcpy 1 "$tmp/point.json"
+	# latency: 8 bytes at N=2, both systems back to back
+	point "$r" kcoll 2 8 2000 200
+	if [ ${#mpi[@]} -gt 0 ]; then point "$r" openmpi 2 8 2000 200; fi
+	for ((size = lo; size <= hi; size *= factor)); do
+		n=$(iters_for "$size")
+		for N in $ns; do
+			point "$r" kcoll "$N" "$size" "$n" $((n / 5 + 1))
+			if [ ${#mpi[@]} -gt 0 ]; then
+				point "$r" openmpi "$N" "$size" "$n" $((n / 5 + 1))
+			fi
+		done
+	done
+done
+note "measured in $((SECONDS - start)) s"
+
+mkdir -p "$outdir"
+mpirun_line="${mpi[*]:-none}"
+python3 - "$tmp" "$json" "$rounds" "$mpirun_line" <<'EOF'
+import glob, json, os, platform, statistics, sys, time
+
+tmp, out, rounds, mpirun = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+runs = []
+for f in sorted(glob.glob(os.path.join(tmp, "run-*.json")),
+                key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0])):
+    with open(f) as fh:
+        runs.append(json.load(fh))
+
+points = {}	# (system, N, size) -> [rows]
+for run in runs:
+    for row in run["result"]["rows"]:
+        points.setdefault((run["system"], run["N"], row["size"]), []).append(row)
+
+summary = []
+for (system, n, size), rows in sorted(points.items()):
+    summary.append({
+        "system": system, "N": n, "size": size,
+        "time_us": statistics.median(r["time_us"] for r in rows),
+        "algbw": statistics.median(r["algbw"] for r in rows),
+        "busbw": statistics.median(r["busbw"] for r in rows),
+        "samples": len(rows),
+    })
+
+doc = {
+    "tool": "scripts/bench-intra.sh",
+    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
+    "collective": "allreduce", "dtype": "f32", "op": "sum", "mem": "shm",
+    "rounds": rounds, "mpirun": mpirun,
+    "note": "summary = median over rounds; systems alternate point by point",
+    "summary": summary, "runs": runs,
+}
+with open(out, "w") as fh:
+    json.dump(doc, fh, indent=1)
+    fh.write("\n")
+EOF
+note "wrote $json"
+
+if command -v gnuplot >/dev/null; then
+	"$top/scripts/plot-perf.sh" "$json" "$png" && note "drew $png"
+else
+	note "no gnuplot (scripts/deps.sh --bench installs it): skipped $png"
+fi
+
+python3 - "$json" <<'EOF'
+import json, sys
+
+doc = json.load(open(sys.argv[1]))
+pt = {(s["system"], s["N"], s["size"]): s for s in doc["summary"]}
+ns = sorted({s["N"] for s in doc["summary"] if s["system"] == "kcoll"})
+sizes = sorted({s["size"] for s in doc["summary"] if s["system"] == "kcoll" and s["size"] > 8})
+
+def human(b):
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return "%d %s" % (b >> shift, unit)
+    return "%d B" % b
+
+def bw(key):
+    return "%.2f" % pt[key]["busbw"] if key in pt else "-"
+
+def ratio(a, b):
+    if a in pt and b in pt and pt[b]["busbw"] > 0:
+        return "%.2fx" % (pt[a]["busbw"] / pt[b]["busbw"])
+    return "-"
+
+head = ["size"]
+for n in ns:
+    head += ["kcoll N=%d" % n, "Open MPI N=%d" % n, "ratio"]
+head.append("memcpy")
+print("All-reduce f32 sum, busbw in GB/s (median of %d rounds), %s, %d CPUs, %s"
+      % (doc["rounds"], doc["host"], doc["cpus"], doc["date"]))
+print()
+print("| " + " | ".join(head) + " |")
+print("|" + "|".join(["---:"] * len(head)) + "|")
+for size in sizes:
+    cells = [human(size)]
+    for n in ns:
+        k, m = ("kcoll", n, size), ("openmpi", n, size)
+        cells += [bw(k), bw(m), ratio(k, m)]
+    mc = ("memcpy", 1, size)
+    cells.append("%.2f" % pt[mc]["algbw"] if mc in pt else "-")
+    print("| " + " | ".join(cells) + " |")
+print()
+k, m = pt.get(("kcoll", 2, 8)), pt.get(("openmpi", 2, 8))
+if k:
+    line = "8-byte all-reduce latency, N=2: kcoll %.2f us" % k["time_us"]
+    if m:
+        line += ", Open MPI %.2f us (kcoll/Open MPI time %.2fx)" % (m["time_us"],
+                                                                    k["time_us"] / m["time_us"])
+    print(line)
+EOF

@@ -1,0 +1,346 @@
+#!/usr/bin/env bash
+# The VM tier: boot Debian's generic 6.1 kernel under QEMU/TCG with the host's
+# root file system shared read-only over 9p, and run a command in a chroot of
+# it (same paths as here, so build/ is reachable). Nothing is built inside the
+# guest. See docs/vmtest.md.
+#
+#   scripts/vmtest.sh [--kernel PATH] [--timeout S] [--mem MB] -- CMD...
+#       run CMD in the guest (cwd = the current directory); print its output
+#       and exit with its status (124 on timeout)
+#   scripts/vmtest.sh --suite [--timeout S]
+#       build kcoll.ko and the VM tests, run checkpatch and the ABI checks here,
+#       then the whole VM suite in one guest; prints TAP and a final line
+#       "N passed, N failed, N skipped"
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+kernel=
+timeout_s=
+mem_mb=1024
+suite=0
+cmd=()
+
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--kernel) kernel=${2:?--kernel needs a path}; shift 2 ;;
+	--timeout) timeout_s=${2:?--timeout needs seconds}; shift 2 ;;
+	--mem) mem_mb=${2:?--mem needs MiB}; shift 2 ;;
+	--suite) suite=1; shift ;;
+	-h|--help) usage; exit 0 ;;
+	--) shift; cmd=("$@"); break ;;
+	*) echo "vmtest.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
+	esac
+done
+if [ "$suite" -eq 0 ] && [ ${#cmd[@]} -eq 0 ]; then
+	usage >&2
+	exit 2
+fi
+
+die() { echo "vmtest.sh: $*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------
+# Guest kernel and its modules
+
+pick_kernel() {
+	if [ -z "$kernel" ]; then
+		kernel=$(ls -1 /boot/vmlinuz-6.1.0-*-amd64 2>/dev/null | sort -V | tail -1 || true)
+		[ -n "$kernel" ] || die "no /boot/vmlinuz-6.1.0-*-amd64: run 'scripts/deps.sh --vm' as root"
+	fi
+	[ -r "$kernel" ] || die "cannot read kernel $kernel"
+	kver=${kernel##*/vmlinuz-}
+	kmods=/lib/modules/$kver
+	[ -d "$kmods/kernel" ] || die "no modules for $kver in $kmods (kernel and modules must match)"
+}
+
+# Guest-visible paths must not contain characters the kernel command line or
+# the init script would split on.
+check_path() {
+	case "$1" in
+	*[!A-Za-z0-9._/+-]*) die "path '$1' has characters the guest cannot take; use a simpler checkout path" ;;
+	esac
+}
+
+# ---------------------------------------------------------------------------
+# Initramfs: busybox + the virtio/9p modules; /init mounts the host root and
+# a read-write results share, chroots, runs the command script, powers off.
+
+initramfs_mods=(virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
+		netfs fscache 9pnet 9pnet_virtio 9p)
+
+write_init() {
+	cat >"$1" <<'EOF'
+#!/bin/busybox sh
+# kcoll vmtest guest init. Kernel command line (env): KCOLL_VM_RES=<host dir>
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in MODULES; do
+	insmod /mods/$m.ko || echo "vm-init: insmod $m failed"
+done
+o=trans=virtio,version=9p2000.L,msize=262144
+r=/mnt
+if ! mount -t 9p -o $o,ro hostroot $r || ! mount -t 9p -o $o,rw results $r$KCOLL_VM_RES; then
+	echo "vm-init: cannot mount the 9p shares"
+	poweroff -f
+fi
+mount -t proc proc $r/proc
+mount -t sysfs sys $r/sys
+mount -t devtmpfs dev $r/dev
+mount -t tmpfs -o mode=1777 tmp $r/tmp
+mount -t tmpfs tmp $r/run
+mount -t tmpfs -o mode=1777 shm $r/dev/shm 2>/dev/null
+mount -t debugfs debugfs $r/sys/kernel/debug 2>/dev/null
+echo "vm-init: running command"
+chroot $r /bin/sh $KCOLL_VM_RES/cmd.sh >$r$KCOLL_VM_RES/out 2>&1 </dev/null
+echo $? >$r$KCOLL_VM_RES/rc
+chroot $r /bin/dmesg >$r$KCOLL_VM_RES/dmesg 2>&1
+sync
+poweroff -f
+EOF
+	sed -i "s|MODULES|${initramfs_mods[*]}|" "$1"
+}
+
+build_initramfs() {
+	local out=$top/build/vm/initramfs-$kver.cpio.gz
+	initramfs=$out
+	if [ -s "$out" ] && [ "$out" -nt "$0" ]; then
+		return 0
+	fi
+	command -v busybox >/dev/null || die "busybox missing: run 'scripts/deps.sh --vm' as root"
+	local d
+	d=$(mktemp -d "$top/build/vm/initramfs.XXXXXX")
+	mkdir -p "$d/bin" "$d/proc" "$d/sys" "$d/dev" "$d/mnt" "$d/mods"
+	cp "$(command -v busybox)" "$d/bin/busybox"
+	for m in "${initramfs_mods[@]}"; do
+		local f
+		f=$(find "$kmods/kernel" -name "$m.ko*" | head -1)
+		[ -n "$f" ] || die "module $m not found under $kmods"
+		case "$f" in
+		*.ko.xz) xz -dc "$f" >"$d/mods/$m.ko" ;;
+		*.ko.zst) zstd -qdc "$f" >"$d/mods/$m.ko" ;;
+		*.ko.gz) gzip -dc "$f" >"$d/mods/$m.ko" ;;
+		*) cp "$f" "$d/mods/$m.ko" ;;
+		esac
+	done
+	write_init "$d/init"
+	chmod +x "$d/init"
+	(cd "$d" && find . | cpio -o -H newc --quiet | gzip -1) >"$out.tmp"
+	mv "$out.tmp" "$out"
+	rm -rf "$d"
+}
+
+# ---------------------------------------------------------------------------
+# Run a command in a guest. Streams its output; returns its exit status.
+
+qemu_pid=
+tail_pid=
+run_dir=
+
+cleanup() {
+	[ -n "$tail_pid" ] && kill "$tail_pid" 2>/dev/null || true
+	if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
+		kill -TERM "$qemu_pid" 2>/dev/null || true
+		sleep 1
+		kill -KILL "$qemu_pid" 2>/dev/null || true
+	fi
+	[ -n "$run_dir" ] && rm -rf "$run_dir"
+	return 0
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+vm_run() {	# timeout, cmd...
+	local tmo=$1; shift
+	pick_kernel
+	command -v qemu-system-x86_64 >/dev/null ||
+		die "qemu-system-x86_64 missing: run 'scripts/deps.sh --vm' as root"
+	mkdir -p "$top/build/vm"
+	build_initramfs
+	run_dir=$(mktemp -d "$top/build/vm/run.XXXXXX")
+	check_path "$run_dir"
+	local cwd
+	cwd=$(pwd)
+	{
+		printf 'cd %q || exit 125\n' "$cwd"
+		printf 'export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n'
+		printf 'export HOME=/root TERM=dumb KCOLL_VM=1\n'
+		printf 'exec'
+		printf ' %q' "$@"
+		printf '\n'
+	} >"$run_dir/cmd.sh"
+	: >"$run_dir/out"
+
+	local console=$top/build/vm/console.log
+	qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "$mem_mb" -smp 2 \
+		-nographic -no-reboot -nodefaults -serial stdio -monitor none \
+		-kernel "$kernel" -initrd "$initramfs" \
+		-fsdev local,id=r,path=/,security_model=none,readonly=on,multidevs=remap \
+		-device virtio-9p-pci,fsdev=r,mount_tag=hostroot \
+		-fsdev local,id=w,path="$run_dir",security_model=none,multidevs=remap \
+		-device virtio-9p-pci,fsdev=w,mount_tag=results \
+		-append "console=ttyS0 rdinit=/init panic=-1 quiet KCOLL_VM_RES=$run_dir" \
+		</dev/null >"$console" 2>&1 &
+	qemu_pid=$!
+	tail -n +1 -F "$run_dir/out" 2>/dev/null &
+	tail_pid=$!
+
+	local waited=0 rc
+	while kill -0 "$qemu_pid" 2>/dev/null; do
+		if [ "$waited" -ge "$tmo" ]; then
+			break
+		fi
+		sleep 1
+		waited=$((waited + 1))
+	done
+	if kill -0 "$qemu_pid" 2>/dev/null; then
+		kill -TERM "$qemu_pid" 2>/dev/null || true
+		wait "$qemu_pid" 2>/dev/null || true
+		qemu_pid=
+		sleep 0.3
+		kill "$tail_pid" 2>/dev/null || true
+		wait "$tail_pid" 2>/dev/null || true
+		tail_pid=
+		echo "vmtest.sh: timed out after ${tmo}s; last console lines ($console):" >&2
+		tail -n 30 "$console" | tr -d '\r' >&2
+		return 124
+	fi
+	wait "$qemu_pid" 2>/dev/null || true
+	qemu_pid=
+	sleep 0.3	# let tail print the last lines
+	kill "$tail_pid" 2>/dev/null || true
+	wait "$tail_pid" 2>/dev/null || true
+	tail_pid=
+	[ -f "$run_dir/dmesg" ] && cp "$run_dir/dmesg" "$top/build/vm/dmesg.log"
+	cp "$run_dir/out" "$top/build/vm/out.log"
+	if [ ! -s "$run_dir/rc" ]; then
+		echo "vmtest.sh: the guest stopped before the command finished; console ($console):" >&2
+		tail -n 30 "$console" | tr -d '\r' >&2
+		return 1
+	fi
+	rc=$(cat "$run_dir/rc")
+	return "$rc"
+}
+
+if [ "$suite" -eq 0 ]; then
+	set +e
+	vm_run "${timeout_s:-300}" "${cmd[@]}"
+	exit $?
+fi
+
+# ---------------------------------------------------------------------------
+# The suite
+
+if ! "$top/scripts/deps.sh" --vm; then
+	die "VM-tier packages missing (see above)"
+fi
+pick_kernel
+check_path "$top"
+cd "$top"
+
+pass=0 fail=0 skip=0
+count() {	# TAP text on stdin -> adds to the totals
+	local out p s f
+	out=$(cat)
+	p=$(grep -cE '^ok [0-9]+' <<<"$out" || true)
+	s=$(grep -cE '^ok [0-9]+.*# *(SKIP|skip)' <<<"$out" || true)
+	f=$(grep -cE '^not ok' <<<"$out" || true)
+	pass=$((pass + p - s)); fail=$((fail + f)); skip=$((skip + s))
+}
+
+host_tap=$top/build/vm/host.tap
+mkdir -p "$top/build/vm"
+: >"$host_tap"
+n=0
+host_check() {	# description, command... : one TAP line, output as diagnostics
+	local desc=$1 out rc; shift
+	n=$((n + 1))
+	set +e
+	out=$("$@" 2>&1); rc=$?
+	set -e
+	if [ "$rc" -eq 0 ]; then
+		echo "ok $n - $desc"
+	else
+		printf '%s\n' "$out" | tail -n 40 | sed 's/^/# /'
+		echo "not ok $n - $desc"
+	fi | tee -a "$host_tap"
+	return 0
+}
+
+kbuild=/lib/modules/$kver/build
+kobj=$top/build/kmod
+vmbin=$top/build/vm/bin
+vmcflags=(-std=gnu11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE
+	  -Iinclude -Iinclude/uapi -Iuser/common -pthread)
+
+build_kmod() {
+	[ -d "$kbuild" ] || { echo "no $kbuild: install linux-headers-$kver"; return 1; }
+	mkdir -p "$kobj"
+	# Build a copy so the objects stay out of the source tree; cp -p keeps
+	# mtimes so unchanged sources are not rebuilt.
+	cp -p Kbuild "$kobj/Kbuild"
+	mkdir -p "$kobj/kmod" "$kobj/include/uapi/linux"
+	cp -p kmod/*.[ch] kmod/Kbuild "$kobj/kmod/"
+	cp -p include/uapi/linux/kcoll.h "$kobj/include/uapi/linux/"
+	make -s -C "$kbuild" M="$kobj" W=1 modules
+}
+
+build_vmtests() {
+	mkdir -p "$vmbin"
+	local t
+	for t in tests/vm/*.c; do
+		gcc "${vmcflags[@]}" -o "$vmbin/$(basename "$t" .c)" "$t" user/common/kdev.c || return 1
+	done
+}
+
+abi_check() {	# -m64 / -m32
+	gcc "$1" -std=gnu11 -Wall -Wextra -Werror -Iinclude -Iinclude/uapi -fsyntax-only \
+		include/kcoll/abi_check_kmod.c
+}
+
+checkpatch() {
+	local cp=$top/build/checkpatch
+	if [ ! -x "$cp/checkpatch.pl" ]; then
+		local src
+		src=$(ls -1 /usr/src/linux-source-*.tar.xz 2>/dev/null | sort -V | tail -1 || true)
+		[ -n "$src" ] || { echo "no /usr/src/linux-source-*.tar.xz: install linux-source"; return 1; }
+		local dir
+		dir=$(basename "$src" .tar.xz)
+		mkdir -p "$cp"
+		tar -xJf "$src" -C "$cp" --strip-components=2 "$dir/scripts/checkpatch.pl" \
+			"$dir/scripts/spelling.txt" "$dir/scripts/const_structs.checkpatch" || return 1
+	fi
+	"$cp/checkpatch.pl" --no-tree --quiet --strict --show-types -f kmod/*.c kmod/*.h
+}
+
+echo "# --- host: build and static checks"
+host_check "kcoll.ko builds against $kbuild (W=1, no warnings)" build_kmod
+host_check "tests/vm programs build" build_vmtests
+host_check "abi_check_kmod.c compiles (-m64)" abi_check -m64
+host_check "abi_check_kmod.c compiles (-m32)" abi_check -m32
+host_check "checkpatch.pl --strict clean on kmod/" checkpatch
+count <"$host_tap"
+
+if [ ! -f "$kobj/kmod/kcoll.ko" ] || [ ! -x "$vmbin/kcoll_ioctl" ]; then
+	echo "Bail out! nothing to run in the guest"
+	echo "$pass passed, $((fail + 1)) failed, $skip skipped"
+	exit 1
+fi
+
+guest_log=$top/build/vm/out.log
+rm -f "$guest_log"
+set +e
+vm_run "${timeout_s:-420}" bash tests/vm/run.sh "$kobj/kmod/kcoll.ko" "$vmbin"
+rc=$?
+set -e
+touch "$guest_log"
+count <"$guest_log"
+if [ "$rc" -ne 0 ] && ! grep -q '^not ok' "$guest_log"; then
+	echo "not ok - the guest run ended with status $rc"
+	fail=$((fail + 1))
+fi
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

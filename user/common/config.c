@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: MIT
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+
+static const struct kcoll_knob knobs[] = {
+	{ "KCOLL_SOCKET", "/run/kcoll/kcolld.sock", "unix socket kcolld listens on and libkcoll connects to" },
+	{ "KCOLL_TIMEOUT_MS", "30000", "communicator init and hang timeout: a rank missing this long fails the op" },
+	{ "KCOLL_SPIN_US", "50", "busy-poll this long before sleeping on a futex doorbell (both sides)" },
+	{ "KCOLL_WORKERS", "0", "kcolld data-path worker threads (0: one per online CPU)" },
+	{ "KCOLL_CHUNK_BYTES", "262144", "bytes per data-path task; large ops are split across workers" },
+	{ "KCOLL_SQ_ENTRIES", "256", "submission queue entries per client ring (power of two, max 4096)" },
+	{ "KCOLL_LOG_LEVEL", "info", "kcolld log level: error, warn, info, debug" },
+	{ "KCOLL_REDUCE_IMPL", "", "force a reduction implementation (generic, avx2, avx512); empty: best" },
+};
+
+static const struct kcoll_knob *knob_find(const char *name)
+{
+	for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++)
+		if (!strcmp(knobs[i].name, name))
+			return &knobs[i];
+	fprintf(stderr, "kcoll: internal error: unknown knob %s\n", name);
+	abort();
+}
+
+const char *kcoll_knob_str(const char *name)
+{
+	const struct kcoll_knob *k = knob_find(name);
+	const char *v = getenv(name);
+
+	return v && *v ? v : k->def;
+}
+
+long long kcoll_knob_ll(const char *name)
+{
+	const struct kcoll_knob *k = knob_find(name);
+	const char *v = getenv(name);
+	char *end;
+	long long n;
+
+	if (!v || !*v)
+		return strtoll(k->def, NULL, 0);
+	errno = 0;
+	n = strtoll(v, &end, 0);
+	if (errno || *end || n < 0) {
+		kc_warn("%s=%s is not a non-negative number; using the default %s", name, v, k->def);
+		return strtoll(k->def, NULL, 0);
+	}
+	return n;
+}
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			fprintf(f, "\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			fprintf(f, "\\u%04x", *s);
+		else
+			fputc(*s, f);
+	}
+	fputc('"', f);
+}
+
+void kcoll_knobs_print(FILE *f, int json)
+{
+	size_t n = sizeof(knobs) / sizeof(knobs[0]);
+
+	if (json)
+		fputs("[", f);
+	for (size_t i = 0; i < n; i++) {
+		const char *v = getenv(knobs[i].name);
+		int set = v && *v;
+
+		if (json) {
+			fprintf(f, "%s{\"name\":", i ? "," : "");
+			json_str(f, knobs[i].name);
+			fputs(",\"value\":", f);
+			json_str(f, kcoll_knob_str(knobs[i].name));
+			fputs(",\"default\":", f);
+			json_str(f, knobs[i].def);
+			fprintf(f, ",\"set\":%s,\"doc\":", set ? "true" : "false");
+			json_str(f, knobs[i].doc);
+			fputs("}", f);
+		} else {
+			fprintf(f, "%-18s %-24s %s%s\n", knobs[i].name, kcoll_knob_str(knobs[i].name),
+				knobs[i].doc, set ? " [set]" : "");
+		}
+	}
+	if (json)
+		fputs("]\n", f);
+}

@@ -1,0 +1,375 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The reduction engine: kcoll_reduce_n and its run-time dispatch.
+ *
+ * Every (dtype, op) pair has one kernel, and the whole set of kernels is
+ * compiled once per instruction set (generic, avx2, avx512) from the same
+ * source by RK_KERNELS(). The first call picks a set by CPU features, or by
+ * KCOLL_REDUCE_IMPL. A kernel walks the arrays in blocks of RK_BLOCK
+ * elements: the first inputs are combined into a small stack accumulator,
+ * every further input is folded into it, and the block is written to out once
+ * at the end. Each input element is read once and each output element written
+ * once, so out may be any in[k], and the inner loops are plain element-wise
+ * loops that both gcc and clang vectorize at -O2. Element i is always
+ * combined in input order, so vector width and block size never change a
+ * result; reduce_ref.c holds the scalar reference the tests compare against.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "reduce.h"
+
+/* Elements per block: the accumulator (at most 8 KiB) stays in L1. */
+#define RK_BLOCK 1024
+/* Block lengths are multiples of this: 64 one-byte lanes fill a zmm register. */
+#define RK_VEC 64
+
+/*
+ * Element types for loads and stores: alignment 1, so any byte address is
+ * valid (user buffers need not be aligned), and may_alias, so the f16/bf16
+ * bit patterns can be read from any buffer.
+ */
+typedef float rk_f32 __attribute__((aligned(1), may_alias));
+typedef double rk_f64 __attribute__((aligned(1), may_alias));
+typedef uint16_t rk_h16 __attribute__((aligned(1), may_alias));
+typedef int8_t rk_int8 __attribute__((aligned(1), may_alias));
+typedef uint8_t rk_uint8 __attribute__((aligned(1), may_alias));
+typedef int32_t rk_int32 __attribute__((aligned(1), may_alias));
+typedef uint32_t rk_uint32 __attribute__((aligned(1), may_alias));
+typedef int64_t rk_int64 __attribute__((aligned(1), may_alias));
+typedef uint64_t rk_uint64 __attribute__((aligned(1), may_alias));
+
+typedef void rk_fn(void *out, const void *const *in, unsigned int nin, size_t count);
+
+/*
+ * Branch-free f16/bf16 conversions for the kernels: every case is computed
+ * and the answer selected, so the loops that call them still vectorize.
+ * They agree bit for bit with the plain ones in reduce_ref.c (tested
+ * exhaustively) and do not depend on the MXCSR rounding or DAZ/FTZ modes.
+ */
+static inline __attribute__((always_inline)) float rk_bits_f32(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static inline __attribute__((always_inline)) uint32_t rk_f32_bits(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+static inline __attribute__((always_inline)) float rk_f16_to_f32(uint16_t h)
+{
+	uint32_t mag = (uint32_t)(h & 0x7fff) << 13;
+	uint32_t exp = h & 0x7c00;
+	uint32_t man = h & 0x3ff;
+	/* Rebias 15 -> 127; inf/NaN get the top exponent, NaN its quiet bit. */
+	uint32_t normal = mag + (112u << 23);
+	uint32_t special = mag | 0x7f800000 | (man ? 0x400000 : 0);
+	/* m * 2^-24 is exact and a normal f32. */
+	uint32_t subnormal = rk_f32_bits((float)(int32_t)man * 0x1p-24f);
+	uint32_t r = exp == 0 ? subnormal : exp == 0x7c00 ? special : normal;
+
+	return rk_bits_f32(r | (uint32_t)(h & 0x8000) << 16);
+}
+
+static inline __attribute__((always_inline)) uint16_t rk_f32_to_f16(float f)
+{
+	uint32_t u = rk_f32_bits(f);
+	uint32_t a = u & 0x7fffffff;
+	/* Normal result: rebias, then round to nearest-even on the 13 dropped bits. */
+	uint32_t n = a - (112u << 23);
+	uint32_t normal = (n + 0xfff + ((n >> 13) & 1)) >> 13;
+	/*
+	 * Subnormal result: the value times 2^24 rounded to an integer; it is
+	 * the significand shifted right by 126 - exponent (at least 14 here;
+	 * clamped at 31, where everything rounds to zero).
+	 */
+	uint32_t e = a >> 23;
+	uint32_t sh = e >= 95 ? 126 - e : 31;
+	uint32_t m = (a & 0x7fffff) | 0x800000;
+	uint32_t subnormal = (m + ((1u << (sh - 1)) - 1) + ((m >> sh) & 1)) >> sh;
+	uint32_t r = a >= 0x38800000 ? normal : subnormal;
+
+	/* 65520 and up round to inf; NaN keeps its top payload bits, quieted. */
+	r = a >= 0x477ff000 ? 0x7c00 : r;
+	r = a > 0x7f800000 ? 0x7e00 | ((a >> 13) & 0x3ff) : r;
+	return (uint16_t)(r | ((u >> 16) & 0x8000));
+}
+
+static inline __attribute__((always_inline)) float rk_bf16_to_f32(uint16_t b)
+{
+	uint32_t u = (uint32_t)b << 16;
+	uint32_t quiet = (u & 0x7fffffff) > 0x7f800000 ? 0x400000 : 0;
+
+	return rk_bits_f32(u | quiet);
+}
+
+static inline __attribute__((always_inline)) uint16_t rk_f32_to_bf16(float f)
+{
+	uint32_t u = rk_f32_bits(f);
+	uint32_t rounded = (u + 0x7fff + ((u >> 16) & 1)) >> 16;
+	uint32_t nan = (u >> 16) | 0x40;
+
+	return (uint16_t)((u & 0x7fffffff) > 0x7f800000 ? nan : rounded);
+}
+
+/* Combining steps; a is the accumulator, b the next input. */
+#define RK_SUM(a, b)	((a) + (b))
+#define RK_PROD(a, b)	((a) * (b))
+#define RK_MIN(a, b)	((b) < (a) ? (b) : (a))
+#define RK_MAX(a, b)	((b) > (a) ? (b) : (a))
+
+/* Loading, finishing and storing: a kernel sees in[k][i] as WIDEN(x). */
+#define RK_SAME(x)	(x)
+#define RK_FDIV(x)	((x) / (__typeof__(x))nin)
+#define RK_UDIV(x)	((x) / nin)
+#define RK_SDIV(x)	((int64_t)(x) / (int64_t)nin)
+#define RK_SEXT(x)	((uint64_t)(int64_t)(x))
+
+/*
+ * One kernel: element type T (an rk_ type), accumulator type A. Kernels get
+ * no restrict: out may equal an in[k], and only acc is written in the loops
+ * that read the inputs. A block is RK_BLOCK elements, or a multiple of
+ * RK_VEC, so that gcc's -O2 (very cheap) vectorizer sees trip counts that
+ * need no scalar epilogue; the last count % RK_VEC elements form a short
+ * block of their own.
+ */
+#define RK_KERNEL(isa, name, T, A, WIDEN, COMBINE, FINISH, NARROW)			\
+static inline __attribute__((always_inline)) void					\
+rk_##isa##_##name##_block(A *acc, void *out, const void *const *in, unsigned int nin,	\
+			  size_t base, size_t n)					\
+{											\
+	const T *a = (const T *)in[0] + base;						\
+	T *o = (T *)out + base;								\
+	size_t i;									\
+	unsigned int k;									\
+											\
+	if (nin == 1) {									\
+		for (i = 0; i < n; i++)							\
+			acc[i] = WIDEN(a[i]);						\
+	} else {									\
+		const T *b = (const T *)in[1] + base;					\
+											\
+		for (i = 0; i < n; i++) {						\
+			A x = WIDEN(a[i]), y = WIDEN(b[i]);				\
+											\
+			acc[i] = COMBINE(x, y);						\
+		}									\
+	}										\
+	for (k = 2; k < nin; k++) {							\
+		const T *b = (const T *)in[k] + base;					\
+											\
+		for (i = 0; i < n; i++) {						\
+			A y = WIDEN(b[i]);						\
+											\
+			acc[i] = COMBINE(acc[i], y);					\
+		}									\
+	}										\
+	for (i = 0; i < n; i++)								\
+		o[i] = NARROW(FINISH(acc[i]));						\
+}											\
+											\
+static RK_TARGET_##isa void rk_##isa##_##name(void *out, const void *const *in,		\
+					      unsigned int nin, size_t count)		\
+{											\
+	A acc[RK_BLOCK] __attribute__((aligned(64)));					\
+	size_t base = 0, n;								\
+											\
+	while (count - base >= RK_VEC) {						\
+		n = count - base < RK_BLOCK ? count - base : RK_BLOCK;			\
+		n &= ~(size_t)(RK_VEC - 1);						\
+		rk_##isa##_##name##_block(acc, out, in, nin, base, n);			\
+		base += n;								\
+	}										\
+	if (base < count)								\
+		rk_##isa##_##name##_block(acc, out, in, nin, base, count - base);	\
+}
+
+/* Floats: f16/bf16 combine in f32; avg is the sum divided by nin. */
+#define RK_FLOAT_KERNELS(isa, name, T, A, WIDEN, NARROW)				\
+	RK_KERNEL(isa, name##_sum, T, A, WIDEN, RK_SUM, RK_SAME, NARROW)		\
+	RK_KERNEL(isa, name##_prod, T, A, WIDEN, RK_PROD, RK_SAME, NARROW)		\
+	RK_KERNEL(isa, name##_min, T, A, WIDEN, RK_MIN, RK_SAME, NARROW)		\
+	RK_KERNEL(isa, name##_max, T, A, WIDEN, RK_MAX, RK_SAME, NARROW)		\
+	RK_KERNEL(isa, name##_avg, T, A, WIDEN, RK_SUM, RK_FDIV, NARROW)
+
+/*
+ * Integers: sum and prod wrap, computed in the unsigned type of the same
+ * width (so i8 shares u8's kernels); min/max compare in the element's own
+ * type; avg sums in 64 bits (sign-extending signed types) and divides
+ * truncating toward zero.
+ */
+#define RK_WRAP_KERNELS(isa, bits)							\
+	RK_KERNEL(isa, uint##bits##_sum, rk_uint##bits, uint##bits##_t, RK_SAME, RK_SUM,	\
+		  RK_SAME, RK_SAME)							\
+	RK_KERNEL(isa, uint##bits##_prod, rk_uint##bits, uint##bits##_t, RK_SAME, RK_PROD,	\
+		  RK_SAME, RK_SAME)
+
+#define RK_ORDER_KERNELS(isa, name)							\
+	RK_KERNEL(isa, name##_min, rk_##name, name##_t, RK_SAME, RK_MIN, RK_SAME,	\
+		  RK_SAME)								\
+	RK_KERNEL(isa, name##_max, rk_##name, name##_t, RK_SAME, RK_MAX, RK_SAME,	\
+		  RK_SAME)
+
+#define RK_SAVG_KERNEL(isa, name)							\
+	RK_KERNEL(isa, name##_avg, rk_##name, uint64_t, RK_SEXT, RK_SUM, RK_SDIV,	\
+		  (name##_t))
+#define RK_UAVG_KERNEL(isa, name)							\
+	RK_KERNEL(isa, name##_avg, rk_##name, uint64_t, RK_SAME, RK_SUM, RK_UDIV,	\
+		  (name##_t))
+
+#define RK_KERNELS(isa)									\
+	RK_FLOAT_KERNELS(isa, f32, rk_f32, float, RK_SAME, RK_SAME)			\
+	RK_FLOAT_KERNELS(isa, f64, rk_f64, double, RK_SAME, RK_SAME)			\
+	RK_FLOAT_KERNELS(isa, f16, rk_h16, float, rk_f16_to_f32, rk_f32_to_f16)		\
+	RK_FLOAT_KERNELS(isa, bf16, rk_h16, float, rk_bf16_to_f32, rk_f32_to_bf16)	\
+	RK_WRAP_KERNELS(isa, 8)								\
+	RK_WRAP_KERNELS(isa, 32)							\
+	RK_WRAP_KERNELS(isa, 64)							\
+	RK_ORDER_KERNELS(isa, int8)							\
+	RK_ORDER_KERNELS(isa, uint8)							\
+	RK_ORDER_KERNELS(isa, int32)							\
+	RK_ORDER_KERNELS(isa, uint32)							\
+	RK_ORDER_KERNELS(isa, int64)							\
+	RK_ORDER_KERNELS(isa, uint64)							\
+	RK_SAVG_KERNEL(isa, int8)							\
+	RK_UAVG_KERNEL(isa, uint8)							\
+	RK_SAVG_KERNEL(isa, int32)							\
+	RK_UAVG_KERNEL(isa, uint32)							\
+	RK_SAVG_KERNEL(isa, int64)							\
+	RK_UAVG_KERNEL(isa, uint64)
+
+#define RK_FLOAT_ROW(isa, name)								\
+	{ rk_##isa##_##name##_sum, rk_##isa##_##name##_prod, rk_##isa##_##name##_min,	\
+	  rk_##isa##_##name##_max, rk_##isa##_##name##_avg }
+#define RK_INT_ROW(isa, name, bits)							\
+	{ rk_##isa##_uint##bits##_sum, rk_##isa##_uint##bits##_prod, rk_##isa##_##name##_min,	\
+	  rk_##isa##_##name##_max, rk_##isa##_##name##_avg }
+
+/* Rows in enum kcoll_dtype order, columns in enum kcoll_redop order. */
+#define RK_TABLE(isa)									\
+	{										\
+		[KCOLL_F32] = RK_FLOAT_ROW(isa, f32),					\
+		[KCOLL_F64] = RK_FLOAT_ROW(isa, f64),					\
+		[KCOLL_F16] = RK_FLOAT_ROW(isa, f16),					\
+		[KCOLL_BF16] = RK_FLOAT_ROW(isa, bf16),					\
+		[KCOLL_I8] = RK_INT_ROW(isa, int8, 8),					\
+		[KCOLL_U8] = RK_INT_ROW(isa, uint8, 8),					\
+		[KCOLL_I32] = RK_INT_ROW(isa, int32, 32),				\
+		[KCOLL_U32] = RK_INT_ROW(isa, uint32, 32),				\
+		[KCOLL_I64] = RK_INT_ROW(isa, int64, 64),				\
+		[KCOLL_U64] = RK_INT_ROW(isa, uint64, 64),				\
+	}
+
+_Static_assert(KCOLL_SUM == 0 && KCOLL_PROD == 1 && KCOLL_MIN == 2 && KCOLL_MAX == 3 &&
+	       KCOLL_AVG == 4 && KCOLL_REDOP_MAX == 5, "RK_*_ROW lists ops in enum order");
+
+struct rk_impl {
+	const char *name;
+	int (*supported)(void);
+	rk_fn *fn[KCOLL_DTYPE_MAX][KCOLL_REDOP_MAX];
+};
+
+/* The baseline of the target (SSE2 on x86-64): always supported. */
+#define RK_TARGET_generic
+RK_KERNELS(generic)
+
+static int rk_always(void)
+{
+	return 1;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define RK_TARGET_avx2 __attribute__((target("avx2")))
+#define RK_TARGET_avx512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+RK_KERNELS(avx2)
+RK_KERNELS(avx512)
+
+static int rk_has_avx2(void)
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx2");
+}
+
+/* The x86-64-v4 subset: bw for byte/word lanes, dq for 64-bit multiplies. */
+static int rk_has_avx512(void)
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+#endif
+
+/* Best last: with no choice forced, the last supported one wins. */
+static const struct rk_impl rk_impls[] = {
+	{ "generic", rk_always, RK_TABLE(generic) },
+#if defined(__x86_64__) || defined(__i386__)
+	{ "avx2", rk_has_avx2, RK_TABLE(avx2) },
+	{ "avx512", rk_has_avx512, RK_TABLE(avx512) },
+#endif
+};
+
+#define RK_NR_IMPLS (sizeof(rk_impls) / sizeof(rk_impls[0]))
+
+static _Atomic(const struct rk_impl *) rk_chosen;
+static pthread_once_t rk_choose_once = PTHREAD_ONCE_INIT;
+
+static void rk_choose(void)
+{
+	const char *want = kcoll_knob_str("KCOLL_REDUCE_IMPL");
+	const struct rk_impl *best = NULL, *forced = NULL;
+	size_t i;
+
+	for (i = 0; i < RK_NR_IMPLS; i++) {
+		if (!rk_impls[i].supported())
+			continue;
+		best = &rk_impls[i];
+		if (!strcmp(want, rk_impls[i].name))
+			forced = best;
+	}
+	if (*want && !forced) {
+		for (i = 0; i < RK_NR_IMPLS && strcmp(want, rk_impls[i].name); i++)
+			;
+		kc_warn("KCOLL_REDUCE_IMPL=%s: %s; using %s", want,
+			i < RK_NR_IMPLS ? "not supported by this CPU" : "no such implementation",
+			best->name);
+	}
+	atomic_store_explicit(&rk_chosen, forced ? forced : best, memory_order_release);
+}
+
+static const struct rk_impl *rk_impl(void)
+{
+	const struct rk_impl *impl = atomic_load_explicit(&rk_chosen, memory_order_acquire);
+
+	if (!impl) {
+		pthread_once(&rk_choose_once, rk_choose);
+		impl = atomic_load_explicit(&rk_chosen, memory_order_acquire);
+	}
+	return impl;
+}
+
+const char *kcoll_reduce_impl(void)
+{
+	return rk_impl()->name;
+}
+
+int kcoll_reduce_n(enum kcoll_dtype dtype, enum kcoll_redop op, void *out,
+		   const void *const *in, unsigned int nin, size_t count)
+{
+	if ((unsigned int)dtype >= KCOLL_DTYPE_MAX || (unsigned int)op >= KCOLL_REDOP_MAX || !nin)
+		return -EINVAL;
+	if (count)
+		rk_impl()->fn[dtype][op](out, in, nin, count);
+	return 0;
+}

@@ -1,0 +1,12 @@
+# kcolld: the daemon.
+KCOLLD_SRCS := $(sort $(wildcard user/daemon/*.c))
+KCOLLD_OBJS := $(KCOLLD_SRCS:%.c=$(OBJ)/%.o)
+# Daemon units the tests link directly (everything but main).
+TEST_DAEMON_OBJS := $(filter-out $(OBJ)/user/daemon/main.o,$(KCOLLD_OBJS))
+
+$(BIN)/kcolld: $(KCOLLD_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $(KCOLLD_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -lm
+
+ALL_TARGETS += $(BIN)/kcolld

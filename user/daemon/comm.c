@@ -1,0 +1,502 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Communicators: rendezvous of ranks (control thread), matching of the n-th
+ * operation of every rank into one op (ring threads), in-order execution,
+ * and failure: a member that dies, leaves or stalls fails every pending op
+ * of the communicator with an error naming it, so no rank waits forever.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kcoll/kcoll.h>
+
+#include "kcolld.h"
+#include "log.h"
+
+static void comm_free(struct kd_comm *comm)
+{
+	for (uint32_t r = 0; r < comm->nranks; r++)
+		if (comm->clients[r])
+			kd_client_put(comm->clients[r]);
+	free(comm->clients);
+	free(comm->handles);
+	free(comm->init_seq);
+	free(comm->gone);
+	free(comm->next_seq);
+	pthread_mutex_destroy(&comm->lock);
+	free(comm);
+}
+
+void kd_comm_put(struct kd_comm *comm)
+{
+	if (atomic_fetch_sub(&comm->refs, 1) == 1)
+		comm_free(comm);
+}
+
+static struct kd_comm *comm_new(const struct kcoll_id *id, uint32_t nranks, uid_t uid,
+				int64_t timeout_ns)
+{
+	struct kd_comm *comm = calloc(1, sizeof(*comm));
+
+	if (!comm)
+		return NULL;
+	comm->clients = calloc(nranks, sizeof(*comm->clients));
+	comm->handles = calloc(nranks, sizeof(*comm->handles));
+	comm->init_seq = calloc(nranks, sizeof(*comm->init_seq));
+	comm->gone = calloc(nranks, sizeof(*comm->gone));
+	comm->next_seq = calloc(nranks, sizeof(*comm->next_seq));
+	if (!comm->clients || !comm->handles || !comm->init_seq || !comm->gone || !comm->next_seq) {
+		comm_free(comm);
+		return NULL;
+	}
+	pthread_mutex_init(&comm->lock, NULL);
+	memcpy(comm->token, id->token, sizeof(comm->token));
+	for (int i = 0; i < 8; i++)
+		sprintf(comm->name + 2 * i, "%02x", id->token[i]);
+	comm->uid = uid;
+	comm->nranks = nranks;
+	comm->timeout_ns = timeout_ns;
+	comm->deadline_ns = kd_now_ns() + timeout_ns;
+	comm->state = KD_COMM_FORMING;
+	atomic_init(&comm->refs, 1);	/* the daemon's list */
+	return comm;
+}
+
+static void reply_init(struct kd_client *c, uint32_t seq, int status, uint32_t handle, const char *err)
+{
+	struct kcoll_msg_comm_init_reply rep = {
+		.hdr = { .magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_COMM_INIT,
+			 .len = sizeof(rep), .seq = seq, .status = status },
+		.comm_id = handle,
+	};
+
+	if (err)
+		snprintf(rep.error, sizeof(rep.error), "%s", err);
+	if (!atomic_load(&c->dead))
+		kcoll_msg_send(c->sock, &rep, sizeof(rep), -1);
+}
+
+/* Control thread: a forming communicator failed; tell every joined rank. */
+static void forming_fail(struct kd_comm *comm, int err, const char *msg)
+{
+	struct kd_client **who = calloc(comm->nranks, sizeof(*who));
+	uint32_t *handle = calloc(comm->nranks, sizeof(*handle));
+	uint32_t *seq = calloc(comm->nranks, sizeof(*seq));
+
+	if (!who || !handle || !seq)
+		abort();	/* a few bytes; nothing sensible to do without them */
+	pthread_mutex_lock(&comm->lock);
+	comm->state = KD_COMM_ABORTED;
+	comm->abort_err = err;
+	for (uint32_t r = 0; r < comm->nranks; r++) {
+		if (comm->clients[r] && !comm->gone[r]) {
+			who[r] = comm->clients[r];
+			kd_client_get(who[r]);
+			handle[r] = comm->handles[r];
+			seq[r] = comm->init_seq[r];
+		}
+		comm->gone[r] = true;
+	}
+	pthread_mutex_unlock(&comm->lock);
+	kc_info("comm %s: not formed: %s", comm->name, msg);
+	for (uint32_t r = 0; r < comm->nranks; r++) {
+		struct kd_client *c = who[r];
+		bool drop = false;
+
+		if (!c)
+			continue;
+		reply_init(c, seq[r], err, 0, msg);
+		pthread_mutex_lock(&c->lock);
+		if (c->members[handle[r] - 1].comm == comm) {
+			c->members[handle[r] - 1].comm = NULL;
+			drop = true;
+		}
+		pthread_mutex_unlock(&c->lock);
+		if (drop)
+			kd_comm_put(comm);
+		kd_client_put(c);
+	}
+	free(who);
+	free(handle);
+	free(seq);
+}
+
+int kd_comm_join(struct kd_client *c, const struct kcoll_msg_comm_init *m, const char **why)
+{
+	const struct kcoll_id *id = &m->id;
+	struct kd_comm *comm;
+	uint32_t slot;
+	int64_t timeout_ns = m->timeout_ms ? (int64_t)m->timeout_ms * 1000000 : kd.timeout_ns;
+
+	if (id->magic != KCOLL_PROTO_MAGIC || id->version != KCOLL_PROTO_VERSION) {
+		*why = "not a kcoll unique id (get one with kcoll_get_unique_id)";
+		return -EINVAL;
+	}
+	if (!m->nranks || m->nranks > KD_MAX_RANKS || m->rank >= m->nranks) {
+		*why = "rank or nranks out of range (1..256 ranks per host)";
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&c->lock);
+	for (slot = 0; slot < KD_MAX_COMMS && c->members[slot].comm; slot++)
+		;
+	pthread_mutex_unlock(&c->lock);
+	if (slot == KD_MAX_COMMS) {
+		*why = "too many communicators on this connection";
+		return -EMFILE;
+	}
+	for (comm = kd.comms; comm; comm = comm->next)
+		if (comm->state != KD_COMM_ABORTED && !memcmp(comm->token, id->token, sizeof(id->token)))
+			break;
+	if (comm) {
+		if (comm->uid != c->uid) {
+			*why = "the communicator belongs to another user";
+			return -EPERM;
+		}
+		if (comm->nranks != m->nranks) {
+			*why = "nranks differs from the ranks that already joined";
+			return -EINVAL;
+		}
+		if (comm->state != KD_COMM_FORMING || comm->clients[m->rank]) {
+			*why = "this rank already joined the communicator";
+			return -EEXIST;
+		}
+	} else {
+		comm = comm_new(id, m->nranks, c->uid, timeout_ns);
+		if (!comm) {
+			*why = "out of memory";
+			return -ENOMEM;
+		}
+		comm->next = kd.comms;
+		kd.comms = comm;
+	}
+
+	pthread_mutex_lock(&comm->lock);
+	kd_client_get(c);
+	comm->clients[m->rank] = c;
+	comm->handles[m->rank] = slot + 1;
+	comm->init_seq[m->rank] = m->hdr.seq;
+	comm->joined++;
+	atomic_fetch_add(&comm->refs, 1);	/* the membership's */
+	pthread_mutex_unlock(&comm->lock);
+	pthread_mutex_lock(&c->lock);
+	c->members[slot].comm = comm;
+	c->members[slot].rank = m->rank;
+	pthread_mutex_unlock(&c->lock);
+	kc_dbg("comm %s: rank %u/%u joined (client %u)", comm->name, m->rank, m->nranks, c->id);
+
+	if (comm->joined == comm->nranks) {
+		pthread_mutex_lock(&comm->lock);
+		comm->state = KD_COMM_ACTIVE;
+		pthread_mutex_unlock(&comm->lock);
+		kc_info("comm %s: formed with %u ranks", comm->name, comm->nranks);
+		for (uint32_t r = 0; r < comm->nranks; r++)
+			reply_init(comm->clients[r], comm->init_seq[r], 0, comm->handles[r], NULL);
+	}
+	return 1;
+}
+
+/* Complete an op that will never run: every present rank gets an error. */
+static void op_fail(struct kd_op *op, int err, uint32_t err_rank, uint32_t flags)
+{
+	int expected = 0;
+
+	atomic_compare_exchange_strong(&op->err, &expected, err);
+	if (!expected) {
+		atomic_store(&op->err_rank, err_rank);
+		op->cqe_flags = flags;
+	}
+}
+
+static void op_release(struct kd_op *op)
+{
+	for (uint32_t r = 0; r < op->comm->nranks; r++) {
+		struct kd_contrib *ct = &op->c[r];
+
+		if (!ct->present)
+			continue;
+		kd_buf_release(&ct->sbuf);
+		kd_buf_release(&ct->rbuf);
+		kd_client_put(ct->client);
+	}
+	kd_comm_put(op->comm);
+	free(op);
+}
+
+/* Post the op's result to every rank that contributed, then free it. */
+static void op_post(struct kd_op *op, int cancel_rank)
+{
+	int err = atomic_load(&op->err);
+	uint32_t err_rank = err ? atomic_load(&op->err_rank) : KCOLL_RANK_NONE;
+
+	if (err)
+		atomic_fetch_add(&kd.stats.ops_failed, 1);
+	else
+		atomic_fetch_add(&kd.stats.ops_ok, 1);
+	for (uint32_t r = 0; r < op->comm->nranks; r++) {
+		struct kd_contrib *ct = &op->c[r];
+
+		if (!ct->present)
+			continue;
+		kd_client_post(ct->client, ct->user_data, (int)r == cancel_rank ? -ECANCELED : err,
+			       err ? 0 : ct->rbuf.len, err_rank, err ? op->cqe_flags : 0);
+		if (!err)
+			atomic_fetch_add(&kd.stats.bytes, ct->rbuf.len);
+	}
+	op_release(op);
+}
+
+/* With comm->lock held: the next op if it may start now (removed from pending). */
+static struct kd_op *next_runnable(struct kd_comm *comm)
+{
+	struct kd_op *op = comm->pending;
+
+	if (!op || !op->ready || op->seq != comm->exec_seq)
+		return NULL;
+	comm->pending = op->next;
+	op->next = NULL;
+	return op;
+}
+
+/* Fail every op not yet started. With comm->lock held; returns the list. */
+static struct kd_op *fail_pending(struct kd_comm *comm, int err, uint32_t rank, bool missing)
+{
+	struct kd_op *list = comm->pending;
+
+	comm->pending = NULL;
+	for (struct kd_op *op = list; op; op = op->next) {
+		uint32_t blame = rank;
+
+		if (missing) {
+			/* Name a rank that did not contribute to this very op. */
+			for (uint32_t r = 0; r < comm->nranks; r++) {
+				if (!op->c[r].present) {
+					blame = r;
+					break;
+				}
+			}
+		}
+		op_fail(op, err, blame, missing ? KCOLL_CQE_F_MISSING : 0);
+	}
+	return list;
+}
+
+static void post_list(struct kd_op *list, int cancel_rank)
+{
+	while (list) {
+		struct kd_op *next = list->next;
+
+		op_post(list, cancel_rank);
+		list = next;
+	}
+}
+
+void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
+{
+	struct kd_op *failed = NULL;
+	bool forming;
+
+	pthread_mutex_lock(&comm->lock);
+	forming = comm->state == KD_COMM_FORMING;
+	if (!forming) {
+		comm->gone[rank] = true;
+		comm->left++;
+		if (comm->state == KD_COMM_ACTIVE) {
+			comm->state = KD_COMM_ABORTED;
+			comm->abort_err = err;
+			comm->abort_rank = rank;
+			kc_info("comm %s: rank %u %s; failing its pending operations", comm->name, rank,
+				err == -ECANCELED ? "left" : "died");
+		}
+		failed = fail_pending(comm, err == -ECANCELED ? -ECONNRESET : err, rank, false);
+	}
+	pthread_mutex_unlock(&comm->lock);
+	if (forming) {
+		char msg[96];
+
+		pthread_mutex_lock(&comm->lock);
+		comm->gone[rank] = true;
+		pthread_mutex_unlock(&comm->lock);
+		snprintf(msg, sizeof(msg), "rank %u left or died before the communicator formed", rank);
+		forming_fail(comm, -ECONNRESET, msg);
+		return;
+	}
+	post_list(failed, err == -ECANCELED ? (int)rank : -1);
+}
+
+int kd_comm_destroy(struct kd_client *c, uint32_t handle)
+{
+	struct kd_comm *comm;
+	uint32_t rank;
+
+	if (!handle || handle > KD_MAX_COMMS)
+		return -EINVAL;
+	pthread_mutex_lock(&c->lock);
+	comm = c->members[handle - 1].comm;
+	rank = c->members[handle - 1].rank;
+	c->members[handle - 1].comm = NULL;
+	pthread_mutex_unlock(&c->lock);
+	if (!comm)
+		return -ENOENT;
+	kd_comm_member_gone(comm, rank, -ECANCELED);
+	kd_comm_put(comm);
+	return 0;
+}
+
+void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe)
+{
+	const struct kcoll_sqe_coll *a = &sqe->coll;
+	uint32_t handle = a->comm_id, rank;
+	uint64_t sbytes = 0, rbytes = 0;
+	struct kd_comm *comm = NULL;
+	struct kd_op *op, **pp, *run;
+	const char *why = "";
+	int err;
+
+	if (handle && handle <= KD_MAX_COMMS) {
+		pthread_mutex_lock(&c->lock);
+		comm = c->members[handle - 1].comm;
+		rank = c->members[handle - 1].rank;
+		if (comm)
+			atomic_fetch_add(&comm->refs, 1);	/* the op's, or dropped below */
+		pthread_mutex_unlock(&c->lock);
+	}
+	if (!comm) {
+		kd_client_post(c, sqe->user_data, -EINVAL, 0, KCOLL_RANK_NONE, 0);
+		return;
+	}
+	err = kd_sqe_check(sqe, &why);
+	if (!err)
+		err = kd_coll_sizes(sqe, comm->nranks, rank, &sbytes, &rbytes);
+
+	pthread_mutex_lock(&comm->lock);
+	if (comm->state != KD_COMM_ACTIVE) {
+		int abort_err = comm->abort_err ? comm->abort_err : -ECONNRESET;
+		uint32_t abort_rank = comm->abort_rank;
+
+		pthread_mutex_unlock(&comm->lock);
+		kd_client_post(c, sqe->user_data, abort_err, 0, abort_rank, 0);
+		kd_comm_put(comm);
+		return;
+	}
+	uint64_t seq = comm->next_seq[rank]++;
+
+	for (pp = &comm->pending; *pp && (*pp)->seq < seq; pp = &(*pp)->next)
+		;
+	op = *pp;
+	if (!op || op->seq != seq) {
+		op = calloc(1, sizeof(*op) + comm->nranks * sizeof(op->c[0]));
+		if (!op) {
+			comm->next_seq[rank]--;
+			pthread_mutex_unlock(&comm->lock);
+			kd_client_post(c, sqe->user_data, -ENOMEM, 0, KCOLL_RANK_NONE, 0);
+			kd_comm_put(comm);
+			return;
+		}
+		op->comm = comm;
+		op->seq = seq;
+		op->opcode = sqe->opcode;
+		op->dtype = a->dtype;
+		op->redop = a->redop;
+		op->count = a->count;
+		op->root = a->root;
+		op->first_ns = kd_now_ns();
+		op->next = *pp;
+		*pp = op;
+	} else {
+		kd_comm_put(comm);	/* the op already holds one */
+	}
+	if (err) {
+		kc_dbg("comm %s: rank %u op %llu invalid: %s", comm->name, rank,
+		       (unsigned long long)seq, why);
+		op_fail(op, err, rank, 0);
+	} else if (op->opcode != sqe->opcode || op->dtype != a->dtype || op->redop != a->redop ||
+		   op->count != a->count || op->root != a->root) {
+		kc_dbg("comm %s: rank %u op %llu disagrees with the other ranks", comm->name, rank,
+		       (unsigned long long)seq);
+		op_fail(op, -EBADMSG, rank, 0);
+	}
+	kd_client_get(c);
+	op->c[rank].client = c;
+	op->c[rank].user_data = sqe->user_data;
+	op->c[rank].send = a->send_addr;
+	op->c[rank].recv = a->recv_addr;
+	op->c[rank].sbuf.len = sbytes;
+	op->c[rank].rbuf.len = rbytes;
+	op->c[rank].present = true;
+	if (++op->arrived == comm->nranks)
+		op->ready = true;
+	run = next_runnable(comm);
+	pthread_mutex_unlock(&comm->lock);
+	if (run)
+		kd_op_run(run);
+}
+
+struct kd_op *kd_comm_op_done(struct kd_op *op)
+{
+	struct kd_comm *comm = op->comm;
+	struct kd_op *next;
+
+	pthread_mutex_lock(&comm->lock);
+	comm->exec_seq++;
+	atomic_fetch_add(&comm->ops_done, 1);
+	next = next_runnable(comm);
+	pthread_mutex_unlock(&comm->lock);
+	op_post(op, -1);
+	return next;
+}
+
+void kd_comm_watchdog(int64_t now)
+{
+	struct kd_comm **pp = &kd.comms, *comm;
+
+	while ((comm = *pp)) {
+		struct kd_op *failed = NULL;
+		bool forming_expired = false, done;
+
+		pthread_mutex_lock(&comm->lock);
+		if (comm->state == KD_COMM_FORMING && now > comm->deadline_ns) {
+			forming_expired = true;
+		} else if (comm->state == KD_COMM_ACTIVE && comm->pending && !comm->pending->ready &&
+			   comm->pending->seq == comm->exec_seq &&
+			   now - comm->pending->first_ns > comm->timeout_ns) {
+			struct kd_op *op = comm->pending;
+			uint32_t missing = 0;
+
+			while (missing < comm->nranks && op->c[missing].present)
+				missing++;
+			comm->state = KD_COMM_ABORTED;
+			comm->abort_err = -ETIMEDOUT;
+			comm->abort_rank = missing;
+			kc_warn("comm %s: op %llu timed out: rank %u never submitted it", comm->name,
+				(unsigned long long)op->seq, missing);
+			failed = fail_pending(comm, -ETIMEDOUT, missing, true);
+		}
+		done = comm->state == KD_COMM_ABORTED && comm->left >= comm->nranks;
+		if (comm->state == KD_COMM_ABORTED) {
+			done = true;
+			for (uint32_t r = 0; r < comm->nranks; r++)
+				if (!comm->gone[r] && comm->clients[r])
+					done = false;
+		}
+		pthread_mutex_unlock(&comm->lock);
+		post_list(failed, -1);
+		if (forming_expired) {
+			char msg[128];
+			int n = snprintf(msg, sizeof(msg), "timed out waiting for ranks:");
+
+			for (uint32_t r = 0; r < comm->nranks && n < (int)sizeof(msg) - 12; r++)
+				if (!comm->clients[r])
+					n += snprintf(msg + n, sizeof(msg) - n, " %u", r);
+			forming_fail(comm, -ETIMEDOUT, msg);
+			done = true;
+		}
+		if (done) {
+			*pp = comm->next;
+			kd_comm_put(comm);
+			continue;
+		}
+		pp = &comm->next;
+	}
+}

@@ -1,0 +1,344 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Running a matched op. An op is cut into tasks (one chunk of one segment);
+ * the thread that made it ready runs tasks itself and, for large ops, shares
+ * them with the worker pool. Whoever finishes the last task completes the op
+ * and starts the communicator's next one.
+ *
+ * Data movement per rank buffer: a buffer inside a shared region is used in
+ * place (zero copy); any other buffer is read or written with one
+ * process_vm_readv/writev of the chunk into/out of a per-thread stage.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include <kcoll/kcoll.h>
+
+#include "kcolld.h"
+#include "log.h"
+#include "reduce.h"
+
+static struct {
+	pthread_t *threads;
+	int n;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct kd_op *queue;	/* ops with tasks left to claim */
+	bool stop;
+} pool = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static __thread uint8_t *stage;
+static __thread size_t stage_size;
+
+static uint8_t *stage_get(size_t size)
+{
+	if (stage_size < size) {
+		free(stage);
+		stage = malloc(size);
+		stage_size = stage ? size : 0;
+	}
+	return stage;
+}
+
+static void set_err(struct kd_op *op, int err, uint32_t rank)
+{
+	int expected = 0;
+
+	if (atomic_compare_exchange_strong(&op->err, &expected, err))
+		atomic_store(&op->err_rank, rank);
+}
+
+static int vm_errno(int e)
+{
+	/* The process is gone: report it like a dead rank. */
+	return e == ESRCH ? -ECONNRESET : e == EPERM ? -EPERM : -EFAULT;
+}
+
+/* Bytes [off, off+n) of a rank's buffer, readable at *p. */
+static int buf_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
+		    uint8_t *tmp, const uint8_t **p)
+{
+	struct iovec l = { .iov_base = tmp, .iov_len = n };
+	struct iovec r = { .iov_base = (void *)(uintptr_t)(b->addr + off), .iov_len = n };
+	ssize_t got;
+
+	if (b->direct) {
+		*p = b->direct + off;
+		return 0;
+	}
+	got = process_vm_readv(c->pid, &l, 1, &r, 1, 0);
+	if (got != (ssize_t)n)
+		return got < 0 ? vm_errno(errno) : -EFAULT;
+	*p = tmp;
+	return 0;
+}
+
+static int buf_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, const uint8_t *src,
+		     size_t n)
+{
+	struct iovec l = { .iov_base = (void *)src, .iov_len = n };
+	struct iovec r = { .iov_base = (void *)(uintptr_t)(b->addr + off), .iov_len = n };
+	ssize_t put;
+
+	if (b->direct) {
+		if (b->direct + off != src)
+			memcpy(b->direct + off, src, n);
+		return 0;
+	}
+	put = process_vm_writev(c->pid, &l, 1, &r, 1, 0);
+	if (put != (ssize_t)n)
+		return put < 0 ? vm_errno(errno) : -EFAULT;
+	return 0;
+}
+
+/*
+ * One task: elements [e, e+n) of segment 'seg'. Segments: all-reduce and
+ * broadcast have one; reduce-scatter and all-gather one per rank.
+ */
+static void run_task(struct kd_op *op, uint32_t task)
+{
+	uint32_t nr = op->comm->nranks;
+	uint32_t seg = task / op->tasks_per_seg;
+	uint64_t e = (uint64_t)(task % op->tasks_per_seg) * op->chunk_elems;
+	uint64_t n = op->seg_elems - e < op->chunk_elems ? op->seg_elems - e : op->chunk_elems;
+	size_t bytes = n * op->esz;
+	size_t cb = op->chunk_elems * op->esz;
+	const uint8_t *ins[KD_MAX_RANKS];
+	uint8_t *tmp = stage_get(cb * (nr + 1));
+	uint8_t *out;
+	uint64_t soff, roff;
+	uint32_t src_rank, dst;
+	int r;
+
+	if (!tmp) {
+		set_err(op, -ENOMEM, KCOLL_RANK_NONE);
+		return;
+	}
+	if (atomic_load(&op->err))
+		return;	/* already failed: do no more work */
+
+	switch (op->opcode) {
+	case KCOLL_OP_ALLREDUCE:
+	case KCOLL_OP_REDUCE_SCATTER:
+		soff = (seg * op->seg_elems + e) * op->esz;
+		for (uint32_t k = 0; k < nr; k++) {
+			r = buf_read(op->c[k].client, &op->c[k].sbuf, soff, bytes, tmp + k * cb, &ins[k]);
+			if (r)
+				return set_err(op, r, k);
+		}
+		/* Reduce straight into a receiver that is shared memory if any. */
+		roff = (op->opcode == KCOLL_OP_ALLREDUCE ? soff : e * op->esz);
+		dst = op->opcode == KCOLL_OP_REDUCE_SCATTER ? seg : 0;
+		out = tmp + nr * cb;
+		if (op->opcode == KCOLL_OP_ALLREDUCE) {
+			for (uint32_t k = 0; k < nr; k++) {
+				if (op->c[k].rbuf.direct) {
+					dst = k;
+					break;
+				}
+			}
+		}
+		if (op->c[dst].rbuf.direct)
+			out = op->c[dst].rbuf.direct + roff;
+		r = kcoll_reduce_n(op->dtype, op->redop, out, (const void *const *)ins, nr, n);
+		if (r)
+			return set_err(op, r, KCOLL_RANK_NONE);
+		if (op->opcode == KCOLL_OP_REDUCE_SCATTER) {
+			r = buf_write(op->c[seg].client, &op->c[seg].rbuf, roff, out, bytes);
+			if (r)
+				set_err(op, r, seg);
+			return;
+		}
+		for (uint32_t k = 0; k < nr; k++) {
+			r = buf_write(op->c[k].client, &op->c[k].rbuf, roff, out, bytes);
+			if (r)
+				return set_err(op, r, k);
+		}
+		return;
+
+	case KCOLL_OP_ALLGATHER:
+	case KCOLL_OP_BROADCAST:
+		src_rank = op->opcode == KCOLL_OP_ALLGATHER ? seg : op->root;
+		soff = e * op->esz;
+		roff = (seg * op->seg_elems + e) * op->esz;
+		r = buf_read(op->c[src_rank].client, &op->c[src_rank].sbuf, soff, bytes, tmp, &ins[0]);
+		if (r)
+			return set_err(op, r, src_rank);
+		for (uint32_t k = 0; k < nr; k++) {
+			if (op->opcode == KCOLL_OP_BROADCAST && k == src_rank)
+				continue;
+			r = buf_write(op->c[k].client, &op->c[k].rbuf, roff, ins[0], bytes);
+			if (r)
+				return set_err(op, r, k);
+		}
+		return;
+	}
+}
+
+/* Resolve every rank's buffers and cut the op into tasks. */
+static void op_prepare(struct kd_op *op)
+{
+	uint32_t nr = op->comm->nranks;
+	uint64_t chunk = kd.chunk_bytes;
+
+	op->esz = kcoll_dtype_size(op->dtype);
+	op->nseg = 1;
+	op->seg_elems = op->count;
+	if (op->opcode == KCOLL_OP_REDUCE_SCATTER || op->opcode == KCOLL_OP_ALLGATHER)
+		op->nseg = nr;
+	if (op->opcode == KCOLL_OP_BARRIER || atomic_load(&op->err) || !op->count) {
+		op->ntasks = 0;
+		return;
+	}
+	for (uint32_t k = 0; k < nr; k++) {
+		struct kd_contrib *ct = &op->c[k];
+
+		kd_buf_resolve(ct->client, ct->send, ct->sbuf.len, &ct->sbuf);
+		kd_buf_resolve(ct->client, ct->recv, ct->rbuf.len, &ct->rbuf);
+	}
+	/* The stage holds nr + 1 chunks; keep it bounded for many ranks. */
+	if (chunk * (nr + 1) > KD_STAGE_MAX)
+		chunk = KD_STAGE_MAX / (nr + 1);
+	op->chunk_elems = chunk / op->esz ? chunk / op->esz : 1;
+	op->tasks_per_seg = (op->seg_elems + op->chunk_elems - 1) / op->chunk_elems;
+	op->ntasks = op->tasks_per_seg * op->nseg;
+}
+
+/* Claim and run tasks until none are left; true if we ran the last one. */
+static bool work_on(struct kd_op *op)
+{
+	for (;;) {
+		uint32_t t = atomic_fetch_add(&op->next_task, 1);
+
+		if (t >= op->ntasks)
+			return false;
+		run_task(op, t);
+		if (atomic_fetch_sub(&op->tasks_left, 1) == 1)
+			return true;
+	}
+}
+
+static void op_finish_chain(struct kd_op *op);
+
+/*
+ * A thread is done with an op it worked on. The one that ran the last task
+ * takes the op off the pool queue (no new thread can join), waits for the
+ * others still inside work_on() to leave (they find no task and return at
+ * once), then completes it: nobody touches a freed op.
+ */
+static void op_leave(struct kd_op *op, bool last)
+{
+	if (!last) {
+		atomic_fetch_sub(&op->users, 1);
+		return;
+	}
+	pthread_mutex_lock(&pool.lock);
+	for (struct kd_op **pp = &pool.queue; *pp; pp = &(*pp)->next) {
+		if (*pp == op) {
+			*pp = op->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&pool.lock);
+	atomic_fetch_sub(&op->users, 1);
+	while (atomic_load(&op->users))
+		sched_yield();
+	op_finish_chain(op);
+}
+
+void kd_op_run(struct kd_op *op)
+{
+	op_prepare(op);
+	if (op->ntasks == 0) {
+		op_finish_chain(op);
+		return;
+	}
+	atomic_store(&op->tasks_left, op->ntasks);
+	atomic_store(&op->next_task, 0);
+	atomic_store(&op->users, 1);
+	if (op->ntasks > 1 && pool.n) {
+		pthread_mutex_lock(&pool.lock);
+		op->next = pool.queue;
+		pool.queue = op;
+		pthread_cond_broadcast(&pool.cond);
+		pthread_mutex_unlock(&pool.lock);
+	}
+	op_leave(op, work_on(op));
+}
+
+static void op_finish_chain(struct kd_op *op)
+{
+	while (op) {
+		struct kd_op *next = kd_comm_op_done(op);
+
+		if (!next)
+			return;
+		op_prepare(next);
+		if (next->ntasks > 1) {
+			kd_op_run(next);
+			return;
+		}
+		/* Small op: run it right here, no pool round trip. */
+		if (next->ntasks)
+			run_task(next, 0);
+		op = next;
+	}
+}
+
+static void *worker(void *arg)
+{
+	for (;;) {
+		struct kd_op *op;
+
+		pthread_mutex_lock(&pool.lock);
+		while (!pool.queue && !pool.stop)
+			pthread_cond_wait(&pool.cond, &pool.lock);
+		if (pool.stop) {
+			pthread_mutex_unlock(&pool.lock);
+			return NULL;
+		}
+		op = pool.queue;
+		if (atomic_load(&op->next_task) >= op->ntasks) {
+			/* Nothing left to claim: off the queue for everyone. */
+			pool.queue = op->next;
+			pthread_mutex_unlock(&pool.lock);
+			continue;
+		}
+		atomic_fetch_add(&op->users, 1);
+		pthread_mutex_unlock(&pool.lock);
+		op_leave(op, work_on(op));
+	}
+}
+
+int kd_pool_start(int n)
+{
+	sigset_t all, old;
+
+	pool.threads = calloc(n, sizeof(*pool.threads));
+	if (n && !pool.threads)
+		return -ENOMEM;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	for (pool.n = 0; pool.n < n; pool.n++)
+		if (pthread_create(&pool.threads[pool.n], NULL, worker, NULL))
+			break;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return pool.n == n ? 0 : -EAGAIN;
+}
+
+void kd_pool_stop(void)
+{
+	pthread_mutex_lock(&pool.lock);
+	pool.stop = true;
+	pthread_cond_broadcast(&pool.cond);
+	pthread_mutex_unlock(&pool.lock);
+	for (int i = 0; i < pool.n; i++)
+		pthread_join(pool.threads[i], NULL);
+	free(pool.threads);
+	pool.threads = NULL;
+	pool.n = 0;
+}

@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kcolld internals. The map (docs/architecture.md has the long form):
+ *
+ *   main.c    options, socket, the control thread (epoll: accept, control
+ *             messages, signals, watchdog); owns client and comm lifetimes
+ *   client.c  a client: its ring, its ring thread (SQ consumer), CQ posting,
+ *             its shared-memory regions
+ *   sqe.c     validation of one untrusted SQE (pure; fuzzed)
+ *   comm.c    communicators: rendezvous, per-rank op matching, abort
+ *   exec.c    running a matched op: tasks over the worker pool, data movement
+ *             (direct for shared regions, process_vm_readv/writev otherwise)
+ *   status.c  `kcollctl status` in text and JSON
+ *
+ * Lifetimes are reference counts: a client is held by the client list, each
+ * communicator it is a member of and each op it contributed to; a comm by
+ * its members and its ops. Lock order: client->lock, then comm->lock, then
+ * client->cq_lock; no lock is held while a thread sleeps.
+ */
+#ifndef KCOLLD_H
+#define KCOLLD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <kcoll/proto.h>
+#include <kcoll/ring.h>
+
+#define KD_MAX_RANKS		256
+#define KD_MAX_COMMS		1024	/* per client */
+#define KD_MAX_BYTES		(1ULL << 40)
+#define KD_STAGE_MAX		(16u << 20)
+
+struct kd_comm;
+
+struct kd_region {
+	uint64_t addr;		/* in the client */
+	uint64_t size;
+	uint8_t *map;		/* in the daemon */
+	atomic_int refs;
+	struct kd_region *next;
+};
+
+struct kd_member {
+	struct kd_comm *comm;
+	uint32_t rank;
+};
+
+struct kd_client {
+	int sock;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	uint32_t id;		/* serial, for logs and status */
+	atomic_int refs;
+	atomic_bool dead;	/* socket closed: post nothing more */
+	atomic_bool stop;	/* ring thread: exit */
+	bool hello_done;
+	bool thread_started;
+
+	struct kcoll_ring_hdr *ring;
+	size_t ring_size;
+	struct kcoll_queue sq;	/* consumer view */
+	struct kcoll_queue cq;	/* producer view */
+	pthread_mutex_t cq_lock;
+	atomic_uint inflight;	/* admitted, not yet completed */
+	pthread_t ring_thread;
+
+	pthread_mutex_t lock;	/* regions and members */
+	struct kd_region *regions;
+	struct kd_member members[KD_MAX_COMMS];	/* index = comm handle - 1 */
+
+	atomic_ulong ops;
+	atomic_ulong errors;
+	struct kd_client *next;
+};
+
+enum kd_comm_state { KD_COMM_FORMING, KD_COMM_ACTIVE, KD_COMM_ABORTED };
+
+/* A rank's buffer for one op, resolved once. */
+struct kd_buf {
+	uint64_t addr;
+	uint64_t len;
+	uint8_t *direct;	/* daemon pointer when inside a shared region */
+	struct kd_region *rg;	/* held while the op runs */
+};
+
+struct kd_contrib {
+	struct kd_client *client;	/* held */
+	uint64_t user_data;
+	uint64_t send, recv;
+	struct kd_buf sbuf, rbuf;
+	bool present;
+};
+
+struct kd_op {
+	struct kd_comm *comm;	/* held */
+	uint64_t seq;
+	uint8_t opcode, dtype, redop;
+	uint64_t count;
+	uint32_t root;
+	uint32_t arrived;
+	int64_t first_ns;
+	bool ready;		/* every rank arrived */
+	atomic_int err;		/* first error wins */
+	atomic_uint err_rank;
+	uint32_t cqe_flags;
+
+	/* execution */
+	size_t esz;
+	uint64_t seg_elems;	/* elements per segment (one per rank for RS/AG) */
+	uint32_t nseg;
+	uint64_t chunk_elems;
+	uint32_t tasks_per_seg;
+	uint32_t ntasks;
+	atomic_uint next_task;
+	atomic_uint tasks_left;
+	atomic_uint users;	/* threads inside work_on() */
+	struct kd_op *next;	/* comm's pending list, then the pool queue */
+	struct kd_contrib c[];	/* [nranks] */
+};
+
+struct kd_comm {
+	uint8_t token[KCOLL_ID_TOKEN_BYTES];
+	char name[17];		/* hex prefix of the token, for logs */
+	uid_t uid;
+	uint32_t nranks;
+	uint32_t joined;
+	uint32_t left;
+	enum kd_comm_state state;
+	int abort_err;
+	uint32_t abort_rank;
+	int64_t deadline_ns;	/* forming: join deadline */
+	int64_t timeout_ns;
+	atomic_int refs;
+	pthread_mutex_t lock;
+	struct kd_client **clients;	/* [nranks], held */
+	uint32_t *handles;		/* [nranks] comm handle in each client */
+	uint32_t *init_seq;		/* [nranks] COMM_INIT request to answer */
+	bool *gone;			/* [nranks] left or died */
+	uint64_t *next_seq;		/* [nranks] ops submitted */
+	uint64_t exec_seq;		/* next op to execute: ops run in order */
+	struct kd_op *pending;		/* sorted by seq */
+	atomic_ulong ops_done;
+	struct kd_comm *next;
+};
+
+struct kd_stats {
+	atomic_ulong ops_ok;
+	atomic_ulong ops_failed;
+	atomic_ulong bytes;
+	atomic_ulong clients_total;
+	atomic_ulong rings_killed;
+};
+
+struct kd_daemon {
+	const char *socket_path;
+	int listen_fd;
+	int epfd;
+	int nworkers;
+	size_t chunk_bytes;
+	int64_t spin_ns;
+	int64_t timeout_ns;
+	int64_t start_ns;
+	atomic_bool draining;
+	struct kd_client *clients;
+	struct kd_comm *comms;
+	uint32_t next_client_id;
+	struct kd_stats stats;
+};
+
+extern struct kd_daemon kd;
+
+int64_t kd_now_ns(void);
+
+/* sqe.c: 0 or -errno, with *why a short reason for the log. */
+int kd_sqe_check(const struct kcoll_sqe *sqe, const char **why);
+/* Bytes of a rank's send and recv buffers for a collective of nranks. */
+int kd_coll_sizes(const struct kcoll_sqe *sqe, uint32_t nranks, uint32_t rank,
+		  uint64_t *send_bytes, uint64_t *recv_bytes);
+
+/* client.c */
+struct kd_client *kd_client_new(int sock);
+int kd_client_ring_create(struct kd_client *c, uint32_t sq_entries, int *fd);
+int kd_client_start(struct kd_client *c);
+void kd_client_get(struct kd_client *c);
+void kd_client_put(struct kd_client *c);
+/* Shut the client down from any thread: the control thread reaps it. */
+void kd_client_kill(struct kd_client *c, const char *why);
+/* Control thread: stop the ring thread, leave comms, drop the list's ref. */
+void kd_client_close(struct kd_client *c);
+void kd_client_post(struct kd_client *c, uint64_t user_data, int res, uint64_t aux,
+		    uint32_t err_rank, uint32_t flags);
+int kd_region_add(struct kd_client *c, int fd, uint64_t addr, uint64_t size);
+int kd_region_del(struct kd_client *c, uint64_t addr);
+/* Resolve [addr, addr+len) of c: direct if inside a region (ref taken). */
+void kd_buf_resolve(struct kd_client *c, uint64_t addr, uint64_t len, struct kd_buf *b);
+void kd_buf_release(struct kd_buf *b);
+void kd_region_put(struct kd_region *rg);
+
+/* comm.c */
+/* Control thread: join; 1 = reply deferred until complete, or -errno + why. */
+int kd_comm_join(struct kd_client *c, const struct kcoll_msg_comm_init *m, const char **why);
+int kd_comm_destroy(struct kd_client *c, uint32_t handle);
+/* Ring thread: one SQE that names a communicator. */
+void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe);
+/* A member died or left: fail what is pending and refuse what comes. */
+void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err);
+/* Control thread, periodically: join deadlines and hung ops. */
+void kd_comm_watchdog(int64_t now);
+void kd_comm_put(struct kd_comm *comm);
+/* exec.c calls back when an op finished: post CQEs; returns the comm's next
+ * op if it may start now (the caller runs it). */
+struct kd_op *kd_comm_op_done(struct kd_op *op);
+
+/* exec.c */
+int kd_pool_start(int nworkers);
+void kd_pool_stop(void);
+/* Run a ready op: split into tasks, share them with the pool, complete it. */
+void kd_op_run(struct kd_op *op);
+
+/* status.c */
+/* Render status into buf (JSON if json); returns length. */
+size_t kd_status_render(char *buf, size_t cap, int json);
+
+#endif /* KCOLLD_H */

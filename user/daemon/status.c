@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: MIT
+/* `kcollctl status`: the daemon's state as a table or as JSON. Control thread. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kcolld.h"
+#include "reduce.h"
+
+struct out {
+	char *buf;
+	size_t cap, len;
+};
+
+static void __attribute__((format(printf, 2, 3))) put(struct out *o, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (o->len >= o->cap)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		o->len = o->len + n < o->cap ? o->len + n : o->cap - 1;
+}
+
+static const char *const state_names[] = { "forming", "active", "aborted" };
+
+static void comm_counts(struct kd_comm *comm, uint32_t *pending, uint64_t *seq)
+{
+	*pending = 0;
+	for (struct kd_op *op = comm->pending; op; op = op->next)
+		(*pending)++;
+	*seq = comm->exec_seq;
+}
+
+size_t kd_status_render(char *buf, size_t cap, int json)
+{
+	struct out o = { .buf = buf, .cap = cap };
+	double up = (kd_now_ns() - kd.start_ns) / 1e9;
+	uint32_t nclients = 0, ncomms = 0, inflight = 0;
+	const char *path = "shm zero-copy (kcoll_mem_alloc buffers), process_vm single-copy otherwise";
+	const char *kmod = access("/dev/kcoll", F_OK) ? "absent: /dev/kcoll not present (kcoll.ko not loaded)" :
+		"present but not used by this kcolld";
+
+	for (struct kd_client *c = kd.clients; c; c = c->next) {
+		nclients++;
+		inflight += atomic_load(&c->inflight);
+	}
+	for (struct kd_comm *m = kd.comms; m; m = m->next)
+		ncomms++;
+
+	if (json) {
+		put(&o, "{\"version\":\"%s\",\"pid\":%d,\"uptime_s\":%.1f,\"socket\":\"%s\","
+			"\"workers\":%d,\"reduce_impl\":\"%s\",\"data_path\":\"%s\",\"kernel_module\":\"%s\","
+			"\"counters\":{\"ops_ok\":%lu,\"ops_failed\":%lu,\"bytes\":%lu,\"clients_total\":%lu,"
+			"\"rings_killed\":%lu,\"inflight\":%u},\"clients\":[",
+			KCOLL_VERSION, getpid(), up, kd.socket_path, kd.nworkers, kcoll_reduce_impl(), path,
+			kmod, atomic_load(&kd.stats.ops_ok), atomic_load(&kd.stats.ops_failed),
+			atomic_load(&kd.stats.bytes), atomic_load(&kd.stats.clients_total),
+			atomic_load(&kd.stats.rings_killed), inflight);
+		for (struct kd_client *c = kd.clients; c; c = c->next)
+			put(&o, "%s{\"id\":%u,\"pid\":%d,\"uid\":%d,\"ring\":%s,\"sq_entries\":%u,"
+				"\"inflight\":%u,\"ops\":%lu,\"errors\":%lu}",
+				c == kd.clients ? "" : ",", c->id, c->pid, c->uid,
+				c->ring ? "true" : "false", c->ring ? c->ring->sq_entries : 0,
+				atomic_load(&c->inflight), atomic_load(&c->ops), atomic_load(&c->errors));
+		put(&o, "],\"communicators\":[");
+		for (struct kd_comm *m = kd.comms; m; m = m->next) {
+			uint32_t pending;
+			uint64_t seq;
+
+			pthread_mutex_lock(&m->lock);
+			comm_counts(m, &pending, &seq);
+			put(&o, "%s{\"id\":\"%s\",\"uid\":%d,\"nranks\":%u,\"joined\":%u,\"state\":\"%s\","
+				"\"ops_done\":%lu,\"ops_pending\":%u}",
+				m == kd.comms ? "" : ",", m->name, m->uid, m->nranks, m->joined,
+				state_names[m->state], atomic_load(&m->ops_done), pending);
+			pthread_mutex_unlock(&m->lock);
+		}
+		put(&o, "]}\n");
+		return o.len;
+	}
+
+	put(&o, "kcolld %s  pid %d  up %.0fs  socket %s\n", KCOLL_VERSION, getpid(), up, kd.socket_path);
+	put(&o, "workers %d  reduce %s\n", kd.nworkers, kcoll_reduce_impl());
+	put(&o, "data path: %s\nkernel module: %s\n", path, kmod);
+	put(&o, "ops ok %lu  failed %lu  bytes %lu  in flight %u  clients %u (total %lu)  rings killed %lu\n\n",
+	    atomic_load(&kd.stats.ops_ok), atomic_load(&kd.stats.ops_failed),
+	    atomic_load(&kd.stats.bytes), inflight, nclients, atomic_load(&kd.stats.clients_total),
+	    atomic_load(&kd.stats.rings_killed));
+	put(&o, "%-6s %-8s %-6s %-6s %-9s %-10s %s\n", "CLIENT", "PID", "UID", "SQ", "INFLIGHT", "OPS", "ERRORS");
+	for (struct kd_client *c = kd.clients; c; c = c->next)
+		put(&o, "%-6u %-8d %-6d %-6u %-9u %-10lu %lu\n", c->id, c->pid, c->uid,
+		    c->ring ? c->ring->sq_entries : 0, atomic_load(&c->inflight), atomic_load(&c->ops),
+		    atomic_load(&c->errors));
+	put(&o, "\n%-17s %-6s %-7s %-8s %-10s %s\n", "COMMUNICATOR", "UID", "RANKS", "STATE", "OPS", "PENDING");
+	for (struct kd_comm *m = kd.comms; m; m = m->next) {
+		uint32_t pending;
+		uint64_t seq;
+
+		pthread_mutex_lock(&m->lock);
+		comm_counts(m, &pending, &seq);
+		put(&o, "%-17s %-6d %u/%-5u %-8s %-10lu %u\n", m->name, m->uid, m->joined, m->nranks,
+		    state_names[m->state], atomic_load(&m->ops_done), pending);
+		pthread_mutex_unlock(&m->lock);
+	}
+	(void)ncomms;
+	return o.len;
+}

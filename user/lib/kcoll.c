@@ -1,0 +1,714 @@
+// SPDX-License-Identifier: MIT
+/*
+ * libkcoll: connection, ring, requests and the collective calls.
+ *
+ * Locking: k->ctl_lock serializes control request/reply pairs on the socket;
+ * k->ring_lock covers SQ production, CQ consumption and the request table.
+ * Neither is held while sleeping on the CQ doorbell.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <kcoll/futex.h>
+#include <kcoll/kcoll.h>
+#include <kcoll/proto.h>
+#include <kcoll/ring.h>
+
+#include "config.h"
+
+enum req_state { REQ_FREE, REQ_PENDING, REQ_DONE };
+
+struct kcoll_req {
+	struct kcoll *k;
+	uint32_t idx;
+	uint32_t gen;
+	enum req_state state;
+	int res;
+	uint32_t err_rank;
+	struct kcoll_req *next_free;
+};
+
+struct kcoll_region {
+	void *addr;
+	size_t size;
+	struct kcoll_region *next;
+};
+
+struct kcoll {
+	int sock;
+	pthread_mutex_t ctl_lock;
+	uint32_t ctl_seq;
+	int timeout_ms;
+
+	struct kcoll_ring_hdr *ring;
+	size_t ring_size;
+	pthread_mutex_t ring_lock;
+	struct kcoll_queue sq, cq;
+	struct kcoll_req *reqs;
+	uint32_t nreqs;
+	struct kcoll_req *free_reqs;
+	int dead;		/* daemon gone: everything fails with -ENOTCONN */
+	int64_t spin_ns;
+
+	pthread_mutex_t mem_lock;
+	struct kcoll_region *regions;
+};
+
+struct kcoll_comm {
+	struct kcoll *k;
+	uint32_t comm_id;
+	int rank;
+	int nranks;
+};
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Wait for the socket to be readable; -ETIMEDOUT, or -ENOTCONN on hangup. */
+static int sock_wait(int sock, int timeout_ms)
+{
+	struct pollfd p = { .fd = sock, .events = POLLIN };
+	int r;
+
+	do
+		r = poll(&p, 1, timeout_ms);
+	while (r < 0 && errno == EINTR);
+	if (r < 0)
+		return -errno;
+	if (r == 0)
+		return -ETIMEDOUT;
+	if ((p.revents & (POLLHUP | POLLERR)) && !(p.revents & POLLIN))
+		return -ENOTCONN;
+	return 0;
+}
+
+/* One control round trip. reply must hold at least a kcoll_msg_hdr. */
+static int ctl_call(struct kcoll *k, void *msg, size_t len, int fd, void *reply, size_t cap,
+		    int *reply_fd, int timeout_ms)
+{
+	struct kcoll_msg_hdr *h = msg;
+	struct kcoll_msg_hdr *rh = reply;
+	ssize_t n;
+	int r;
+
+	pthread_mutex_lock(&k->ctl_lock);
+	h->magic = KCOLL_PROTO_MAGIC;
+	h->len = len;
+	h->seq = ++k->ctl_seq;
+	r = kcoll_msg_send(k->sock, msg, len, fd);
+	if (r)
+		goto out;
+	for (;;) {
+		r = sock_wait(k->sock, timeout_ms);
+		if (r)
+			goto out;
+		n = kcoll_msg_recv(k->sock, reply, cap, reply_fd);
+		if (n <= 0) {
+			r = n ? (int)n : -ENOTCONN;
+			goto out;
+		}
+		if (rh->seq == h->seq)
+			break;
+		/* A late reply to a request that timed out earlier: drop it. */
+		if (reply_fd && *reply_fd >= 0)
+			close(*reply_fd);
+	}
+	r = rh->type == h->type ? rh->status : -EBADMSG;
+out:
+	if (r == -EPIPE || r == -ECONNRESET)
+		r = -ENOTCONN;
+	pthread_mutex_unlock(&k->ctl_lock);
+	return r;
+}
+
+const char *kcoll_version(void)
+{
+	return KCOLL_VERSION;
+}
+
+static int ring_map(struct kcoll *k, int fd, uint64_t size)
+{
+	const char *why;
+	void *p;
+	int r;
+
+	if (size < KCOLL_RING_HDR_SIZE || size > (1ULL << 30))
+		return -EPROTO;
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	k->ring = p;
+	k->ring_size = size;
+	r = kcoll_ring_hdr_check(k->ring, size, &why);
+	if (r) {
+		fprintf(stderr, "libkcoll: %s\n", why);
+		munmap(p, size);
+		k->ring = NULL;
+		return r;
+	}
+	kcoll_queue_init(&k->sq, &k->ring->sq_tail, &k->ring->sq_head,
+			 (uint8_t *)p + k->ring->sq_off, k->ring->sq_entries, sizeof(struct kcoll_sqe));
+	kcoll_queue_init(&k->cq, &k->ring->cq_head, &k->ring->cq_tail,
+			 (uint8_t *)p + k->ring->cq_off, k->ring->cq_entries, sizeof(struct kcoll_cqe));
+	return 0;
+}
+
+static int reqs_init(struct kcoll *k)
+{
+	k->nreqs = k->ring->sq_entries;
+	k->reqs = calloc(k->nreqs, sizeof(*k->reqs));
+	if (!k->reqs)
+		return -ENOMEM;
+	for (uint32_t i = k->nreqs; i-- > 0;) {
+		k->reqs[i].k = k;
+		k->reqs[i].idx = i;
+		k->reqs[i].next_free = k->free_reqs;
+		k->free_reqs = &k->reqs[i];
+	}
+	return 0;
+}
+
+int kcoll_connect(const struct kcoll_connect_opts *opts, struct kcoll **out)
+{
+	struct kcoll_connect_opts o = { 0 };
+	struct kcoll_msg_hello hello = { .hdr.type = KCOLL_MSG_HELLO };
+	struct kcoll_msg_hello_reply rep;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	const char *path;
+	struct kcoll *k;
+	int fd = -1, r;
+
+	if (!out)
+		return -EINVAL;
+	if (opts) {
+		if (opts->size < offsetof(struct kcoll_connect_opts, reserved) || opts->flags)
+			return -EINVAL;
+		memcpy(&o, opts, opts->size < sizeof(o) ? opts->size : sizeof(o));
+	}
+	path = o.socket_path ? o.socket_path : kcoll_knob_str("KCOLL_SOCKET");
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(sa.sun_path, path);
+
+	k = calloc(1, sizeof(*k));
+	if (!k)
+		return -ENOMEM;
+	pthread_mutex_init(&k->ctl_lock, NULL);
+	pthread_mutex_init(&k->ring_lock, NULL);
+	pthread_mutex_init(&k->mem_lock, NULL);
+	k->timeout_ms = kcoll_knob_ll("KCOLL_TIMEOUT_MS");
+	k->spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
+
+	k->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (k->sock < 0) {
+		r = -errno;
+		goto err_free;
+	}
+	if (connect(k->sock, (struct sockaddr *)&sa, sizeof(sa))) {
+		r = errno == ENOENT ? -ECONNREFUSED : -errno;
+		goto err_close;
+	}
+
+	hello.proto_version = KCOLL_PROTO_VERSION;
+	hello.abi_version = KCOLL_ABI_VERSION;
+	hello.sq_entries = o.sq_entries ? o.sq_entries : kcoll_knob_ll("KCOLL_SQ_ENTRIES");
+	r = ctl_call(k, &hello, sizeof(hello), -1, &rep, sizeof(rep), &fd, 5000);
+	if (r) {
+		if (rep.hdr.magic == KCOLL_PROTO_MAGIC && rep.error[0])
+			fprintf(stderr, "libkcoll: kcolld refused the connection: %.*s\n",
+				(int)sizeof(rep.error), rep.error);
+		goto err_fd;
+	}
+	if (fd < 0) {
+		r = -EPROTO;
+		goto err_close;
+	}
+	r = ring_map(k, fd, rep.ring_size);
+	if (r)
+		goto err_fd;
+	close(fd);
+	fd = -1;
+	r = reqs_init(k);
+	if (r)
+		goto err_unmap;
+	/* Under YAMA ptrace_scope=1 the daemon may only copy our buffers
+	 * (process_vm_readv) if we name it; harmless where YAMA is absent. */
+	prctl(PR_SET_PTRACER, (unsigned long)rep.daemon_pid, 0, 0, 0);
+	*out = k;
+	return 0;
+
+err_unmap:
+	munmap(k->ring, k->ring_size);
+err_fd:
+	if (fd >= 0)
+		close(fd);
+err_close:
+	close(k->sock);
+err_free:
+	free(k);
+	return r;
+}
+
+/* Fail every pending request: the daemon is gone or we are leaving. */
+static void reqs_fail_all(struct kcoll *k, int res)
+{
+	for (uint32_t i = 0; i < k->nreqs; i++) {
+		if (k->reqs[i].state == REQ_PENDING) {
+			k->reqs[i].state = REQ_DONE;
+			k->reqs[i].res = res;
+			k->reqs[i].err_rank = KCOLL_RANK_NONE;
+		}
+	}
+}
+
+void kcoll_disconnect(struct kcoll *k)
+{
+	struct kcoll_region *rg, *next;
+
+	if (!k)
+		return;
+	close(k->sock);
+	munmap(k->ring, k->ring_size);
+	for (rg = k->regions; rg; rg = next) {
+		next = rg->next;
+		munmap(rg->addr, rg->size);
+		free(rg);
+	}
+	free(k->reqs);
+	free(k);
+}
+
+/* Take completions off the CQ. Called with ring_lock held. */
+static void cq_reap(struct kcoll *k)
+{
+	int64_t n = kcoll_queue_ready(&k->cq);
+	struct kcoll_cqe cqe;
+
+	if (n < 0) {
+		k->dead = 1;
+		reqs_fail_all(k, -EPROTO);
+		return;
+	}
+	for (int64_t i = 0; i < n; i++) {
+		uint32_t idx, gen;
+
+		kcoll_queue_copy(&k->cq, i, &cqe);
+		idx = (uint32_t)cqe.user_data;
+		gen = (uint32_t)(cqe.user_data >> 32);
+		if (idx >= k->nreqs || k->reqs[idx].gen != gen || k->reqs[idx].state != REQ_PENDING)
+			continue;
+		k->reqs[idx].state = REQ_DONE;
+		k->reqs[idx].res = cqe.res;
+		k->reqs[idx].err_rank = cqe.err_rank;
+	}
+	if (n)
+		kcoll_queue_release(&k->cq, n);
+}
+
+/* Is the daemon still there? Checked only when a wait is slow. */
+static int daemon_alive(struct kcoll *k)
+{
+	struct pollfd p = { .fd = k->sock, .events = POLLIN };
+
+	if (kcoll_load_relaxed(&k->ring->status) & KCOLL_RING_DEAD)
+		return 0;
+	return !(poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)));
+}
+
+/*
+ * Wait until 'done' holds (checked under ring_lock after reaping), the
+ * deadline passes (-ETIMEDOUT) or the daemon dies (-ENOTCONN, all pending
+ * requests failed). Spin briefly, then sleep on the CQ doorbell in slices so
+ * a dead daemon is noticed within a slice.
+ */
+static int cq_wait(struct kcoll *k, int (*done)(struct kcoll *, void *), void *arg, int timeout_ms)
+{
+	const int64_t slice_ns = 100 * 1000000LL;
+	int64_t start = now_ns();
+	int64_t deadline = timeout_ms < 0 ? INT64_MAX : start + (int64_t)timeout_ms * 1000000;
+
+	for (;;) {
+		uint32_t seen;
+		int64_t t;
+
+		pthread_mutex_lock(&k->ring_lock);
+		cq_reap(k);
+		/* Sleep only while the tail still equals what we consumed: a CQE
+		 * posted after this point changes it and the futex won't block. */
+		seen = k->cq.local;
+		if (done(k, arg)) {
+			pthread_mutex_unlock(&k->ring_lock);
+			return 0;
+		}
+		if (k->dead) {
+			reqs_fail_all(k, -ENOTCONN);
+			pthread_mutex_unlock(&k->ring_lock);
+			continue;	/* done() now sees the failure */
+		}
+		pthread_mutex_unlock(&k->ring_lock);
+
+		t = now_ns();
+		if (t >= deadline)
+			return -ETIMEDOUT;
+		if (t - start < k->spin_ns) {
+			kcoll_spin_yield();
+			continue;
+		}
+		kcoll_store_relaxed(&k->ring->cq_flags, KCOLL_CQ_NEED_WAKEUP);
+		kcoll_smp_mb();
+		if (kcoll_load_acquire(&k->ring->cq_tail) == seen) {
+			int64_t left = deadline - t;
+
+			kcoll_futex_wait(&k->ring->cq_tail, seen, left < slice_ns ? left : slice_ns);
+		}
+		kcoll_store_relaxed(&k->ring->cq_flags, 0);
+		if (!daemon_alive(k)) {
+			pthread_mutex_lock(&k->ring_lock);
+			cq_reap(k);	/* keep completions that did arrive */
+			k->dead = 1;
+			pthread_mutex_unlock(&k->ring_lock);
+		}
+	}
+}
+
+static int have_free_req(struct kcoll *k, void *arg)
+{
+	return k->free_reqs != NULL || k->dead;
+}
+
+/* Queue one SQE; on success *req is the pending request. */
+static int submit(struct kcoll *k, struct kcoll_sqe *sqe, struct kcoll_req **req)
+{
+	struct kcoll_req *rq;
+	int r;
+
+	if (!req)
+		return -EINVAL;
+	for (;;) {
+		pthread_mutex_lock(&k->ring_lock);
+		if (k->dead) {
+			pthread_mutex_unlock(&k->ring_lock);
+			return -ENOTCONN;
+		}
+		if (k->free_reqs)
+			break;
+		pthread_mutex_unlock(&k->ring_lock);
+		/* Every slot in flight: wait for one to complete (and be freed). */
+		r = cq_wait(k, have_free_req, NULL, k->timeout_ms);
+		if (r)
+			return r == -ETIMEDOUT ? -EBUSY : r;
+	}
+	/* Requests in flight never exceed sq_entries, so the SQ has room. */
+	rq = k->free_reqs;
+	k->free_reqs = rq->next_free;
+	rq->gen++;
+	rq->state = REQ_PENDING;
+	sqe->user_data = (uint64_t)rq->gen << 32 | rq->idx;
+	if (kcoll_queue_space(&k->sq) <= 0) {
+		rq->state = REQ_FREE;
+		rq->next_free = k->free_reqs;
+		k->free_reqs = rq;
+		pthread_mutex_unlock(&k->ring_lock);
+		return -EPROTO;
+	}
+	memcpy(kcoll_queue_slot(&k->sq, 0), sqe, sizeof(*sqe));
+	kcoll_queue_publish(&k->sq, 1);
+	kcoll_smp_mb();	/* tail store before the NEED_WAKEUP load (see barrier.h) */
+	if (kcoll_load_relaxed(&k->ring->sq_flags) & KCOLL_SQ_NEED_WAKEUP)
+		kcoll_futex_wake(&k->ring->sq_tail, 1);
+	pthread_mutex_unlock(&k->ring_lock);
+	*req = rq;
+	return 0;
+}
+
+static int req_is_done(struct kcoll *k, void *arg)
+{
+	return ((struct kcoll_req *)arg)->state == REQ_DONE;
+}
+
+/* Called with ring_lock held on a REQ_DONE request. */
+static int req_finish(struct kcoll_req *rq)
+{
+	struct kcoll *k = rq->k;
+
+	rq->state = REQ_FREE;
+	rq->next_free = k->free_reqs;
+	k->free_reqs = rq;
+	return rq->res;
+}
+
+int kcoll_test(struct kcoll_req *rq, int *result)
+{
+	struct kcoll *k;
+	int done = 0;
+
+	if (!rq || !result)
+		return -EINVAL;
+	k = rq->k;
+	pthread_mutex_lock(&k->ring_lock);
+	cq_reap(k);
+	if (rq->state == REQ_PENDING && k->dead)
+		reqs_fail_all(k, -ENOTCONN);
+	if (rq->state == REQ_DONE) {
+		*result = req_finish(rq);
+		done = 1;
+	}
+	pthread_mutex_unlock(&k->ring_lock);
+	return done;
+}
+
+int kcoll_wait(struct kcoll_req *rq, int timeout_ms)
+{
+	struct kcoll *k;
+	int r;
+
+	if (!rq || rq->state == REQ_FREE)
+		return -EINVAL;
+	k = rq->k;
+	r = cq_wait(k, req_is_done, rq, timeout_ms);
+	if (r)
+		return r;
+	pthread_mutex_lock(&k->ring_lock);
+	r = req_finish(rq);
+	pthread_mutex_unlock(&k->ring_lock);
+	return r;
+}
+
+int kcoll_req_err_rank(const struct kcoll_req *rq)
+{
+	return rq && rq->err_rank != KCOLL_RANK_NONE ? (int)rq->err_rank : -1;
+}
+
+int kcoll_get_unique_id(struct kcoll *k, kcoll_unique_id_t *id)
+{
+	struct kcoll_msg_hdr req = { .type = KCOLL_MSG_UNIQUE_ID };
+	struct {
+		struct kcoll_msg_hdr hdr;
+		struct kcoll_id id;
+	} rep;
+	int r;
+
+	_Static_assert(sizeof(struct kcoll_id) <= sizeof(kcoll_unique_id_t), "id too large");
+	if (!k || !id)
+		return -EINVAL;
+	r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
+	if (r)
+		return r;
+	memset(id, 0, sizeof(*id));
+	memcpy(id->bytes, &rep.id, sizeof(rep.id));
+	return 0;
+}
+
+int kcoll_comm_init_rank(struct kcoll *k, const kcoll_unique_id_t *id, int nranks, int rank,
+			 struct kcoll_comm **out)
+{
+	struct kcoll_msg_comm_init req = { .hdr.type = KCOLL_MSG_COMM_INIT };
+	struct kcoll_msg_comm_init_reply rep;
+	struct kcoll_comm *c;
+	int r;
+
+	if (!k || !id || !out || nranks < 1 || rank < 0 || rank >= nranks)
+		return -EINVAL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	memcpy(&req.id, id->bytes, sizeof(req.id));
+	req.nranks = nranks;
+	req.rank = rank;
+	req.timeout_ms = k->timeout_ms;
+	memset(&rep, 0, sizeof(rep));
+	/* The daemon enforces the timeout; ours only guards against a stuck daemon. */
+	r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, k->timeout_ms + 5000);
+	if (r) {
+		if (rep.hdr.magic == KCOLL_PROTO_MAGIC && rep.error[0])
+			fprintf(stderr, "libkcoll: communicator init failed: %.*s\n",
+				(int)sizeof(rep.error), rep.error);
+		free(c);
+		return r;
+	}
+	c->k = k;
+	c->comm_id = rep.comm_id;
+	c->rank = rank;
+	c->nranks = nranks;
+	*out = c;
+	return 0;
+}
+
+int kcoll_comm_destroy(struct kcoll_comm *c)
+{
+	struct kcoll_msg_comm_destroy req = { .hdr.type = KCOLL_MSG_COMM_DESTROY };
+	struct kcoll_msg_hdr rep;
+	int r;
+
+	if (!c)
+		return -EINVAL;
+	req.comm_id = c->comm_id;
+	r = ctl_call(c->k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
+	free(c);
+	return r;
+}
+
+int kcoll_comm_rank(const struct kcoll_comm *c)
+{
+	return c ? c->rank : -EINVAL;
+}
+
+int kcoll_comm_size(const struct kcoll_comm *c)
+{
+	return c ? c->nranks : -EINVAL;
+}
+
+static int coll_submit(struct kcoll_comm *c, uint8_t opcode, const void *send, void *recv,
+		       size_t count, int dtype, int op, int root, struct kcoll_req **req)
+{
+	struct kcoll_sqe sqe = { .opcode = opcode };
+
+	if (!c || !req)
+		return -EINVAL;
+	if ((unsigned int)dtype >= KCOLL_DTYPE_MAX || (unsigned int)op >= KCOLL_REDOP_MAX)
+		return -EINVAL;
+	if (root < 0 || root >= c->nranks)
+		return -EINVAL;
+	if (count && (!recv || (!send && opcode != KCOLL_OP_BROADCAST)))
+		return -EFAULT;
+	if (count > (SIZE_MAX / 16) / (size_t)c->nranks)
+		return -EOVERFLOW;
+	if (send == recv)
+		sqe.flags |= KCOLL_SQE_F_IN_PLACE;
+	sqe.coll.send_addr = (uintptr_t)send;
+	sqe.coll.recv_addr = (uintptr_t)recv;
+	sqe.coll.count = count;
+	sqe.coll.comm_id = c->comm_id;
+	sqe.coll.root = root;
+	sqe.coll.dtype = dtype;
+	sqe.coll.redop = op;
+	return submit(c->k, &sqe, req);
+}
+
+int kcoll_allreduce(struct kcoll_comm *c, const void *send, void *recv, size_t count,
+		    enum kcoll_dtype dtype, enum kcoll_redop op, struct kcoll_req **req)
+{
+	return coll_submit(c, KCOLL_OP_ALLREDUCE, send, recv, count, dtype, op, 0, req);
+}
+
+int kcoll_reduce_scatter(struct kcoll_comm *c, const void *send, void *recv, size_t recvcount,
+			 enum kcoll_dtype dtype, enum kcoll_redop op, struct kcoll_req **req)
+{
+	return coll_submit(c, KCOLL_OP_REDUCE_SCATTER, send, recv, recvcount, dtype, op, 0, req);
+}
+
+int kcoll_allgather(struct kcoll_comm *c, const void *send, void *recv, size_t sendcount,
+		    enum kcoll_dtype dtype, struct kcoll_req **req)
+{
+	return coll_submit(c, KCOLL_OP_ALLGATHER, send, recv, sendcount, dtype, 0, 0, req);
+}
+
+int kcoll_broadcast(struct kcoll_comm *c, void *buf, size_t count, enum kcoll_dtype dtype, int root,
+		    struct kcoll_req **req)
+{
+	return coll_submit(c, KCOLL_OP_BROADCAST, buf, buf, count, dtype, 0, root, req);
+}
+
+int kcoll_barrier(struct kcoll_comm *c, struct kcoll_req **req)
+{
+	return coll_submit(c, KCOLL_OP_BARRIER, NULL, NULL, 0, KCOLL_U8, 0, 0, req);
+}
+
+int kcoll_mem_alloc(struct kcoll *k, size_t size, void **ptr)
+{
+	struct kcoll_msg_mem_reg req = { .hdr.type = KCOLL_MSG_MEM_REG };
+	struct kcoll_msg_hdr rep;
+	struct kcoll_region *rg;
+	size_t len;
+	void *p;
+	int fd, r;
+
+	if (!k || !ptr || !size)
+		return -EINVAL;
+	if (size > (1ULL << 40))
+		return -EOVERFLOW;
+	len = (size + 4095) & ~(size_t)4095;
+	rg = calloc(1, sizeof(*rg));
+	if (!rg)
+		return -ENOMEM;
+	fd = memfd_create("kcoll-buf", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		r = -errno;
+		goto err_free;
+	}
+	/* Sealed size: the daemon maps it too and must never see it shrink. */
+	if (ftruncate(fd, len) ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
+		r = -errno;
+		goto err_close;
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		r = -errno;
+		goto err_close;
+	}
+	req.addr = (uintptr_t)p;
+	req.size = len;
+	r = ctl_call(k, &req, sizeof(req), fd, &rep, sizeof(rep), NULL, 5000);
+	if (r)
+		goto err_unmap;
+	close(fd);
+	rg->addr = p;
+	rg->size = len;
+	pthread_mutex_lock(&k->mem_lock);
+	rg->next = k->regions;
+	k->regions = rg;
+	pthread_mutex_unlock(&k->mem_lock);
+	*ptr = p;
+	return 0;
+
+err_unmap:
+	munmap(p, len);
+err_close:
+	close(fd);
+err_free:
+	free(rg);
+	return r;
+}
+
+int kcoll_mem_free(struct kcoll *k, void *ptr)
+{
+	struct kcoll_msg_mem_unreg req = { .hdr.type = KCOLL_MSG_MEM_UNREG };
+	struct kcoll_msg_hdr rep;
+	struct kcoll_region **pp, *rg = NULL;
+	int r;
+
+	if (!k || !ptr)
+		return -EINVAL;
+	pthread_mutex_lock(&k->mem_lock);
+	for (pp = &k->regions; *pp; pp = &(*pp)->next) {
+		if ((*pp)->addr == ptr) {
+			rg = *pp;
+			*pp = rg->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&k->mem_lock);
+	if (!rg)
+		return -ENOENT;
+	req.addr = (uintptr_t)ptr;
+	r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
+	munmap(rg->addr, rg->size);
+	free(rg);
+	return r == -ENOTCONN ? 0 : r;
+}

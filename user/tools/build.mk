@@ -1,0 +1,25 @@
+# Benchmarks: kcoll-bench (against kcolld) and, where mpicc exists, the Open MPI
+# anchor mpi-coll-bench printing the same table and JSON.
+BENCH_KCOLL := $(BIN)/kcoll-bench
+BENCH_KCOLL_OBJ := $(OBJ)/user/tools/kcoll-bench.o
+
+$(BENCH_KCOLL): $(BENCH_KCOLL_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $(BENCH_KCOLL_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -lm
+
+ALL_TARGETS += $(BENCH_KCOLL)
+
+# mpicc wraps $(CC) with Open MPI's flags; the anchor needs nothing of kcoll's.
+BENCH_MPICC := $(shell command -v mpicc 2>/dev/null)
+ifneq ($(BENCH_MPICC),)
+BENCH_MPI := $(BIN)/mpi-coll-bench
+
+$(BENCH_MPI): user/tools/mpi-allreduce-bench.c
+	$(call msg,MPICC,$@)
+	@mkdir -p $(dir $@)
+	$(Q)OMPI_CC=$(CC) $(BENCH_MPICC) $(filter-out -Iinclude -Iinclude/uapi -Iuser/common,$(CPPFLAGS)) \
+		$(CFLAGS) -o $@ $< $(LDFLAGS)
+
+ALL_TARGETS += $(BENCH_MPI)
+endif
