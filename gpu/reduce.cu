@@ -53,7 +53,7 @@ int fail(cudaError_t e, const char *what)
 	return kcoll_cuda_errno((int)e);
 }
 
-constexpr int elem_size(int dtype)
+__host__ __device__ constexpr int elem_size(int dtype)
 {
 	return dtype == KCOLL_F64 || dtype == KCOLL_I64 || dtype == KCOLL_U64	? 8
 	       : dtype == KCOLL_F32 || dtype == KCOLL_I32 || dtype == KCOLL_U32 ? 4

@@ -16,6 +16,8 @@
 #include <linux/wait.h>
 #include <linux/kcoll.h>
 
+#define KCOLL_FEATURES		(KCOLL_FEAT_RING | KCOLL_FEAT_DOORBELL | KCOLL_FEAT_BUF | \
+				 KCOLL_FEAT_GRANT | KCOLL_FEAT_PEERS)
 #define KCOLL_MAX_GRANTS	8
 /* Handles index 4 GiB mmap slots; keep the offsets well inside 64 bits. */
 #define KCOLL_MAX_HANDLE	((1U << 20) - 1)

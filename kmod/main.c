@@ -61,8 +61,7 @@ static int kcoll_ioc_query(struct kcoll_file *kf, union kcoll_ioc_args *a)
 {
 	struct kcoll_ioc_query *q = &a->query;
 
-	q->features = KCOLL_FEAT_RING | KCOLL_FEAT_DOORBELL | KCOLL_FEAT_BUF |
-		      KCOLL_FEAT_GRANT | KCOLL_FEAT_PEERS;
+	q->features = KCOLL_FEATURES;
 	q->abi_version = KCOLL_KDEV_ABI_VERSION;
 	q->page_size = PAGE_SIZE;
 	q->max_ring_entries = KCOLL_RING_MAX_ENTRIES;

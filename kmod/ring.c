@@ -93,9 +93,15 @@ void kcoll_ring_destroy(struct kcoll_ring *ring)
 	atomic_dec(&kcoll_nr_rings);
 }
 
+static struct kcoll_ring *kcoll_file_ring(struct kcoll_file *kf)
+{
+	/* pairs with smp_store_release() in kcoll_ring_create() */
+	return smp_load_acquire(&kf->ring);
+}
+
 int kcoll_ring_mmap(struct kcoll_file *kf, struct vm_area_struct *vma)
 {
-	struct kcoll_ring *ring = smp_load_acquire(&kf->ring);
+	struct kcoll_ring *ring = kcoll_file_ring(kf);
 
 	if (!ring)
 		return -ENXIO;
@@ -118,7 +124,7 @@ static bool kcoll_doorbell_rang(struct kcoll_ring *ring, u32 db, u32 seen, int w
 
 int kcoll_ring_wait(struct kcoll_file *kf, const struct kcoll_ioc_wait *arg)
 {
-	struct kcoll_ring *ring = smp_load_acquire(&kf->ring);
+	struct kcoll_ring *ring = kcoll_file_ring(kf);
 	u32 db = arg->doorbell;
 	u32 seen = arg->value;
 	long timeout, ret;
@@ -152,7 +158,7 @@ int kcoll_ring_wait(struct kcoll_file *kf, const struct kcoll_ioc_wait *arg)
 
 int kcoll_ring_wake(struct kcoll_file *kf, const struct kcoll_ioc_wake *arg)
 {
-	struct kcoll_ring *ring = smp_load_acquire(&kf->ring);
+	struct kcoll_ring *ring = kcoll_file_ring(kf);
 
 	if (arg->reserved || arg->doorbell >= KCOLL_NR_DOORBELLS)
 		return -EINVAL;

@@ -9,6 +9,7 @@ filters=("$@")
 top=$(cd "$(dirname "$0")/.." && pwd)
 export KCOLL_BUILD="$top/$BUILD" KCOLL_TOP="$top"
 tmp=$(mktemp -d /tmp/kcoll-test.XXXXXX)
+chmod 755 "$tmp"	# other-uid tests must reach the socket
 export KCOLL_TEST_TMP="$tmp"
 export KCOLL_SOCKET="$tmp/kcolld.sock"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}

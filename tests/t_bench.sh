@@ -20,8 +20,9 @@ if [ ! -x "$bench" ]; then
 	exit 0
 fi
 
-# 8, 64, 512, 4096, 32768 bytes: five rows per run.
-sizes=(-b 8 -e 32K -f 8)
+# 8 B, 128 B, 2 KiB, 32 KiB, 512 KiB: five rows per run (the largest spans
+# several daemon chunks).
+sizes=(-b 8 -e 1M -f 16)
 want_rows=5
 
 # Check the table in $tmp/out: rows, and every #wrong column (9th, and 13th

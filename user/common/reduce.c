@@ -124,6 +124,29 @@ static inline __attribute__((always_inline)) uint16_t rk_f32_to_bf16(float f)
 	return (uint16_t)((u & 0x7fffffff) > 0x7f800000 ? nan : rounded);
 }
 
+/*
+ * f32/f64 results leave with every NaN quiet. Compilers do not keep a
+ * signaling NaN signaling (clang may turn "if (avg) x /= n" into a division
+ * by 1), so results are made deterministic in the integer domain instead.
+ */
+static inline __attribute__((always_inline)) float rk_quiet_f32(float f)
+{
+	uint32_t u = rk_f32_bits(f);
+
+	return rk_bits_f32((u & 0x7fffffff) > 0x7f800000 ? u | 0x400000 : u);
+}
+
+static inline __attribute__((always_inline)) double rk_quiet_f64(double d)
+{
+	uint64_t u;
+
+	memcpy(&u, &d, sizeof(u));
+	if ((u & 0x7fffffffffffffffull) > 0x7ff0000000000000ull)
+		u |= 0x0008000000000000ull;
+	memcpy(&d, &u, sizeof(d));
+	return d;
+}
+
 /* Combining steps; a is the accumulator, b the next input. */
 #define RK_SUM(a, b)	((a) + (b))
 #define RK_PROD(a, b)	((a) * (b))
@@ -230,8 +253,8 @@ static RK_TARGET_##isa void rk_##isa##_##name(void *out, const void *const *in,	
 		  (name##_t))
 
 #define RK_KERNELS(isa)									\
-	RK_FLOAT_KERNELS(isa, f32, rk_f32, float, RK_SAME, RK_SAME)			\
-	RK_FLOAT_KERNELS(isa, f64, rk_f64, double, RK_SAME, RK_SAME)			\
+	RK_FLOAT_KERNELS(isa, f32, rk_f32, float, RK_SAME, rk_quiet_f32)		\
+	RK_FLOAT_KERNELS(isa, f64, rk_f64, double, RK_SAME, rk_quiet_f64)		\
 	RK_FLOAT_KERNELS(isa, f16, rk_h16, float, rk_f16_to_f32, rk_f32_to_f16)		\
 	RK_FLOAT_KERNELS(isa, bf16, rk_h16, float, rk_bf16_to_f32, rk_f32_to_bf16)	\
 	RK_WRAP_KERNELS(isa, 8)								\

@@ -7,6 +7,7 @@
  * tests/test_reduce.c checks that for every implementation.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -138,12 +139,16 @@ static float load_f32(enum kcoll_dtype dtype, const void *p, size_t i)
 	return dtype == KCOLL_F16 ? kcoll_f16_to_f32(h) : kcoll_bf16_to_f32(h);
 }
 
+/* Results leave with every NaN quiet (f16/bf16: by the conversions). */
 static void store_f32(enum kcoll_dtype dtype, void *p, size_t i, float f)
 {
+	uint32_t u = f32_bits(f);
 	uint16_t h;
 
 	if (dtype == KCOLL_F32) {
-		store(p, i, &f, 4);
+		if (isnan(f))
+			u |= 0x400000;
+		store(p, i, &u, 4);
 		return;
 	}
 	h = dtype == KCOLL_F16 ? kcoll_f32_to_f16(f) : kcoll_f32_to_bf16(f);
@@ -234,6 +239,7 @@ int kcoll_reduce_ref(enum kcoll_dtype dtype, enum kcoll_redop op, void *out,
 	for (i = 0; i < count; i++) {
 		if (dtype == KCOLL_F64) {
 			double a, b;
+			uint64_t bits;
 
 			load(&a, in[0], i, 8);
 			for (k = 1; k < nin; k++) {
@@ -242,7 +248,10 @@ int kcoll_reduce_ref(enum kcoll_dtype dtype, enum kcoll_redop op, void *out,
 			}
 			if (op == KCOLL_AVG)
 				a /= (double)nin;
-			store(out, i, &a, 8);
+			memcpy(&bits, &a, 8);
+			if (isnan(a))
+				bits |= 0x0008000000000000ull;
+			store(out, i, &bits, 8);
 		} else if (dtype == KCOLL_F32 || dtype == KCOLL_F16 || dtype == KCOLL_BF16) {
 			float a = load_f32(dtype, in[0], i);
 

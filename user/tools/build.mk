@@ -23,3 +23,13 @@ $(BENCH_MPI): user/tools/mpi-allreduce-bench.c
 
 ALL_TARGETS += $(BENCH_MPI)
 endif
+
+# kcollctl: the control tool.
+KCOLLCTL_OBJ := $(OBJ)/user/tools/kcollctl.o
+
+$(BIN)/kcollctl: $(KCOLLCTL_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $(KCOLLCTL_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -lm
+
+ALL_TARGETS += $(BIN)/kcollctl

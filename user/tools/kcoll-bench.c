@@ -493,10 +493,13 @@ static int measure(struct bench_rank *b, bool inplace, size_t param, size_t send
 static void progress(const struct bench_opts *o, double start_us, int done, int nrows,
 		     size_t bytes)
 {
+	static bool shown;
+
 	if (!isatty(STDERR_FILENO) || (!o->json && isatty(STDOUT_FILENO)))
 		return;
-	if ((now_us() - start_us) / 1e6 < BENCH_PROGRESS_AFTER_S && done < nrows)
+	if (!shown && (now_us() - start_us) / 1e6 < BENCH_PROGRESS_AFTER_S)
 		return;
+	shown = true;
 	fprintf(stderr, "\r%s %s: %d/%d sizes done (%zu bytes)%s", prog,
 		bench_coll_names[o->coll], done, nrows, bytes, done == nrows ? "\n" : "");
 }

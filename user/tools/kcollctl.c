@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: MIT
+/* kcollctl: look at and steer a running kcolld. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <kcoll/kcoll.h>
+#include <kcoll/proto.h>
+
+#include "config.h"
+#include "reduce.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: kcollctl [-s SOCKET] COMMAND [--json]\n"
+		"Look at and steer a running kcolld.\n\n"
+		"Commands:\n"
+		"  status     clients, communicators, operations in flight, counters\n"
+		"  config     every KCOLL_* knob with its value, default and meaning\n"
+		"  version    versions of kcollctl, libkcoll and the ring ABI\n\n"
+		"Options:\n"
+		"  -s, --socket PATH  kcolld's socket (default $KCOLL_SOCKET or %s)\n"
+		"  --json             machine-readable output\n"
+		"  -h, --help         this help\n",
+		KCOLL_DEFAULT_SOCKET);
+}
+
+static int status(const char *path, int json)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct kcoll_msg_hdr req = {
+		.magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_STATUS, .flags = json ? 1 : 0,
+		.len = sizeof(req), .seq = 1,
+	};
+	static char buf[KCOLL_MSG_BYTES];
+	struct pollfd p;
+	ssize_t n;
+	int fd, r;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		fprintf(stderr, "kcollctl: socket path too long\n");
+		return 1;
+	}
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		fprintf(stderr, "kcollctl: cannot reach kcolld at %s: %s\n"
+			"kcollctl: is it running? start it with 'kcolld' (or pass -s / set KCOLL_SOCKET)\n",
+			path, strerror(errno));
+		return 1;
+	}
+	r = kcoll_msg_send(fd, &req, sizeof(req), -1);
+	p.fd = fd;
+	p.events = POLLIN;
+	if (r || poll(&p, 1, 5000) != 1) {
+		fprintf(stderr, "kcollctl: kcolld did not answer within 5 s\n");
+		return 1;
+	}
+	n = kcoll_msg_recv(fd, buf, sizeof(buf) - 1, NULL);
+	close(fd);
+	if (n < (ssize_t)sizeof(req)) {
+		fprintf(stderr, "kcollctl: bad reply from kcolld: %s\n", n < 0 ? strerror(-n) : "short");
+		return 1;
+	}
+	buf[n] = 0;
+	fputs(buf + sizeof(req), stdout);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *path = kcoll_knob_str("KCOLL_SOCKET");
+	const char *cmd = NULL;
+	int json = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json")) {
+			json = 1;
+		} else if (!strcmp(argv[i], "-s") || !strcmp(argv[i], "--socket")) {
+			if (++i == argc) {
+				fprintf(stderr, "kcollctl: %s needs a path\n", argv[i - 1]);
+				return 2;
+			}
+			path = argv[i];
+		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help") || !strcmp(argv[i], "help")) {
+			usage(stdout);
+			return 0;
+		} else if (argv[i][0] == '-' || cmd) {
+			fprintf(stderr, "kcollctl: unexpected argument '%s'\n", argv[i]);
+			usage(stderr);
+			return 2;
+		} else {
+			cmd = argv[i];
+		}
+	}
+	if (!cmd) {
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(cmd, "status"))
+		return status(path, json);
+	if (!strcmp(cmd, "config")) {
+		kcoll_knobs_print(stdout, json);
+		return 0;
+	}
+	if (!strcmp(cmd, "version")) {
+		if (json)
+			printf("{\"kcollctl\":\"%s\",\"libkcoll\":\"%s\",\"ring_abi\":%d,\"reduce_impl\":\"%s\"}\n",
+			       KCOLL_VERSION, kcoll_version(), KCOLL_ABI_VERSION, kcoll_reduce_impl());
+		else
+			printf("kcollctl %s, libkcoll %s, ring ABI %d, reduce %s\n", KCOLL_VERSION,
+			       kcoll_version(), KCOLL_ABI_VERSION, kcoll_reduce_impl());
+		return 0;
+	}
+	fprintf(stderr, "kcollctl: unknown command '%s'\n", cmd);
+	usage(stderr);
+	return 2;
+}
