@@ -7,6 +7,7 @@
 #   make check      deps + build + host-tier tests (+ the same tests under ASan/UBSan)
 #   make demo       deps + build + start kcolld + 4-rank all-reduce sweep
 #   make vmtest     the VM tier (kernel module, Soft-RoCE, BPF tracing) under QEMU
+#   make fuzz       libFuzzer run over the ring consumer (FUZZ_SECONDS=60)
 
 SAN ?= 0
 ifeq ($(SAN),1)
@@ -44,10 +45,22 @@ TBIN := $(BUILD)/tests
 ALL_TARGETS :=
 CHECK_TARGETS :=
 
-.PHONY: all deps check check-host check-san check-clang demo vmtest clean install help
+.PHONY: all deps check check-host check-san demo vmtest fuzz clean help
 all:
 
 include $(sort $(wildcard user/*/build.mk)) $(wildcard gpu/build.mk rdma/build.mk bpf/build.mk tests/build.mk)
+
+# The ABI proofs: compile-only, native and 32-bit (needs gcc-multilib).
+ABI_CHECKS := $(sort $(wildcard include/kcoll/abi_check*.c))
+$(OBJ)/abi/%.o: include/kcoll/%.c include/uapi/linux/kcoll.h
+	$(call msg,ABI,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) -std=gnu11 -Wall -Werror -c -o $@ $<
+$(OBJ)/abi/%.m32.o: include/kcoll/%.c include/uapi/linux/kcoll.h
+	$(call msg,ABI-m32,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) -m32 -std=gnu11 -Wall -Werror -c -o $@ $<
+ALL_TARGETS += $(ABI_CHECKS:include/kcoll/%.c=$(OBJ)/abi/%.o) $(ABI_CHECKS:include/kcoll/%.c=$(OBJ)/abi/%.m32.o)
 
 all: $(ALL_TARGETS)
 
@@ -80,8 +93,17 @@ demo: deps all
 vmtest: deps
 	$(Q)scripts/vmtest.sh --suite
 
+# Coverage-guided fuzzing of the ring consumer front end (clang libFuzzer).
+FUZZ_SECONDS ?= 60
+fuzz:
+	$(call msg,FUZZ,tests/test_fuzz_sqe.c for $(FUZZ_SECONDS) s)
+	@mkdir -p build-fuzz/corpus
+	$(Q)clang $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined -DKCOLL_LIBFUZZER \
+		-o build-fuzz/fuzz_sqe tests/test_fuzz_sqe.c user/daemon/sqe.c user/lib/util.c
+	$(Q)build-fuzz/fuzz_sqe -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus
+
 clean:
-	rm -rf build build-asan build-clang
+	rm -rf build build-asan build-clang build-fuzz
 
 help:
-	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'

@@ -114,6 +114,8 @@ const struct kcoll_gpu_kernels *kcoll_gpu_kernels(const struct kcoll_gpu *g);
  * in why (may be NULL). Thread-safe.
  */
 int kcoll_gpu_available(char *why, size_t len);
+/* The process-wide instance itself; NULL only when out of memory. */
+struct kcoll_gpu *kcoll_gpu_process(void);
 /* kcoll_gpu_reduce_n of the process-wide library (kernels.h has the contract);
  * kcoll_gpu_available()'s error when there is none. */
 int kcoll_gpu_reduce(int dtype, int op, void *out, const void *const *in, unsigned int nin,

@@ -10,24 +10,26 @@
 # and the median is kept; a plain memcpy sweep runs in every round as the DRAM
 # reference. kcoll uses kcoll_mem_alloc buffers (zero-copy).
 #
-# Open MPI (Debian 4.1): mpirun --allow-run-as-root (only when root)
-#   --oversubscribe (N may exceed the cores), --bind-to none (kcoll ranks are
-#   not pinned either), --mca pml ob1 --mca btl self,vader (shared memory;
-#   without pml ob1 the UCX pml is picked, ignores the btl list and was 5x
-#   slower at 4 MiB here), --mca mpi_yield_when_idle 1 only when N exceeds the
-#   cores (no measurable gain otherwise on shared memory).
+# Open MPI (Debian 4.1.4): mpirun --allow-run-as-root (only when root)
+#   --oversubscribe (N may exceed the cores) --mca pml ob1 --mca btl self,vader
+#   (shared memory; without pml ob1 the UCX pml is picked, ignores the btl list
+#   and was 2-5x slower at 4-16 MiB here), --mca mpi_yield_when_idle 1 only
+#   when N exceeds the cores (no measurable gain otherwise on shared memory).
+#   Binding is left at Open MPI's default (cores for N <= cores, none when
+#   oversubscribed): --bind-to none was no better.
 #
 # Environment: KCOLL_SOCKET  use that daemon (else a private kcolld is started
-#              and stopped); BENCH_ROUNDS (2), BENCH_MIN (1K), BENCH_MAX (64M),
+#              and stopped); BENCH_ROUNDS (3), BENCH_MIN (1K), BENCH_MAX (64M),
 #              BENCH_FACTOR (4), BENCH_NS ("2 4"), BENCH_OUT (docs/perf).
-# Bounded: about 3-4 minutes on the 2-core VM with the defaults.
+# Bounded: about 1-2 minutes on the 2-core VM with the defaults (each
+# command also under a 120 s timeout).
 set -euo pipefail
 
 BUILD=${1:-build}
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 bin="$top/$BUILD/bin"
-rounds=${BENCH_ROUNDS:-2}
+rounds=${BENCH_ROUNDS:-3}
 min=${BENCH_MIN:-1K}
 max=${BENCH_MAX:-64M}
 factor=${BENCH_FACTOR:-4}
@@ -81,17 +83,17 @@ mpi=()
 if [ -x "$bin/mpi-coll-bench" ] && command -v mpirun >/dev/null; then
 	mpi=(mpirun)
 	[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
-	mpi+=(--oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
+	mpi+=(--oversubscribe --mca pml ob1 --mca btl self,vader)
 else
 	note "no mpirun or $bin/mpi-coll-bench: measuring kcoll only"
 fi
 
 # Iterations per point: enough to average out a small size, bounded for a
-# large one (about 256 MiB moved per point, 10..200 iterations).
+# large one (about 512 MiB per point, 10..500 iterations).
 iters_for() {
-	local n=$(( (256 << 20) / $1 ))
+	local n=$(( (512 << 20) / $1 ))
 	[ "$n" -lt 10 ] && n=10
-	[ "$n" -gt 200 ] && n=200
+	[ "$n" -gt 500 ] && n=500
 	echo "$n"
 }
 

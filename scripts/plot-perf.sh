@@ -57,6 +57,7 @@ def label(b):
             return "%d%s" % (b >> shift, unit)
     return str(b)
 print("set xtics (" + ", ".join("'%s' %d" % (label(b), b) for b in sizes) + ")")
+print("set xrange [%g:%g]" % (sizes[0] / 1.25, sizes[-1] * 1.25))
 print("set title 'All-reduce %s %s, busbw vs size (%s, %s CPUs, %s)' noenhanced"
       % (doc.get("dtype", "f32"), doc.get("op", "sum"), doc.get("host", "?"),
          doc.get("cpus", "?"), doc.get("date", "?")[:10]))

@@ -89,18 +89,20 @@ static inline __attribute__((always_inline)) uint16_t rk_f32_to_f16(float f)
 	uint32_t a = u & 0x7fffffff;
 	/* Normal result: rebias, then round to nearest-even on the 13 dropped bits. */
 	uint32_t n = a - (112u << 23);
-	uint32_t normal = (n + 0xfff + ((n >> 13) & 1)) >> 13;
+	uint32_t normal = (n + 0xfff) >> 13;
 	/*
-	 * Subnormal result: the value times 2^24 rounded to an integer; it is
-	 * the significand shifted right by 126 - exponent (at least 14 here;
-	 * clamped at 31, where everything rounds to zero).
+	 * Subnormal result: the value times 2^24 rounded to an integer, i.e. the
+	 * significand shifted right by 126 - exponent: 14 and up in that range,
+	 * clamped at 31 (all round to zero). Lanes that take another answer
+	 * still need a shift within 1..31.
 	 */
-	uint32_t e = a >> 23;
-	uint32_t sh = e >= 95 ? 126 - e : 31;
 	uint32_t m = (a & 0x7fffff) | 0x800000;
-	uint32_t subnormal = (m + ((1u << (sh - 1)) - 1) + ((m >> sh) & 1)) >> sh;
-	uint32_t r = a >= 0x38800000 ? normal : subnormal;
+	uint32_t sh = 126 - (a >> 23);
+	uint32_t subnormal, r;
 
+	sh = sh - 1 > 30 ? 31 : sh;
+	subnormal = (m + ((1u << (sh - 1)) - 1) + ((m >> sh) & 1)) >> sh;
+	r = a >= 0x38800000 ? normal : subnormal;
 	/* 65520 and up round to inf; NaN keeps its top payload bits, quieted. */
 	r = a >= 0x477ff000 ? 0x7c00 : r;
 	r = a > 0x7f800000 ? 0x7e00 | ((a >> 13) & 0x3ff) : r;

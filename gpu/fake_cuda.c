@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: MIT
+/* The fake CUDA driver of gpu/fake_cuda.h: the ten entry points gpu.c resolves. */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "cuda_abi.h"
+#include "fake_cuda.h"
+
+#define FAKE_EXPORT __attribute__((visibility("default")))
+
+static struct kcoll_fake_cuda fake = {
+	.driver_version = 13000,
+	.ndev = 1,
+	.cc_major = 9,
+	.cc_minor = 0,
+	.dmabuf = 1,
+	.gdr = 1,
+	.mem_bytes = 80ULL << 30,
+};
+static int initialized;
+
+FAKE_EXPORT void kcoll_fake_cuda_set(const struct kcoll_fake_cuda *cfg)
+{
+	fake = *cfg;
+	initialized = 0;
+}
+
+static int check_dev(int dev)
+{
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	return dev >= 0 && dev < fake.ndev ? KCOLL_CUDA_SUCCESS : KCOLL_CUDA_INVALID_DEVICE;
+}
+
+FAKE_EXPORT int cuInit(unsigned int flags)
+{
+	if (flags)
+		return KCOLL_CUDA_INVALID_VALUE;
+	initialized = fake.init_result == KCOLL_CUDA_SUCCESS;
+	return fake.init_result;
+}
+
+FAKE_EXPORT int cuDriverGetVersion(int *version)
+{
+	*version = fake.driver_version;
+	return KCOLL_CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int cuDeviceGetCount(int *count)
+{
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	*count = fake.ndev;
+	return KCOLL_CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int cuDeviceGet(int *dev, int ordinal)
+{
+	int err = check_dev(ordinal);
+
+	if (!err)
+		*dev = ordinal;
+	return err;
+}
+
+FAKE_EXPORT int cuDeviceGetName(char *name, int len, int dev)
+{
+	int err = check_dev(dev);
+
+	if (!err)
+		snprintf(name, (size_t)len, "Fake \"GPU\" %d", dev);
+	return err;
+}
+
+FAKE_EXPORT int cuDeviceGetAttribute(int *value, int attr, int dev)
+{
+	int err = check_dev(dev);
+	int v;
+
+	if (err)
+		return err;
+	switch (attr) {
+	case KCOLL_CU_ATTR_CC_MAJOR:
+		v = fake.cc_major;
+		break;
+	case KCOLL_CU_ATTR_CC_MINOR:
+		v = fake.cc_minor;
+		break;
+	case KCOLL_CU_ATTR_MULTIPROCESSOR_COUNT:
+		v = 132;
+		break;
+	case KCOLL_CU_ATTR_DMA_BUF_SUPPORTED:
+		v = fake.dmabuf;
+		break;
+	case KCOLL_CU_ATTR_GPU_DIRECT_RDMA_SUPPORTED:
+		v = fake.gdr;
+		break;
+	default:
+		return KCOLL_CUDA_INVALID_VALUE;
+	}
+	if (v < 0)	/* an attribute this (old) driver does not know */
+		return KCOLL_CUDA_INVALID_VALUE;
+	*value = v;
+	return KCOLL_CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int cuDeviceTotalMem_v2(size_t *bytes, int dev)
+{
+	int err = check_dev(dev);
+
+	if (!err)
+		*bytes = (size_t)fake.mem_bytes;
+	return err;
+}
+
+FAKE_EXPORT int cuDeviceGetPCIBusId(char *id, int len, int dev)
+{
+	int err = check_dev(dev);
+
+	if (!err)
+		snprintf(id, (size_t)len, "0000:%02x:00.0", 0x19 + dev);
+	return err;
+}
+
+static const char *fake_error(int err, int name)
+{
+	switch (err) {
+	case KCOLL_CUDA_SUCCESS:
+		return name ? "CUDA_SUCCESS" : "no error";
+	case KCOLL_CUDA_NO_DEVICE:
+		return name ? "CUDA_ERROR_NO_DEVICE" : "no CUDA-capable device is detected";
+	case KCOLL_CUDA_STUB_LIBRARY:
+		return name ? "CUDA_ERROR_STUB_LIBRARY" : "CUDA driver is a stub library";
+	case KCOLL_CUDA_SYSTEM_DRIVER_MISMATCH:
+		return name ? "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"
+			    : "system has unsupported display driver / cuda driver combination";
+	case KCOLL_CUDA_OPERATING_SYSTEM:
+		return name ? "CUDA_ERROR_OPERATING_SYSTEM" : "OS call failed";
+	default:
+		return NULL;
+	}
+}
+
+FAKE_EXPORT int cuGetErrorName(int err, const char **str)
+{
+	*str = fake_error(err, 1);
+	return *str ? KCOLL_CUDA_SUCCESS : KCOLL_CUDA_INVALID_VALUE;
+}
+
+FAKE_EXPORT int cuGetErrorString(int err, const char **str)
+{
+	*str = fake_error(err, 0);
+	return *str ? KCOLL_CUDA_SUCCESS : KCOLL_CUDA_INVALID_VALUE;
+}

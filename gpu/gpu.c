@@ -1,0 +1,557 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The GPU loader: dlopens the CUDA driver and libkcoll_gpu.so at run time and
+ * records what it finds (struct kcoll_gpu_info) so that every "no" comes with
+ * its exact reason and fix. Nothing here needs CUDA headers or libraries to
+ * build; the CUDA numbers come from cuda_abi.h.
+ */
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include "cuda_abi.h"
+#include "kcoll_gpu.h"
+
+/* The driver entry points kcoll uses; CUresult and CUdevice are ints. */
+struct kcoll_cuda_fns {
+	int (*init)(unsigned int flags);
+	int (*driver_get_version)(int *version);
+	int (*device_get_count)(int *count);
+	int (*device_get)(int *dev, int ordinal);
+	int (*device_get_name)(char *name, int len, int dev);
+	int (*device_get_attribute)(int *value, int attr, int dev);
+	int (*device_total_mem)(size_t *bytes, int dev);
+	int (*device_get_pci_bus_id)(char *id, int len, int dev);
+	int (*get_error_name)(int err, const char **str);
+	int (*get_error_string)(int err, const char **str);
+};
+
+static const struct {
+	const char *name;
+	size_t off;
+} cuda_syms[] = {
+	{ "cuInit", offsetof(struct kcoll_cuda_fns, init) },
+	{ "cuDriverGetVersion", offsetof(struct kcoll_cuda_fns, driver_get_version) },
+	{ "cuDeviceGetCount", offsetof(struct kcoll_cuda_fns, device_get_count) },
+	{ "cuDeviceGet", offsetof(struct kcoll_cuda_fns, device_get) },
+	{ "cuDeviceGetName", offsetof(struct kcoll_cuda_fns, device_get_name) },
+	{ "cuDeviceGetAttribute", offsetof(struct kcoll_cuda_fns, device_get_attribute) },
+	/* cuda.h maps cuDeviceTotalMem to the _v2 (size_t) entry point */
+	{ "cuDeviceTotalMem_v2", offsetof(struct kcoll_cuda_fns, device_total_mem) },
+	{ "cuDeviceGetPCIBusId", offsetof(struct kcoll_cuda_fns, device_get_pci_bus_id) },
+	{ "cuGetErrorName", offsetof(struct kcoll_cuda_fns, get_error_name) },
+	{ "cuGetErrorString", offsetof(struct kcoll_cuda_fns, get_error_string) },
+};
+
+struct kcoll_gpu {
+	void *driver_dl;
+	void *kernels_dl;
+	struct kcoll_cuda_fns cu;
+	const struct kcoll_gpu_kernels *k;
+	struct kcoll_gpu_info info;
+};
+
+/* Messages are bounded on purpose: a truncated reason beats none. */
+static void __attribute__((format(printf, 3, 4))) set_text(char *buf, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, len, fmt, ap);
+	va_end(ap);
+}
+
+#define SET(buf, ...) set_text((buf), sizeof(buf), __VA_ARGS__)
+
+/* "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected", or the number. */
+static void cuda_describe(const struct kcoll_gpu *g, int err, char *buf, size_t len)
+{
+	const char *name = NULL, *text = NULL;
+
+	if (g->cu.get_error_name && g->cu.get_error_name(err, &name) != KCOLL_CUDA_SUCCESS)
+		name = NULL;
+	if (g->cu.get_error_string && g->cu.get_error_string(err, &text) != KCOLL_CUDA_SUCCESS)
+		text = NULL;
+	if (name && text)
+		snprintf(buf, len, "%s: %s", name, text);
+	else
+		snprintf(buf, len, "CUDA error %d", err);
+}
+
+const char *kcoll_gpu_path_name(enum kcoll_gpu_path p)
+{
+	switch (p) {
+	case KCOLL_GPU_PATH_DMABUF:
+		return "dma-buf";
+	case KCOLL_GPU_PATH_PEERMEM:
+		return "peermem";
+	case KCOLL_GPU_PATH_STAGING:
+		return "host-staging";
+	default:
+		return "none";
+	}
+}
+
+enum kcoll_gpu_path kcoll_gpu_pick_path(const struct kcoll_gpu_path_facts *f, char *reason,
+					size_t rlen, char *fix, size_t flen)
+{
+	char why_not_dmabuf[256], dmabuf_fix[256];
+
+	snprintf(reason, rlen, "%s", "");
+	snprintf(fix, flen, "%s", "");
+	if (f->rdma_devices <= 0) {
+		snprintf(reason, rlen,
+			 "no RDMA device (class/infiniband is empty): GPU data leaves this node "
+			 "through host memory");
+		snprintf(fix, flen,
+			 "nothing to do for a single node (GPUs share buffers via CUDA IPC); for "
+			 "GPUDirect RDMA install an RDMA NIC and its driver (e.g. mlx5_ib)");
+		return KCOLL_GPU_PATH_STAGING;
+	}
+	if (f->dmabuf == 1 && f->kernel_dmabuf == 1)
+		return KCOLL_GPU_PATH_DMABUF;
+
+	if (f->dmabuf == 1) {
+		SET(why_not_dmabuf, "Linux older than 5.12 cannot register dma-buf memory with an "
+				    "RDMA NIC");
+		SET(dmabuf_fix, "for dma-buf: boot Linux 5.12 or newer");
+	} else {
+		SET(why_not_dmabuf, "%s",
+		    f->dmabuf == 0 ? "the GPU driver does not export dma-buf "
+				     "(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0)"
+				   : "the GPU driver predates dma-buf export (CUDA < 11.7)");
+		SET(dmabuf_fix,
+		    "for dma-buf: use the NVIDIA open GPU kernel modules (nvidia-open, driver 515 "
+		    "or newer)%s",
+		    f->kernel_dmabuf == 1 ? "" : " on Linux 5.12 or newer");
+	}
+	if (f->gdr == 1 && f->peermem == 1) {
+		snprintf(reason, rlen, "%s", why_not_dmabuf);
+		snprintf(fix, flen, "%s", dmabuf_fix);
+		return KCOLL_GPU_PATH_PEERMEM;
+	}
+	if (f->gdr == 1) {
+		snprintf(reason, rlen, "%s, and nvidia_peermem is not loaded", why_not_dmabuf);
+		snprintf(fix, flen,
+			 "modprobe nvidia-peermem (it needs MLNX_OFED's peer-memory API); or, "
+			 "better, %s",
+			 dmabuf_fix);
+	} else {
+		snprintf(reason, rlen, "%s, and the device %s GPUDirect RDMA "
+			 "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED %s)",
+			 why_not_dmabuf, f->gdr == 0 ? "does not support" : "may predate",
+			 f->gdr == 0 ? "= 0" : "unknown: driver older than CUDA 11.3");
+		if (f->gdr == 0)
+			snprintf(fix, flen,
+				 "none for this device: GPUDirect RDMA needs a data-center GPU; "
+				 "host staging is its best path");
+		else
+			snprintf(fix, flen, "install a current NVIDIA driver");
+	}
+	return KCOLL_GPU_PATH_STAGING;
+}
+
+int kcoll_gpu_arch_runs(const char *archs, int major, int minor)
+{
+	const char *p = archs;
+
+	while (p && *p) {
+		int n, len = 0, is_sass;
+
+		p += strspn(p, " ");
+		if (sscanf(p, "sm_%d%n", &n, &len) == 1)
+			is_sass = 1;
+		else if (sscanf(p, "compute_%d%n", &n, &len) == 1)
+			is_sass = 0;
+		else
+			len = 0;
+		if (len) {
+			int exact = p[len] == 'a';	/* sm_90a: that one device only */
+
+			if (exact ? n == major * 10 + minor
+				  : is_sass ? n / 10 == major && n % 10 <= minor
+					    : major * 10 + minor >= n)
+				return 1;
+		}
+		p += strcspn(p, " ");
+	}
+	return 0;
+}
+
+static int path_exists(const char *root, const char *rel)
+{
+	char path[PATH_MAX];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "%s/%s", root, rel);
+	return stat(path, &st) == 0;
+}
+
+/* Kernel modules, RDMA devices and the kernel release: known without a driver. */
+static void probe_system(struct kcoll_gpu_info *in, const struct kcoll_gpu_config *cfg)
+{
+	const char *root = cfg->sysfs_root ? cfg->sysfs_root : "/sys";
+	char dir[PATH_MAX];
+	struct utsname u;
+	int maj = 0, min = 0;
+	struct dirent *de;
+	DIR *d;
+
+	in->nvidia_peermem = path_exists(root, "module/nvidia_peermem");
+	in->nv_peer_mem = path_exists(root, "module/nv_peer_mem");
+	in->ib_peer_mem = path_exists(root, "module/ib_peer_mem");
+
+	snprintf(dir, sizeof(dir), "%s/class/infiniband", root);
+	d = opendir(dir);
+	while (d && (de = readdir(d))) {
+		size_t used = strlen(in->rdma);
+
+		if (de->d_name[0] == '.')
+			continue;
+		in->nrdma++;
+		snprintf(in->rdma + used, sizeof(in->rdma) - used, "%s%s", used ? " " : "",
+			 de->d_name);
+	}
+	if (d)
+		closedir(d);
+
+	if (cfg->kernel_release)
+		SET(in->kernel_release, "%s", cfg->kernel_release);
+	else if (uname(&u) == 0)
+		SET(in->kernel_release, "%s", u.release);
+	if (sscanf(in->kernel_release, "%d.%d", &maj, &min) == 2)
+		in->kernel_dmabuf = maj > 5 || (maj == 5 && min >= 12);
+}
+
+static void default_kernels_path(char *buf, size_t len)
+{
+	const char *env = getenv("KCOLL_GPU_LIB");
+	char exe[PATH_MAX];
+	ssize_t n;
+
+	if (env && *env) {
+		snprintf(buf, len, "%s", env);
+		return;
+	}
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n > 0) {
+		char *slash;
+
+		exe[n] = '\0';
+		slash = strrchr(exe, '/');
+		if (slash) {
+			*slash = '\0';
+			set_text(buf, len, "%s/../lib/libkcoll_gpu.so", exe);
+			if (access(buf, F_OK) == 0)
+				return;
+		}
+	}
+	snprintf(buf, len, "libkcoll_gpu.so");
+}
+
+static void load_kernels(struct kcoll_gpu *g, const struct kcoll_gpu_config *cfg)
+{
+	struct kcoll_gpu_info *in = &g->info;
+	const struct kcoll_gpu_kernels *k;
+
+	if (cfg->kernels_lib)
+		SET(in->kernels_lib, "%s", cfg->kernels_lib);
+	else
+		default_kernels_path(in->kernels_lib, sizeof(in->kernels_lib));
+
+	/* NODELETE: the static CUDA runtime inside must never be unmapped */
+	g->kernels_dl = dlopen(in->kernels_lib, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+	if (!g->kernels_dl) {
+		SET(in->kernels_error, "%s", dlerror());
+		return;
+	}
+	k = dlsym(g->kernels_dl, KCOLL_GPU_KERNELS_SYMBOL);
+	if (!k) {
+		SET(in->kernels_error, "%s: not a kcoll GPU library (it has no %s)",
+		    in->kernels_lib, KCOLL_GPU_KERNELS_SYMBOL);
+		return;
+	}
+	if (k->version != KCOLL_GPU_KERNELS_VERSION || k->size < sizeof(*k)) {
+		SET(in->kernels_error,
+		    "%s: built by another kcoll (table version %u, %u bytes; this kcoll needs "
+		    "version %u, %zu bytes): rebuild it with this tree",
+		    in->kernels_lib, k->version, k->size, KCOLL_GPU_KERNELS_VERSION, sizeof(*k));
+		return;
+	}
+	in->kernels_loaded = 1;
+	in->runtime_version = k->runtime_version;
+	in->min_driver_version = k->min_driver_version;
+	SET(in->archs, "%s", k->archs);
+	g->k = k;
+}
+
+/* Returns 0 or the errno for info->rc, filling why and fix. */
+static int load_driver(struct kcoll_gpu *g, const struct kcoll_gpu_config *cfg)
+{
+	struct kcoll_gpu_info *in = &g->info;
+	char desc[256];
+	int err;
+
+	SET(in->driver_lib, "%s", cfg->driver_lib ? cfg->driver_lib : "libcuda.so.1");
+	g->driver_dl = dlopen(in->driver_lib, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+	if (!g->driver_dl) {
+		SET(in->driver_error, "%s", dlerror());
+		SET(in->why, "no CUDA driver: %s", in->driver_error);
+		SET(in->fix, "install the NVIDIA driver (it provides libcuda.so.1), or run on a "
+			     "machine with an NVIDIA GPU");
+		return -ENODEV;
+	}
+	for (size_t i = 0; i < sizeof(cuda_syms) / sizeof(cuda_syms[0]); i++) {
+		void *sym = dlsym(g->driver_dl, cuda_syms[i].name);
+
+		if (!sym) {
+			SET(in->driver_error, "%s has no %s", in->driver_lib, cuda_syms[i].name);
+			SET(in->why, "CUDA driver too old: %s", in->driver_error);
+			SET(in->fix, "install a current NVIDIA driver");
+			return -EOPNOTSUPP;
+		}
+		memcpy((char *)&g->cu + cuda_syms[i].off, &sym, sizeof(sym));
+	}
+	in->driver_loaded = 1;
+
+	err = g->cu.init(0);
+	if (err != KCOLL_CUDA_SUCCESS) {
+		const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+
+		cuda_describe(g, err, desc, sizeof(desc));
+		SET(in->driver_error, "cuInit: %s", desc);
+		switch (err) {
+		case KCOLL_CUDA_NO_DEVICE:
+			SET(in->why, "%s%s%s%s", in->driver_error,
+			    vis ? " (CUDA_VISIBLE_DEVICES=\"" : "", vis ? vis : "", vis ? "\")" : "");
+			SET(in->fix, "check nvidia-smi; in a container pass the GPUs in (--gpus all); "
+				     "check CUDA_VISIBLE_DEVICES");
+			break;
+		case KCOLL_CUDA_STUB_LIBRARY:
+			SET(in->why, "%s is the CUDA toolkit's stub, not a driver", in->driver_lib);
+			SET(in->fix, "take the toolkit's lib/stubs directory out of LD_LIBRARY_PATH "
+				     "and install the NVIDIA driver");
+			break;
+		case KCOLL_CUDA_SYSTEM_DRIVER_MISMATCH:
+			SET(in->why, "%s", in->driver_error);
+			SET(in->fix, "libcuda and the loaded nvidia kernel module differ in version: "
+				     "reload the module or reboot after the driver upgrade");
+			break;
+		default:
+			SET(in->why, "%s", in->driver_error);
+			SET(in->fix, "see dmesg and nvidia-smi for the driver's complaint");
+			break;
+		}
+		return -ENODEV;
+	}
+	if (g->cu.driver_get_version(&in->driver_version) != KCOLL_CUDA_SUCCESS)
+		in->driver_version = 0;
+	return 0;
+}
+
+/* An attribute as 1/0, or -1 when this driver does not know it. */
+static int attr_flag(const struct kcoll_gpu *g, int attr, int dev)
+{
+	int v = 0;
+
+	if (g->cu.device_get_attribute(&v, attr, dev) != KCOLL_CUDA_SUCCESS)
+		return -1;
+	return !!v;
+}
+
+static void probe_device(struct kcoll_gpu *g, struct kcoll_gpu_device *d, int ordinal)
+{
+	const struct kcoll_gpu_info *in = &g->info;
+	struct kcoll_gpu_path_facts f;
+	size_t mem = 0;
+	int dev, err;
+
+	d->index = ordinal;
+	err = g->cu.device_get(&dev, ordinal);
+	if (err != KCOLL_CUDA_SUCCESS) {
+		char desc[256];
+
+		cuda_describe(g, err, desc, sizeof(desc));
+		SET(d->why, "cuDeviceGet(%d): %s", ordinal, desc);
+		return;
+	}
+	if (g->cu.device_get_name(d->name, sizeof(d->name), dev) != KCOLL_CUDA_SUCCESS)
+		SET(d->name, "unknown");
+	if (g->cu.device_get_attribute(&d->cc_major, KCOLL_CU_ATTR_CC_MAJOR, dev) ||
+	    g->cu.device_get_attribute(&d->cc_minor, KCOLL_CU_ATTR_CC_MINOR, dev))
+		d->cc_major = d->cc_minor = 0;
+	if (g->cu.device_get_attribute(&d->sm_count, KCOLL_CU_ATTR_MULTIPROCESSOR_COUNT, dev))
+		d->sm_count = 0;
+	if (g->cu.device_total_mem(&mem, dev) == KCOLL_CUDA_SUCCESS)
+		d->mem_bytes = mem;
+	if (g->cu.device_get_pci_bus_id(d->pci_bus_id, sizeof(d->pci_bus_id), dev))
+		SET(d->pci_bus_id, "unknown");
+	d->dmabuf = attr_flag(g, KCOLL_CU_ATTR_DMA_BUF_SUPPORTED, dev);
+	d->gdr = attr_flag(g, KCOLL_CU_ATTR_GPU_DIRECT_RDMA_SUPPORTED, dev);
+
+	if (!in->kernels_loaded)
+		SET(d->why, "libkcoll_gpu.so is not loaded");
+	else if (!kcoll_gpu_arch_runs(in->archs, d->cc_major, d->cc_minor))
+		SET(d->why, "compute capability %d.%d: libkcoll_gpu.so carries no image it runs (%s)",
+		    d->cc_major, d->cc_minor, in->archs);
+	else
+		d->usable = 1;
+
+	f.dmabuf = d->dmabuf;
+	f.gdr = d->gdr;
+	f.peermem = in->nvidia_peermem || in->nv_peer_mem;
+	f.kernel_dmabuf = in->kernel_dmabuf;
+	f.rdma_devices = in->nrdma;
+	d->path = kcoll_gpu_pick_path(&f, d->path_reason, sizeof(d->path_reason), d->path_fix,
+				      sizeof(d->path_fix));
+}
+
+static int probe_devices(struct kcoll_gpu *g)
+{
+	struct kcoll_gpu_info *in = &g->info;
+	struct kcoll_gpu_device *slowest = NULL;
+	char desc[256];
+	int err, n;
+
+	err = g->cu.device_get_count(&in->ndev);
+	if (err != KCOLL_CUDA_SUCCESS) {
+		cuda_describe(g, err, desc, sizeof(desc));
+		SET(in->why, "cuDeviceGetCount: %s", desc);
+		SET(in->fix, "see dmesg and nvidia-smi for the driver's complaint");
+		return -ENODEV;
+	}
+	if (in->ndev <= 0) {
+		in->ndev = 0;
+		SET(in->why, "the CUDA driver reports no device");
+		SET(in->fix, "check nvidia-smi and CUDA_VISIBLE_DEVICES");
+		return -ENODEV;
+	}
+	n = in->ndev < KCOLL_GPU_MAX_DEVICES ? in->ndev : KCOLL_GPU_MAX_DEVICES;
+	for (int i = 0; i < n; i++) {
+		struct kcoll_gpu_device *d = &in->dev[i];
+
+		probe_device(g, d, i);
+		if (!d->usable)
+			continue;
+		in->nusable++;
+		if (!slowest || d->path < slowest->path)
+			slowest = d;
+	}
+
+	if (!in->kernels_loaded) {
+		SET(in->why, "GPU present but libkcoll_gpu.so is not usable: %s", in->kernels_error);
+		SET(in->fix, "build it (make, with nvcc at $NVCC or /usr/local/cuda/bin/nvcc) "
+			     "or set KCOLL_GPU_LIB to its path");
+		return -EOPNOTSUPP;
+	}
+	if (in->driver_version && in->driver_version < in->min_driver_version) {
+		SET(in->why, "CUDA driver too old: it supports CUDA %d.%d, libkcoll_gpu.so was "
+			     "built with CUDA %d.%d and needs %d.%d",
+		    in->driver_version / 1000, in->driver_version % 1000 / 10,
+		    in->runtime_version / 1000, in->runtime_version % 1000 / 10,
+		    in->min_driver_version / 1000, in->min_driver_version % 1000 / 10);
+		SET(in->fix, "install a driver for CUDA %d.%d or newer, or rebuild "
+			     "libkcoll_gpu.so with an older CUDA toolkit",
+		    in->min_driver_version / 1000, in->min_driver_version % 1000 / 10);
+		return -EOPNOTSUPP;
+	}
+	if (!slowest) {
+		SET(in->why, "no device runs the kernels in libkcoll_gpu.so (%s): %s", in->archs,
+		    in->dev[0].why);
+		SET(in->fix, "rebuild with GPU_ARCHS naming your devices' sm_XY (make GPU_ARCHS=...)");
+		return -EOPNOTSUPP;
+	}
+	in->path = slowest->path;
+	SET(in->path_reason, "%s", slowest->path_reason);
+	SET(in->path_fix, "%s", slowest->path_fix);
+	return 0;
+}
+
+int kcoll_gpu_open(struct kcoll_gpu **gp, const struct kcoll_gpu_config *cfg)
+{
+	static const struct kcoll_gpu_config defaults;
+	struct kcoll_gpu *g;
+	int rc;
+
+	*gp = NULL;
+	g = calloc(1, sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	if (!cfg)
+		cfg = &defaults;
+
+	probe_system(&g->info, cfg);
+	load_kernels(g, cfg);
+	rc = load_driver(g, cfg);
+	if (!rc)
+		rc = probe_devices(g);
+	g->info.rc = rc;
+	*gp = g;
+	return rc;
+}
+
+void kcoll_gpu_close(struct kcoll_gpu *g)
+{
+	if (!g)
+		return;
+	if (g->kernels_dl)
+		dlclose(g->kernels_dl);
+	if (g->driver_dl)
+		dlclose(g->driver_dl);
+	free(g);
+}
+
+const struct kcoll_gpu_info *kcoll_gpu_info(const struct kcoll_gpu *g)
+{
+	return &g->info;
+}
+
+const struct kcoll_gpu_kernels *kcoll_gpu_kernels(const struct kcoll_gpu *g)
+{
+	return g->info.rc == 0 ? g->k : NULL;
+}
+
+/* The process-wide instance: probed once, never closed. */
+static pthread_once_t proc_once = PTHREAD_ONCE_INIT;
+static struct kcoll_gpu *proc_gpu;
+static int proc_rc;
+
+static void proc_open(void)
+{
+	proc_rc = kcoll_gpu_open(&proc_gpu, NULL);
+}
+
+struct kcoll_gpu *kcoll_gpu_process(void)
+{
+	pthread_once(&proc_once, proc_open);
+	return proc_gpu;
+}
+
+int kcoll_gpu_available(char *why, size_t len)
+{
+	struct kcoll_gpu *g = kcoll_gpu_process();
+
+	if (why && len)
+		snprintf(why, len, "%s", g ? g->info.why : "out of memory");
+	return proc_rc;
+}
+
+int kcoll_gpu_reduce(int dtype, int op, void *out, const void *const *in, unsigned int nin,
+		     size_t count, void *stream)
+{
+	struct kcoll_gpu *g = kcoll_gpu_process();
+
+	if (proc_rc)
+		return proc_rc;
+	return g->k->reduce_n(dtype, op, out, in, nin, count, stream);
+}
