@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: MIT
-/* The fake CUDA driver of gpu/fake_cuda.h: the ten entry points gpu.c resolves. */
+/* The fake CUDA driver of gpu/fake_cuda.h: the ten entry points gpu.c
+ * resolves, and a kernels table whose functions all fail with -ENODEV. */
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 
 #include "cuda_abi.h"
 #include "fake_cuda.h"
+#include "kernels.h"
 
 #define FAKE_EXPORT __attribute__((visibility("default")))
 
@@ -16,13 +19,70 @@ static struct kcoll_fake_cuda fake = {
 	.dmabuf = 1,
 	.gdr = 1,
 	.mem_bytes = 80ULL << 30,
+	.kernels_version = KCOLL_GPU_KERNELS_VERSION,
+	.min_driver_version = 13000,
+	.archs = "sm_80 sm_90 compute_90",
 };
 static int initialized;
+
+static int no_reduce_n(int dtype, int op, void *out, const void *const *in, unsigned int nin,
+		       size_t count, void *stream)
+{
+	return -ENODEV;
+}
+
+static int no_set_device(int dev)
+{
+	return -ENODEV;
+}
+
+static int no_mem_alloc(void **ptr, size_t len)
+{
+	return -ENODEV;
+}
+
+static int no_mem_free(void *ptr)
+{
+	return -ENODEV;
+}
+
+static int no_copy(void *dst, const void *src, size_t len)
+{
+	return -ENODEV;
+}
+
+static int no_stream_sync(void *stream)
+{
+	return -ENODEV;
+}
+
+static const char *no_last_error(void)
+{
+	return "fake CUDA: no device";
+}
+
+FAKE_EXPORT struct kcoll_gpu_kernels kcoll_gpu_kernels_v1 = {
+	.size = sizeof(struct kcoll_gpu_kernels),
+	.version = KCOLL_GPU_KERNELS_VERSION,
+	.runtime_version = 13000,
+	.min_driver_version = 13000,
+	.archs = "sm_80 sm_90 compute_90",
+	.reduce_n = no_reduce_n,
+	.set_device = no_set_device,
+	.mem_alloc = no_mem_alloc,
+	.mem_free = no_mem_free,
+	.copy = no_copy,
+	.stream_sync = no_stream_sync,
+	.last_error = no_last_error,
+};
 
 FAKE_EXPORT void kcoll_fake_cuda_set(const struct kcoll_fake_cuda *cfg)
 {
 	fake = *cfg;
 	initialized = 0;
+	kcoll_gpu_kernels_v1.version = cfg->kernels_version;
+	kcoll_gpu_kernels_v1.min_driver_version = cfg->min_driver_version;
+	kcoll_gpu_kernels_v1.archs = cfg->archs;
 }
 
 static int check_dev(int dev)

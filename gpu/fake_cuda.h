@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A stand-in for libcuda.so.1 that tests/test_gpu.c points the loader at, so
- * that the loader's and the doctor's every branch runs without a GPU. Built
+ * A stand-in for libcuda.so.1, and for libkcoll_gpu.so (it exports the kernels
+ * table too, with functions that only fail), that tests/test_gpu.c points the
+ * loader at, so that the loader's and the doctor's branches run without a GPU
+ * or nvcc. Built
  * by gpu/build.mk as $(TBIN)/fixtures/libcuda-fake.so; never installed.
  * The test dlopens the same file, calls kcoll_fake_cuda_set, then has the
  * loader open it: both see one instance.
@@ -16,6 +18,10 @@ struct kcoll_fake_cuda {
 	int cc_major, cc_minor;
 	int dmabuf, gdr;		/* attribute values; -1: the query fails (old driver) */
 	unsigned long long mem_bytes;
+	/* the kernels table it exports */
+	unsigned int kernels_version;
+	int min_driver_version;
+	const char *archs;		/* must outlive the loader's use */
 };
 
 void kcoll_fake_cuda_set(const struct kcoll_fake_cuda *cfg);

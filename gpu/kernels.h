@@ -33,7 +33,9 @@ struct kcoll_gpu_kernels {
 	 * out[i] = in[0][i] op ... op in[nin-1][i] on the current device, queued
 	 * on stream (a cudaStream_t; NULL is the legacy default stream). in is a
 	 * host array of device-accessible pointers; out may alias any in[].
-	 * Semantics: gpu/reduce_core.h. -EINVAL for bad dtype/op/nin == 0/NULL.
+	 * Semantics: gpu/reduce_core.h. -EINVAL for a bad dtype or op, nin == 0,
+	 * or a NULL or not element-aligned pointer (the CPU path takes any
+	 * alignment; a device fault would poison the context).
 	 */
 	int (*reduce_n)(int dtype, int op, void *out, const void *const *in, unsigned int nin,
 			size_t count, void *stream);

@@ -234,9 +234,13 @@ KCOLL_EXPORT int kcoll_gpu_reduce_n(int dtype, int op, void *out, const void *co
 
 	if (!kcoll_core_valid(dtype, op) || !nin || !out || !in)
 		return -EINVAL;
+	/* Unlike the CPU path, elements must be naturally aligned: a misaligned
+	 * access would be a sticky fault that ruins the CUDA context. */
+	if (reinterpret_cast<uintptr_t>(out) & (esize - 1))
+		return -EINVAL;
 	aligned = !(reinterpret_cast<uintptr_t>(out) & 15);
 	for (unsigned int k = 0; k < nin; k++) {
-		if (!in[k])
+		if (!in[k] || reinterpret_cast<uintptr_t>(in[k]) & (esize - 1))
 			return -EINVAL;
 		aligned = aligned && !(reinterpret_cast<uintptr_t>(in[k]) & 15);
 	}

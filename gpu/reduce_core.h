@@ -16,7 +16,8 @@
  *    in 64 bits and divides truncating toward zero (signed division for
  *    signed types); min/max compare the sign- or zero-extended values;
  *  - float avg is the sum divided by nin in the accumulator's precision;
- *  - min/max are (b < a ? b : a) and (b > a ? b : a), a the accumulator.
+ *  - min/max are (b < a ? b : a) and (b > a ? b : a), a the accumulator;
+ *  - every NaN result leaves quiet, its payload kept.
  *
  * Valid C11 (gcc, clang) and CUDA C++. Called with constant dtype/op, every
  * switch folds away after inlining.
@@ -56,6 +57,25 @@ KCOLL_HD float kcoll_core_bits_f32(uint32_t u)
 
 	memcpy(&f, &u, sizeof(f));
 	return f;
+}
+
+KCOLL_HD uint64_t kcoll_core_f64_bits(double d)
+{
+	uint64_t u;
+
+	memcpy(&u, &d, sizeof(u));
+	return u;
+}
+
+/* Results leave with every NaN quiet (min/max may select a signaling one). */
+KCOLL_HD uint32_t kcoll_core_quiet_f32(uint32_t x)
+{
+	return (x & 0x7fffffff) > 0x7f800000 ? x | 0x400000 : x;
+}
+
+KCOLL_HD uint64_t kcoll_core_quiet_f64(uint64_t x)
+{
+	return (x & 0x7fffffffffffffffULL) > 0x7ff0000000000000ULL ? x | 0x0008000000000000ULL : x;
 }
 
 KCOLL_HD float kcoll_core_f16_to_f32(uint16_t h)
@@ -273,10 +293,10 @@ KCOLL_HD void kcoll_core_store(int dtype, int op, void *p, size_t i, union kcoll
 	}
 	switch (dtype) {
 	case KCOLL_F32:
-		((float *)p)[i] = a.f;
+		((uint32_t *)p)[i] = kcoll_core_quiet_f32(kcoll_core_f32_bits(a.f));
 		break;
 	case KCOLL_F64:
-		((double *)p)[i] = a.d;
+		((uint64_t *)p)[i] = kcoll_core_quiet_f64(kcoll_core_f64_bits(a.d));
 		break;
 	case KCOLL_F16:
 		((uint16_t *)p)[i] = kcoll_core_f32_to_f16(a.f);

@@ -58,9 +58,9 @@ def label(b):
     return str(b)
 print("set xtics (" + ", ".join("'%s' %d" % (label(b), b) for b in sizes) + ")")
 print("set xrange [%g:%g]" % (sizes[0] / 1.25, sizes[-1] * 1.25))
-print("set title 'All-reduce %s %s, busbw vs size (%s, %s CPUs, %s)' noenhanced"
-      % (doc.get("dtype", "f32"), doc.get("op", "sum"), doc.get("host", "?"),
-         doc.get("cpus", "?"), doc.get("date", "?")[:10]))
+print("set title 'All-reduce %s %s, busbw vs size, best of %s rounds (%s, %s CPUs, %s)' noenhanced"
+      % (doc.get("dtype", "f32"), doc.get("op", "sum"), doc.get("rounds", "?"),
+         doc.get("host", "?"), doc.get("cpus", "?"), doc.get("date", "?")[:10]))
 print("plot " + ", \\\n     ".join(c[1] for c in clauses))
 EOF
 

@@ -267,7 +267,7 @@ static int child_result(struct chan *c, int timeout_ms, int64_t *ret)
 
 static void wakes_and_signals(void)
 {
-	int fd = dev_open(), st;
+	int fd = dev_open(), st, got;
 	struct chan c;
 	uint64_t size;
 	int64_t ret = 1;
@@ -279,7 +279,8 @@ static void wakes_and_signals(void)
 	db_wake(fd, KCOLL_DOORBELL_SQ);
 	tap_ok(child_result(&c, 300, &ret) < 0, "a WAKE on the other doorbell leaves the waiter asleep");
 	db_wake(fd, KCOLL_DOORBELL_CQ);
-	tap_ok(child_result(&c, 5000, &ret) == 0 && ret == 0,
+	got = child_result(&c, 5000, &ret);
+	tap_ok(got == 0 && ret == 0,
 	       "WAKE ends a wait with no timeout although the index did not move (%lld)",
 	       (long long)ret);
 	reap(pid);
@@ -294,7 +295,8 @@ static void wakes_and_signals(void)
 
 	pid = sleeper(fd, KCOLL_WAIT_F_INTERRUPTIBLE, KCOLL_WAIT_FOREVER, &c);
 	kill(pid, SIGUSR1);
-	tap_ok(child_result(&c, 5000, &ret) == 0 && ret == -EINTR,
+	got = child_result(&c, 5000, &ret);
+	tap_ok(got == 0 && ret == -EINTR,
 	       "KCOLL_WAIT_F_INTERRUPTIBLE: SIGUSR1 ends the wait with -EINTR (%lld)", (long long)ret);
 	reap(pid);
 	close(fd);

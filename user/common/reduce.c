@@ -89,7 +89,7 @@ static inline __attribute__((always_inline)) uint16_t rk_f32_to_f16(float f)
 	uint32_t a = u & 0x7fffffff;
 	/* Normal result: rebias, then round to nearest-even on the 13 dropped bits. */
 	uint32_t n = a - (112u << 23);
-	uint32_t normal = (n + 0xfff) >> 13;
+	uint32_t normal = (n + 0xfff + ((n >> 13) & 1)) >> 13;
 	/*
 	 * Subnormal result: the value times 2^24 rounded to an integer, i.e. the
 	 * significand shifted right by 126 - exponent: 14 and up in that range,
@@ -100,7 +100,7 @@ static inline __attribute__((always_inline)) uint16_t rk_f32_to_f16(float f)
 	uint32_t sh = 126 - (a >> 23);
 	uint32_t subnormal, r;
 
-	sh = sh - 1 > 30 ? 31 : sh;
+	sh = sh - 1 > 22 ? 24 : sh;
 	subnormal = (m + ((1u << (sh - 1)) - 1) + ((m >> sh) & 1)) >> sh;
 	r = a >= 0x38800000 ? normal : subnormal;
 	/* 65520 and up round to inf; NaN keeps its top payload bits, quieted. */

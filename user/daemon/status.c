@@ -47,6 +47,8 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 		"present but not used by this kcolld";
 
 	for (struct kd_client *c = kd.clients; c; c = c->next) {
+		if (!c->ring)
+			continue;
 		nclients++;
 		inflight += atomic_load(&c->inflight);
 	}
@@ -62,12 +64,17 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 			kmod, atomic_load(&kd.stats.ops_ok), atomic_load(&kd.stats.ops_failed),
 			atomic_load(&kd.stats.bytes), atomic_load(&kd.stats.clients_total),
 			atomic_load(&kd.stats.rings_killed), inflight);
-		for (struct kd_client *c = kd.clients; c; c = c->next)
+		bool first = true;
+
+		for (struct kd_client *c = kd.clients; c; c = c->next) {
+			if (!c->ring)
+				continue;	/* control-only connections (kcollctl) */
 			put(&o, "%s{\"id\":%u,\"pid\":%d,\"uid\":%d,\"ring\":%s,\"sq_entries\":%u,"
 				"\"inflight\":%u,\"ops\":%lu,\"errors\":%lu}",
-				c == kd.clients ? "" : ",", c->id, c->pid, c->uid,
-				c->ring ? "true" : "false", c->ring ? c->ring->sq_entries : 0,
+				first ? "" : ",", c->id, c->pid, c->uid, "true", c->ring->sq_entries,
 				atomic_load(&c->inflight), atomic_load(&c->ops), atomic_load(&c->errors));
+			first = false;
+		}
 		put(&o, "],\"communicators\":[");
 		for (struct kd_comm *m = kd.comms; m; m = m->next) {
 			uint32_t pending;
@@ -94,9 +101,10 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 	    atomic_load(&kd.stats.rings_killed));
 	put(&o, "%-6s %-8s %-6s %-6s %-9s %-10s %s\n", "CLIENT", "PID", "UID", "SQ", "INFLIGHT", "OPS", "ERRORS");
 	for (struct kd_client *c = kd.clients; c; c = c->next)
-		put(&o, "%-6u %-8d %-6d %-6u %-9u %-10lu %lu\n", c->id, c->pid, c->uid,
-		    c->ring ? c->ring->sq_entries : 0, atomic_load(&c->inflight), atomic_load(&c->ops),
-		    atomic_load(&c->errors));
+		if (c->ring)
+			put(&o, "%-6u %-8d %-6d %-6u %-9u %-10lu %lu\n", c->id, c->pid, c->uid,
+			    c->ring->sq_entries, atomic_load(&c->inflight), atomic_load(&c->ops),
+			    atomic_load(&c->errors));
 	put(&o, "\n%-17s %-6s %-7s %-8s %-10s %s\n", "COMMUNICATOR", "UID", "RANKS", "STATE", "OPS", "PENDING");
 	for (struct kd_comm *m = kd.comms; m; m = m->next) {
 		uint32_t pending;
