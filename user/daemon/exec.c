@@ -5,16 +5,13 @@
  * them with the worker pool. Whoever finishes the last task completes the op
  * and starts the communicator's next one.
  *
- * Data movement per rank buffer: a buffer inside a shared region is used in
- * place (zero copy); any other buffer is read or written with one
- * process_vm_readv/writev of the chunk into/out of a per-thread stage.
+ * How each rank's buffer is reached is mem.c's business (kd_buf_read/write).
  */
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/uio.h>
 
 #include <kcoll/kcoll.h>
 
@@ -52,49 +49,6 @@ static void set_err(struct kd_op *op, int err, uint32_t rank)
 		atomic_store(&op->err_rank, rank);
 }
 
-static int vm_errno(int e)
-{
-	/* The process is gone: report it like a dead rank. */
-	return e == ESRCH ? -ECONNRESET : e == EPERM ? -EPERM : -EFAULT;
-}
-
-/* Bytes [off, off+n) of a rank's buffer, readable at *p. */
-static int buf_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
-		    uint8_t *tmp, const uint8_t **p)
-{
-	struct iovec l = { .iov_base = tmp, .iov_len = n };
-	struct iovec r = { .iov_base = (void *)(uintptr_t)(b->addr + off), .iov_len = n };
-	ssize_t got;
-
-	if (b->direct) {
-		*p = b->direct + off;
-		return 0;
-	}
-	got = process_vm_readv(c->pid, &l, 1, &r, 1, 0);
-	if (got != (ssize_t)n)
-		return got < 0 ? vm_errno(errno) : -EFAULT;
-	*p = tmp;
-	return 0;
-}
-
-static int buf_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, const uint8_t *src,
-		     size_t n)
-{
-	struct iovec l = { .iov_base = (void *)src, .iov_len = n };
-	struct iovec r = { .iov_base = (void *)(uintptr_t)(b->addr + off), .iov_len = n };
-	ssize_t put;
-
-	if (b->direct) {
-		if (b->direct + off != src)
-			memcpy(b->direct + off, src, n);
-		return 0;
-	}
-	put = process_vm_writev(c->pid, &l, 1, &r, 1, 0);
-	if (put != (ssize_t)n)
-		return put < 0 ? vm_errno(errno) : -EFAULT;
-	return 0;
-}
-
 /*
  * One task: elements [e, e+n) of segment 'seg'. Segments: all-reduce and
  * broadcast have one; reduce-scatter and all-gather one per rank.
@@ -126,7 +80,7 @@ static void run_task(struct kd_op *op, uint32_t task)
 	case KCOLL_OP_REDUCE_SCATTER:
 		soff = (seg * op->seg_elems + e) * op->esz;
 		for (uint32_t k = 0; k < nr; k++) {
-			r = buf_read(op->c[k].client, &op->c[k].sbuf, soff, bytes, tmp + k * cb, &ins[k]);
+			r = kd_buf_read(op->c[k].client, &op->c[k].sbuf, soff, bytes, tmp + k * cb, &ins[k]);
 			if (r)
 				return set_err(op, r, k);
 		}
@@ -148,13 +102,13 @@ static void run_task(struct kd_op *op, uint32_t task)
 		if (r)
 			return set_err(op, r, KCOLL_RANK_NONE);
 		if (op->opcode == KCOLL_OP_REDUCE_SCATTER) {
-			r = buf_write(op->c[seg].client, &op->c[seg].rbuf, roff, out, bytes);
+			r = kd_buf_write(op->c[seg].client, &op->c[seg].rbuf, roff, out, bytes);
 			if (r)
 				set_err(op, r, seg);
 			return;
 		}
 		for (uint32_t k = 0; k < nr; k++) {
-			r = buf_write(op->c[k].client, &op->c[k].rbuf, roff, out, bytes);
+			r = kd_buf_write(op->c[k].client, &op->c[k].rbuf, roff, out, bytes);
 			if (r)
 				return set_err(op, r, k);
 		}
@@ -165,13 +119,13 @@ static void run_task(struct kd_op *op, uint32_t task)
 		src_rank = op->opcode == KCOLL_OP_ALLGATHER ? seg : op->root;
 		soff = e * op->esz;
 		roff = (seg * op->seg_elems + e) * op->esz;
-		r = buf_read(op->c[src_rank].client, &op->c[src_rank].sbuf, soff, bytes, tmp, &ins[0]);
+		r = kd_buf_read(op->c[src_rank].client, &op->c[src_rank].sbuf, soff, bytes, tmp, &ins[0]);
 		if (r)
 			return set_err(op, r, src_rank);
 		for (uint32_t k = 0; k < nr; k++) {
 			if (op->opcode == KCOLL_OP_BROADCAST && k == src_rank)
 				continue;
-			r = buf_write(op->c[k].client, &op->c[k].rbuf, roff, ins[0], bytes);
+			r = kd_buf_write(op->c[k].client, &op->c[k].rbuf, roff, ins[0], bytes);
 			if (r)
 				return set_err(op, r, k);
 		}

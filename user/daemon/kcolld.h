@@ -8,8 +8,9 @@
  *             its shared-memory regions
  *   sqe.c     validation of one untrusted SQE (pure; fuzzed)
  *   comm.c    communicators: rendezvous, per-rank op matching, abort
- *   exec.c    running a matched op: tasks over the worker pool, data movement
- *             (direct for shared regions, process_vm_readv/writev otherwise)
+ *   exec.c    running a matched op: tasks over the worker pool, reductions
+ *   mem.c     the data-path ops table: how a rank's buffer is reached (mapped
+ *             region in place, or process_vm_readv/writev), regions
  *   status.c  `kcollctl status` in text and JSON
  *
  * Lifetimes are reference counts: a client is held by the client list, each
@@ -80,12 +81,30 @@ struct kd_client {
 
 enum kd_comm_state { KD_COMM_FORMING, KD_COMM_ACTIVE, KD_COMM_ABORTED };
 
+struct kd_client;
+struct kd_buf;
+
+/* How the daemon reaches one rank's buffer (mem.c). */
+struct kd_mem_ops {
+	const char *name;
+	/* Bytes [off, off+n) readable at *p: in place, or copied into tmp. */
+	int (*read)(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
+		    uint8_t *tmp, const uint8_t **p);
+	/* Store n bytes at off (a no-op if src already is that place). */
+	int (*write)(struct kd_client *c, const struct kd_buf *b, uint64_t off,
+		     const uint8_t *src, size_t n);
+};
+
+extern const struct kd_mem_ops kd_mem_mapped;
+extern const struct kd_mem_ops kd_mem_vm;
+
 /* A rank's buffer for one op, resolved once. */
 struct kd_buf {
 	uint64_t addr;
 	uint64_t len;
-	uint8_t *direct;	/* daemon pointer when inside a shared region */
+	uint8_t *direct;	/* daemon pointer when inside a mapped region */
 	struct kd_region *rg;	/* held while the op runs */
+	const struct kd_mem_ops *ops;
 };
 
 struct kd_contrib {
@@ -152,6 +171,8 @@ struct kd_stats {
 	atomic_ulong ops_ok;
 	atomic_ulong ops_failed;
 	atomic_ulong bytes;
+	atomic_ulong bytes_mapped;	/* moved in place (zero copy) */
+	atomic_ulong bytes_copied;	/* moved with process_vm_readv/writev */
 	atomic_ulong clients_total;
 	atomic_ulong rings_killed;
 };
@@ -196,10 +217,14 @@ void kd_client_post(struct kd_client *c, uint64_t user_data, int res, uint64_t a
 		    uint32_t err_rank, uint32_t flags);
 int kd_region_add(struct kd_client *c, int fd, uint64_t addr, uint64_t size);
 int kd_region_del(struct kd_client *c, uint64_t addr);
-/* Resolve [addr, addr+len) of c: direct if inside a region (ref taken). */
+/* mem.c: resolve [addr, addr+len) of c: mapped if inside a region (ref taken). */
 void kd_buf_resolve(struct kd_client *c, uint64_t addr, uint64_t len, struct kd_buf *b);
 void kd_buf_release(struct kd_buf *b);
 void kd_region_put(struct kd_region *rg);
+int kd_buf_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n, uint8_t *tmp,
+		const uint8_t **p);
+int kd_buf_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, const uint8_t *src,
+		 size_t n);
 
 /* comm.c */
 /* Control thread: join; 1 = reply deferred until complete, or -errno + why. */

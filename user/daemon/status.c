@@ -59,11 +59,13 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 		put(&o, "{\"version\":\"%s\",\"pid\":%d,\"uptime_s\":%.1f,\"socket\":\"%s\","
 			"\"workers\":%d,\"reduce_impl\":\"%s\",\"data_path\":\"%s\",\"kernel_module\":\"%s\","
 			"\"counters\":{\"ops_ok\":%lu,\"ops_failed\":%lu,\"bytes\":%lu,\"clients_total\":%lu,"
-			"\"rings_killed\":%lu,\"inflight\":%u},\"clients\":[",
+			"\"rings_killed\":%lu,\"inflight\":%u,\"bytes_mapped\":%lu,\"bytes_copied\":%lu},"
+			"\"clients\":[",
 			KCOLL_VERSION, getpid(), up, kd.socket_path, kd.nworkers, kcoll_reduce_impl(), path,
 			kmod, atomic_load(&kd.stats.ops_ok), atomic_load(&kd.stats.ops_failed),
 			atomic_load(&kd.stats.bytes), atomic_load(&kd.stats.clients_total),
-			atomic_load(&kd.stats.rings_killed), inflight);
+			atomic_load(&kd.stats.rings_killed), inflight, atomic_load(&kd.stats.bytes_mapped),
+			atomic_load(&kd.stats.bytes_copied));
 		bool first = true;
 
 		for (struct kd_client *c = kd.clients; c; c = c->next) {
@@ -94,7 +96,8 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 
 	put(&o, "kcolld %s  pid %d  up %.0fs  socket %s\n", KCOLL_VERSION, getpid(), up, kd.socket_path);
 	put(&o, "workers %d  reduce %s\n", kd.nworkers, kcoll_reduce_impl());
-	put(&o, "data path: %s\nkernel module: %s\n", path, kmod);
+	put(&o, "data path: %s\n  moved in place %lu bytes, copied %lu bytes\nkernel module: %s\n", path,
+	    atomic_load(&kd.stats.bytes_mapped), atomic_load(&kd.stats.bytes_copied), kmod);
 	put(&o, "ops ok %lu  failed %lu  bytes %lu  in flight %u  clients %u (total %lu)  rings killed %lu\n\n",
 	    atomic_load(&kd.stats.ops_ok), atomic_load(&kd.stats.ops_failed),
 	    atomic_load(&kd.stats.bytes), inflight, nclients, atomic_load(&kd.stats.clients_total),
