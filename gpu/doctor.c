@@ -268,9 +268,9 @@ static int report(FILE *out, int json, const struct kcoll_gpu_info *in)
 
 int kcoll_gpu_doctor(FILE *out, int json)
 {
-	struct kcoll_gpu *g = kcoll_gpu_process();
+	struct kcoll_gpu *g;
 
-	if (!g)
+	if (kcoll_gpu_process(&g) == -ENOMEM)
 		return -ENOMEM;
 	return report(out, json, kcoll_gpu_info(g));
 }

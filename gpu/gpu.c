@@ -236,7 +236,7 @@ static void probe_system(struct kcoll_gpu_info *in, const struct kcoll_gpu_confi
 static void default_kernels_path(char *buf, size_t len)
 {
 	const char *env = getenv("KCOLL_GPU_LIB");
-	char exe[PATH_MAX];
+	char exe[PATH_MAX], resolved[PATH_MAX];
 	ssize_t n;
 
 	if (env && *env) {
@@ -252,8 +252,10 @@ static void default_kernels_path(char *buf, size_t len)
 		if (slash) {
 			*slash = '\0';
 			set_text(buf, len, "%s/../lib/libkcoll_gpu.so", exe);
-			if (access(buf, F_OK) == 0)
+			if (realpath(buf, resolved)) {
+				set_text(buf, len, "%s", resolved);
 				return;
+			}
 		}
 	}
 	snprintf(buf, len, "libkcoll_gpu.so");
@@ -516,9 +518,10 @@ const struct kcoll_gpu_info *kcoll_gpu_info(const struct kcoll_gpu *g)
 	return &g->info;
 }
 
-const struct kcoll_gpu_kernels *kcoll_gpu_kernels(const struct kcoll_gpu *g)
+int kcoll_gpu_kernels(const struct kcoll_gpu *g, const struct kcoll_gpu_kernels **k)
 {
-	return g->info.rc == 0 ? g->k : NULL;
+	*k = g->info.rc == 0 ? g->k : NULL;
+	return g->info.rc;
 }
 
 /* The process-wide instance: probed once, never closed. */
@@ -531,27 +534,30 @@ static void proc_open(void)
 	proc_rc = kcoll_gpu_open(&proc_gpu, NULL);
 }
 
-struct kcoll_gpu *kcoll_gpu_process(void)
+int kcoll_gpu_process(struct kcoll_gpu **gp)
 {
 	pthread_once(&proc_once, proc_open);
-	return proc_gpu;
+	*gp = proc_gpu;
+	return proc_rc;
 }
 
 int kcoll_gpu_available(char *why, size_t len)
 {
-	struct kcoll_gpu *g = kcoll_gpu_process();
+	struct kcoll_gpu *g;
+	int rc = kcoll_gpu_process(&g);
 
 	if (why && len)
 		snprintf(why, len, "%s", g ? g->info.why : "out of memory");
-	return proc_rc;
+	return rc;
 }
 
 int kcoll_gpu_reduce(int dtype, int op, void *out, const void *const *in, unsigned int nin,
 		     size_t count, void *stream)
 {
-	struct kcoll_gpu *g = kcoll_gpu_process();
+	struct kcoll_gpu *g;
+	int rc = kcoll_gpu_process(&g);
 
-	if (proc_rc)
-		return proc_rc;
+	if (rc)
+		return rc;
 	return g->k->reduce_n(dtype, op, out, in, nin, count, stream);
 }

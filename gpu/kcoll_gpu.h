@@ -105,8 +105,8 @@ struct kcoll_gpu;
 int kcoll_gpu_open(struct kcoll_gpu **gp, const struct kcoll_gpu_config *cfg);
 void kcoll_gpu_close(struct kcoll_gpu *g);
 const struct kcoll_gpu_info *kcoll_gpu_info(const struct kcoll_gpu *g);
-/* The kernels table, or NULL unless the GPU is usable (info->rc == 0). */
-const struct kcoll_gpu_kernels *kcoll_gpu_kernels(const struct kcoll_gpu *g);
+/* The kernels table in *k when the GPU is usable; else *k = NULL and info->rc. */
+int kcoll_gpu_kernels(const struct kcoll_gpu *g, const struct kcoll_gpu_kernels **k);
 
 /*
  * The process-wide answer, probed once with the default config: 0 when kcoll
@@ -114,8 +114,8 @@ const struct kcoll_gpu_kernels *kcoll_gpu_kernels(const struct kcoll_gpu *g);
  * in why (may be NULL). Thread-safe.
  */
 int kcoll_gpu_available(char *why, size_t len);
-/* The process-wide instance itself; NULL only when out of memory. */
-struct kcoll_gpu *kcoll_gpu_process(void);
+/* The process-wide instance in *gp (NULL only with -ENOMEM); returns its rc. */
+int kcoll_gpu_process(struct kcoll_gpu **gp);
 /* kcoll_gpu_reduce_n of the process-wide library (kernels.h has the contract);
  * kcoll_gpu_available()'s error when there is none. */
 int kcoll_gpu_reduce(int dtype, int op, void *out, const void *const *in, unsigned int nin,

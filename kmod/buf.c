@@ -147,11 +147,14 @@ int kcoll_buf_register(struct kcoll_file *kf, struct kcoll_ioc_buf_register *arg
 	buf->owner_uid = current_euid();
 	buf->owner_pid = get_pid(task_tgid(current));
 
+	/* counted before it can be found, so a racing unregister never underflows */
+	atomic64_add(buf->len, &kcoll_registered_bytes);
 	mutex_lock(&kf->lock);
 	ret = xa_alloc_cyclic(&kcoll_bufs, &handle, buf, XA_LIMIT(1, KCOLL_MAX_HANDLE),
 			      &kcoll_next_handle, GFP_KERNEL);
 	if (ret < 0) {
 		mutex_unlock(&kf->lock);
+		atomic64_sub(buf->len, &kcoll_registered_bytes);
 		/* the final put unpins, uncharges and frees */
 		kcoll_buf_put(buf);
 		return ret == -EBUSY ? -ENOSPC : ret;
@@ -160,7 +163,6 @@ int kcoll_buf_register(struct kcoll_file *kf, struct kcoll_ioc_buf_register *arg
 	list_add_tail(&buf->node, &kf->bufs);
 	mutex_unlock(&kf->lock);
 
-	atomic64_add(buf->len, &kcoll_registered_bytes);
 	arg->handle = handle;
 	return 0;
 

@@ -21,7 +21,7 @@
 #   oversubscribed): --bind-to none was no better.
 #
 # Environment: KCOLL_SOCKET  use that daemon (else a private kcolld is started
-#              and stopped); BENCH_ROUNDS (3), BENCH_MIN (1K), BENCH_MAX (64M),
+#              and stopped); BENCH_ROUNDS (4), BENCH_MIN (1K), BENCH_MAX (64M),
 #              BENCH_FACTOR (4), BENCH_NS ("2 4"), BENCH_OUT (docs/perf).
 # Bounded: about 1-2 minutes on the 2-core VM with the defaults (each
 # command also under a 120 s timeout).
@@ -31,7 +31,7 @@ BUILD=${1:-build}
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 bin="$top/$BUILD/bin"
-rounds=${BENCH_ROUNDS:-3}
+rounds=${BENCH_ROUNDS:-4}
 min=${BENCH_MIN:-1K}
 max=${BENCH_MAX:-64M}
 factor=${BENCH_FACTOR:-4}

@@ -294,6 +294,11 @@ build_vmtests() {
 	for t in tests/vm/*.c; do
 		gcc "${vmcflags[@]}" -o "$vmbin/$(basename "$t" .c)" "$t" user/common/kdev.c || return 1
 	done
+	# 32-bit clients go through the module's compat ioctl path
+	for t in kcoll_ioctl kcoll_kdev; do
+		gcc -m32 -D_FILE_OFFSET_BITS=64 "${vmcflags[@]}" -o "$vmbin/${t}32" "tests/vm/$t.c" \
+			user/common/kdev.c || return 1
+	done
 }
 
 abi_check() {	# -m64 / -m32
@@ -331,7 +336,7 @@ if [ ! -f "$kobj/kmod/kcoll.ko" ] || [ ! -x "$vmbin/kcoll_ioctl" ]; then
 fi
 
 guest_log=$top/build/vm/out.log
-rm -f "$guest_log"
+rm -f "$guest_log" "$top/build/vm/dmesg.log"
 set +e
 vm_run "${timeout_s:-420}" bash tests/vm/run.sh "$kobj/kmod/kcoll.ko" "$vmbin"
 rc=$?
@@ -341,6 +346,22 @@ count <"$guest_log"
 if [ "$rc" -ne 0 ] && ! grep -q '^not ok' "$guest_log"; then
 	echo "not ok - the guest run ended with status $rc"
 	fail=$((fail + 1))
+fi
+
+# The guest kernel's log, dumped after the run: no warning or oops anywhere.
+echo "# --- guest dmesg (build/vm/dmesg.log)"
+dmesg_log=$top/build/vm/dmesg.log
+bad=$(grep -E 'WARNING:|BUG:|Oops|general protection fault|refcount_t:' "$dmesg_log" 2>/dev/null || true)
+if [ ! -s "$dmesg_log" ]; then
+	echo "not ok 1 - the guest's dmesg was collected"
+	fail=$((fail + 1))
+elif [ -n "$bad" ]; then
+	printf '%s\n' "$bad" | head -20 | sed 's/^/# /'
+	echo "not ok 1 - guest dmesg has no WARNING:/BUG: lines"
+	fail=$((fail + 1))
+else
+	echo "ok 1 - guest dmesg has no WARNING:/BUG: lines"
+	pass=$((pass + 1))
 fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

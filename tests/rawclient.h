@@ -112,6 +112,7 @@ static inline ssize_t kcoll_raw_recv(struct kcoll_raw *rc, void *buf, size_t cap
 				     int timeout_ms)
 {
 	struct pollfd p = { .fd = rc->sock, .events = POLLIN };
+	ssize_t n;
 	int r;
 
 	if (fd)
@@ -123,8 +124,8 @@ static inline ssize_t kcoll_raw_recv(struct kcoll_raw *rc, void *buf, size_t cap
 		return -errno;
 	if (r == 0)
 		return -ETIMEDOUT;
-	r = kcoll_msg_recv(rc->sock, buf, cap, fd);
-	return r == -ECONNRESET ? 0 : r;
+	n = kcoll_msg_recv(rc->sock, buf, cap, fd);
+	return n == -ECONNRESET ? 0 : n;
 }
 
 /*

@@ -49,8 +49,10 @@ typedef void rk_fn(void *out, const void *const *in, unsigned int nin, size_t co
 /*
  * Branch-free f16/bf16 conversions for the kernels: every case is computed
  * and the answer selected, so the loops that call them still vectorize.
- * They agree bit for bit with the plain ones in reduce_ref.c (tested
- * exhaustively) and do not depend on the MXCSR rounding or DAZ/FTZ modes.
+ * Widening leaves a signaling NaN signaling (narrowing quiets every NaN), so
+ * the round trip agrees bit for bit with the plain ones in reduce_ref.c; the
+ * tests push every code through each kernel set. Neither depends on the
+ * MXCSR rounding or DAZ/FTZ modes.
  */
 static inline __attribute__((always_inline)) float rk_bits_f32(uint32_t u)
 {
@@ -72,14 +74,30 @@ static inline __attribute__((always_inline)) float rk_f16_to_f32(uint16_t h)
 {
 	uint32_t mag = (uint32_t)(h & 0x7fff) << 13;
 	uint32_t exp = h & 0x7c00;
-	uint32_t man = h & 0x3ff;
-	/* Rebias 15 -> 127; inf/NaN get the top exponent, NaN its quiet bit. */
+	uint32_t m = h & 0x3ff, s = 0;
+	/* Rebias 15 -> 127; inf/NaN get the top exponent (narrowing quiets NaN). */
 	uint32_t normal = mag + (112u << 23);
-	uint32_t special = mag | 0x7f800000 | (man ? 0x400000 : 0);
-	/* m * 2^-24 is exact and a normal f32. */
-	uint32_t subnormal = rk_f32_bits((float)(int32_t)man * 0x1p-24f);
-	uint32_t r = exp == 0 ? subnormal : exp == 0x7c00 ? special : normal;
+	uint32_t special = mag | 0x7f800000;
+	uint32_t subnormal, r;
 
+	/*
+	 * A subnormal, m * 2^-24, becomes a normal f32: shift m left by s until
+	 * bit 10 is set, then the value is 1.f * 2^(-14 - s). Integer steps,
+	 * because gcc will not vectorize a float operation (one that may trap)
+	 * that only one of the selected answers needs.
+	 */
+	s += m < 0x4 ? 8 : 0;
+	m = m < 0x4 ? m << 8 : m;
+	s += m < 0x40 ? 4 : 0;
+	m = m < 0x40 ? m << 4 : m;
+	s += m < 0x100 ? 2 : 0;
+	m = m < 0x100 ? m << 2 : m;
+	s += m < 0x200 ? 1 : 0;
+	m = m < 0x200 ? m << 1 : m;
+	s += m < 0x400 ? 1 : 0;
+	m = m < 0x400 ? m << 1 : m;
+	subnormal = (h & 0x3ff) ? (113 - s) << 23 | (m & 0x3ff) << 13 : 0;
+	r = exp == 0 ? subnormal : exp == 0x7c00 ? special : normal;
 	return rk_bits_f32(r | (uint32_t)(h & 0x8000) << 16);
 }
 
@@ -100,7 +118,7 @@ static inline __attribute__((always_inline)) uint16_t rk_f32_to_f16(float f)
 	uint32_t sh = 126 - (a >> 23);
 	uint32_t subnormal, r;
 
-	sh = sh - 1 > 22 ? 24 : sh;
+	sh = sh - 1 > 30 ? 31 : sh;
 	subnormal = (m + ((1u << (sh - 1)) - 1) + ((m >> sh) & 1)) >> sh;
 	r = a >= 0x38800000 ? normal : subnormal;
 	/* 65520 and up round to inf; NaN keeps its top payload bits, quieted. */
@@ -111,10 +129,7 @@ static inline __attribute__((always_inline)) uint16_t rk_f32_to_f16(float f)
 
 static inline __attribute__((always_inline)) float rk_bf16_to_f32(uint16_t b)
 {
-	uint32_t u = (uint32_t)b << 16;
-	uint32_t quiet = (u & 0x7fffffff) > 0x7f800000 ? 0x400000 : 0;
-
-	return rk_bits_f32(u | quiet);
+	return rk_bits_f32((uint32_t)b << 16);
 }
 
 static inline __attribute__((always_inline)) uint16_t rk_f32_to_bf16(float f)
@@ -160,15 +175,27 @@ static inline __attribute__((always_inline)) double rk_quiet_f64(double d)
 #define RK_FDIV(x)	((x) / (__typeof__(x))nin)
 #define RK_UDIV(x)	((x) / nin)
 #define RK_SDIV(x)	((int64_t)(x) / (int64_t)nin)
-#define RK_SEXT(x)	((uint64_t)(int64_t)(x))
 
 /*
- * One kernel: element type T (an rk_ type), accumulator type A. Kernels get
- * no restrict: out may equal an in[k], and only acc is written in the loops
- * that read the inputs. A block is RK_BLOCK elements, or a multiple of
- * RK_VEC, so that gcc's -O2 (very cheap) vectorizer sees trip counts that
- * need no scalar epilogue; the last count % RK_VEC elements form a short
- * block of their own.
+ * out may be exactly an in[k] but never overlaps one otherwise, so a loop
+ * that writes out[i] after reading in[k][i] has no dependence between
+ * iterations; this tells the vectorizer so (it would otherwise need run-time
+ * overlap checks, which fail, or fall back to scalar, for in-place calls).
+ */
+#ifdef __clang__
+#define RK_SAME_INDEX_ONLY _Pragma("clang loop vectorize(assume_safety)")
+#else
+#define RK_SAME_INDEX_ONLY _Pragma("GCC ivdep")
+#endif
+
+/*
+ * One kernel: element type T (an rk_ type), accumulator type A. A block is
+ * RK_BLOCK elements, or a multiple of RK_VEC, so that gcc's -O2 (very cheap)
+ * vectorizer sees trip counts that need no scalar epilogue; the last
+ * count % RK_VEC elements form a short block of their own. In a block, the
+ * first two inputs are combined into acc, the middle ones folded into it,
+ * and the last one is combined on the way out; one or two inputs go
+ * straight from in to out.
  */
 #define RK_KERNEL(isa, name, T, A, WIDEN, COMBINE, FINISH, NARROW)			\
 static inline __attribute__((always_inline)) void					\
@@ -176,33 +203,47 @@ rk_##isa##_##name##_block(A *acc, void *out, const void *const *in, unsigned int
 			  size_t base, size_t n)					\
 {											\
 	const T *a = (const T *)in[0] + base;						\
+	const T *b = (const T *)in[nin - 1] + base;					\
 	T *o = (T *)out + base;								\
 	size_t i;									\
 	unsigned int k;									\
 											\
 	if (nin == 1) {									\
+		RK_SAME_INDEX_ONLY							\
 		for (i = 0; i < n; i++)							\
-			acc[i] = WIDEN(a[i]);						\
-	} else {									\
-		const T *b = (const T *)in[1] + base;					\
-											\
+			o[i] = NARROW(FINISH(WIDEN(a[i])));				\
+		return;									\
+	}										\
+	if (nin == 2) {									\
+		RK_SAME_INDEX_ONLY							\
 		for (i = 0; i < n; i++) {						\
 			A x = WIDEN(a[i]), y = WIDEN(b[i]);				\
 											\
-			acc[i] = COMBINE(x, y);						\
+			o[i] = NARROW(FINISH(COMBINE(x, y)));				\
 		}									\
+		return;									\
 	}										\
-	for (k = 2; k < nin; k++) {							\
-		const T *b = (const T *)in[k] + base;					\
+	for (i = 0; i < n; i++) {							\
+		const T *a1 = (const T *)in[1] + base;					\
+		A x = WIDEN(a[i]), y = WIDEN(a1[i]);					\
+											\
+		acc[i] = COMBINE(x, y);							\
+	}										\
+	for (k = 2; k < nin - 1; k++) {							\
+		const T *ak = (const T *)in[k] + base;					\
 											\
 		for (i = 0; i < n; i++) {						\
-			A y = WIDEN(b[i]);						\
+			A y = WIDEN(ak[i]);						\
 											\
 			acc[i] = COMBINE(acc[i], y);					\
 		}									\
 	}										\
-	for (i = 0; i < n; i++)								\
-		o[i] = NARROW(FINISH(acc[i]));						\
+	RK_SAME_INDEX_ONLY								\
+	for (i = 0; i < n; i++) {							\
+		A y = WIDEN(b[i]);							\
+											\
+		o[i] = NARROW(FINISH(COMBINE(acc[i], y)));				\
+	}										\
 }											\
 											\
 static RK_TARGET_##isa void rk_##isa##_##name(void *out, const void *const *in,		\
@@ -232,8 +273,9 @@ static RK_TARGET_##isa void rk_##isa##_##name(void *out, const void *const *in,	
 /*
  * Integers: sum and prod wrap, computed in the unsigned type of the same
  * width (so i8 shares u8's kernels); min/max compare in the element's own
- * type; avg sums in 64 bits (sign-extending signed types) and divides
- * truncating toward zero.
+ * type; avg sums in uint64_t (a negative element converts to it sign-extended,
+ * modulo 2^64), then divides with the element's signedness, truncating toward
+ * zero.
  */
 #define RK_WRAP_KERNELS(isa, bits)							\
 	RK_KERNEL(isa, uint##bits##_sum, rk_uint##bits, uint##bits##_t, RK_SAME, RK_SUM,	\
@@ -248,7 +290,7 @@ static RK_TARGET_##isa void rk_##isa##_##name(void *out, const void *const *in,	
 		  RK_SAME)
 
 #define RK_SAVG_KERNEL(isa, name)							\
-	RK_KERNEL(isa, name##_avg, rk_##name, uint64_t, RK_SEXT, RK_SUM, RK_SDIV,	\
+	RK_KERNEL(isa, name##_avg, rk_##name, uint64_t, RK_SAME, RK_SUM, RK_SDIV,	\
 		  (name##_t))
 #define RK_UAVG_KERNEL(isa, name)							\
 	RK_KERNEL(isa, name##_avg, rk_##name, uint64_t, RK_SAME, RK_SUM, RK_UDIV,	\
