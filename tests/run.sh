@@ -73,9 +73,21 @@ for t in "$top"/tests/t_*.sh; do
 	run_one "$(basename "$t")" bash "$t"
 done
 
+# The daemon must have survived everything and must exit cleanly on SIGTERM
+# (under ASan this is also where LeakSanitizer reports).
 if ! kill -0 "$daemon_pid" 2>/dev/null; then
-	echo "not ok - the shared kcolld died during the run"; fail=$((fail + 1)); daemon_pid=
+	echo "not ok - the shared kcolld died during the run"; fail=$((fail + 1))
 	tail -20 "$tmp/kcolld.log"
+else
+	kill -TERM "$daemon_pid"
+	wait "$daemon_pid"; rc=$?
+	if [ "$rc" -eq 0 ]; then
+		echo "ok - kcolld drained and exited 0 on SIGTERM"; pass=$((pass + 1))
+	else
+		echo "not ok - kcolld exited with status $rc on SIGTERM"; fail=$((fail + 1))
+		tail -40 "$tmp/kcolld.log"
+	fi
 fi
+daemon_pid=
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

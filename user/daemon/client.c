@@ -253,6 +253,7 @@ static void *ring_thread(void *arg)
 		else
 			usleep(100);	/* the client is not reaping its CQ */
 	}
+	kd_exec_thread_done();
 	return NULL;
 }
 

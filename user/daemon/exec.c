@@ -41,6 +41,13 @@ static uint8_t *stage_get(size_t size)
 	return stage;
 }
 
+void kd_exec_thread_done(void)
+{
+	free(stage);
+	stage = NULL;
+	stage_size = 0;
+}
+
 static void set_err(struct kd_op *op, int err, uint32_t rank)
 {
 	int expected = 0;
@@ -253,6 +260,7 @@ static void *worker(void *arg)
 			pthread_cond_wait(&pool.cond, &pool.lock);
 		if (pool.stop) {
 			pthread_mutex_unlock(&pool.lock);
+			kd_exec_thread_done();
 			return NULL;
 		}
 		op = pool.queue;

@@ -246,6 +246,8 @@ int kd_pool_start(int nworkers);
 void kd_pool_stop(void);
 /* Run a ready op: split into tasks, share them with the pool, complete it. */
 void kd_op_run(struct kd_op *op);
+/* A thread that ran tasks is exiting: free its staging buffer. */
+void kd_exec_thread_done(void);
 
 /* status.c */
 /* Render status into buf (JSON if json); returns length. */
