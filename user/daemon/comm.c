@@ -74,8 +74,8 @@ static void reply_init(struct kd_client *c, uint32_t seq, int status, uint32_t h
 
 	if (err)
 		snprintf(rep.error, sizeof(rep.error), "%s", err);
-	if (!atomic_load(&c->dead))
-		kcoll_msg_send(c->sock, &rep, sizeof(rep), -1);
+	if (!atomic_load(&c->dead) && kcoll_msg_send(c->sock, &rep, sizeof(rep), -1))
+		kd_client_kill(c, "cannot send the communicator reply (client not reading its socket)");
 }
 
 /* Control thread: a forming communicator failed; tell every joined rank. */
@@ -473,7 +473,8 @@ void kd_comm_watchdog(int64_t now)
 				(unsigned long long)op->seq, missing);
 			failed = fail_pending(comm, -ETIMEDOUT, missing, true);
 		}
-		done = comm->state == KD_COMM_ABORTED && comm->left >= comm->nranks;
+		/* An aborted communicator goes once no member is left in it. */
+		done = false;
 		if (comm->state == KD_COMM_ABORTED) {
 			done = true;
 			for (uint32_t r = 0; r < comm->nranks; r++)

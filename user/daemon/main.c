@@ -108,7 +108,9 @@ static void ep_add(int fd, void *ptr)
 static void on_accept(void)
 {
 	for (;;) {
-		int fd = accept4(kd.listen_fd, NULL, NULL, SOCK_CLOEXEC);
+		/* Non-blocking: a client that stops reading its replies must not
+		 * stall the control thread (the reply fails and the client goes). */
+		int fd = accept4(kd.listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		struct kd_client *c;
 
 		if (fd < 0)
@@ -155,7 +157,8 @@ static void reply_hdr(struct kd_client *c, const struct kcoll_msg_hdr *req, void
 	h->len = len;
 	h->seq = req->seq;
 	h->status = status;
-	kcoll_msg_send(c->sock, rep, len, fd);
+	if (kcoll_msg_send(c->sock, rep, len, fd))
+		kd_client_kill(c, "cannot send a control reply (client not reading its socket)");
 }
 
 static void on_hello(struct kd_client *c, const struct kcoll_msg_hello *m, size_t len)
