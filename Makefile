@@ -48,7 +48,11 @@ CHECK_TARGETS :=
 .PHONY: all deps check check-host check-san demo vmtest fuzz clean help
 all:
 
-include $(sort $(wildcard user/*/build.mk)) $(wildcard gpu/build.mk rdma/build.mk bpf/build.mk tests/build.mk)
+# Order matters where a fragment names another's variables in prerequisites:
+# common helpers first, then the GPU loader (kcollctl links it), then the rest.
+include user/common/build.mk $(wildcard gpu/build.mk)
+include $(sort $(filter-out user/common/build.mk,$(wildcard user/*/build.mk)))
+include $(wildcard rdma/build.mk bpf/build.mk) tests/build.mk
 
 # The ABI proofs: compile-only, native and 32-bit (needs gcc-multilib).
 ABI_CHECKS := $(sort $(wildcard include/kcoll/abi_check*.c))

@@ -19,6 +19,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "cuda_abi.h"
 #include "kcoll_gpu.h"
 
@@ -62,7 +63,8 @@ struct kcoll_gpu {
 };
 
 /* Messages are bounded on purpose: a truncated reason beats none. */
-static void __attribute__((format(printf, 3, 4))) set_text(char *buf, size_t len, const char *fmt, ...)
+static void __attribute__((format(printf, 3, 4)))
+set_text(char *buf, size_t len, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -107,13 +109,13 @@ enum kcoll_gpu_path kcoll_gpu_pick_path(const struct kcoll_gpu_path_facts *f, ch
 {
 	char why_not_dmabuf[256], dmabuf_fix[256];
 
-	snprintf(reason, rlen, "%s", "");
-	snprintf(fix, flen, "%s", "");
+	set_text(reason, rlen, "%s", "");
+	set_text(fix, flen, "%s", "");
 	if (f->rdma_devices <= 0) {
-		snprintf(reason, rlen,
+		set_text(reason, rlen,
 			 "no RDMA device (class/infiniband is empty): GPU data leaves this node "
 			 "through host memory");
-		snprintf(fix, flen,
+		set_text(fix, flen,
 			 "nothing to do for a single node (GPUs share buffers via CUDA IPC); for "
 			 "GPUDirect RDMA install an RDMA NIC and its driver (e.g. mlx5_ib)");
 		return KCOLL_GPU_PATH_STAGING;
@@ -136,27 +138,27 @@ enum kcoll_gpu_path kcoll_gpu_pick_path(const struct kcoll_gpu_path_facts *f, ch
 		    f->kernel_dmabuf == 1 ? "" : " on Linux 5.12 or newer");
 	}
 	if (f->gdr == 1 && f->peermem == 1) {
-		snprintf(reason, rlen, "%s", why_not_dmabuf);
-		snprintf(fix, flen, "%s", dmabuf_fix);
+		set_text(reason, rlen, "%s", why_not_dmabuf);
+		set_text(fix, flen, "%s", dmabuf_fix);
 		return KCOLL_GPU_PATH_PEERMEM;
 	}
 	if (f->gdr == 1) {
-		snprintf(reason, rlen, "%s, and nvidia_peermem is not loaded", why_not_dmabuf);
-		snprintf(fix, flen,
+		set_text(reason, rlen, "%s, and nvidia_peermem is not loaded", why_not_dmabuf);
+		set_text(fix, flen,
 			 "modprobe nvidia-peermem (it needs MLNX_OFED's peer-memory API); or, "
 			 "better, %s",
 			 dmabuf_fix);
 	} else {
-		snprintf(reason, rlen, "%s, and the device %s GPUDirect RDMA "
+		set_text(reason, rlen, "%s, and the device %s GPUDirect RDMA "
 			 "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED %s)",
 			 why_not_dmabuf, f->gdr == 0 ? "does not support" : "may predate",
 			 f->gdr == 0 ? "= 0" : "unknown: driver older than CUDA 11.3");
 		if (f->gdr == 0)
-			snprintf(fix, flen,
+			set_text(fix, flen,
 				 "none for this device: GPUDirect RDMA needs a data-center GPU; "
 				 "host staging is its best path");
 		else
-			snprintf(fix, flen, "install a current NVIDIA driver");
+			set_text(fix, flen, "install a current NVIDIA driver");
 	}
 	return KCOLL_GPU_PATH_STAGING;
 }
@@ -235,7 +237,7 @@ static void probe_system(struct kcoll_gpu_info *in, const struct kcoll_gpu_confi
 
 static void default_kernels_path(char *buf, size_t len)
 {
-	const char *env = getenv("KCOLL_GPU_LIB");
+	const char *env = kcoll_knob_str("KCOLL_GPU_LIB");
 	char exe[PATH_MAX], resolved[PATH_MAX];
 	ssize_t n;
 

@@ -279,7 +279,8 @@ KCOLL_HD union kcoll_acc kcoll_core_combine(int dtype, int op, union kcoll_acc a
 }
 
 /* Finish the reduction of nin inputs (avg divides) and store element i of p. */
-KCOLL_HD void kcoll_core_store(int dtype, int op, void *p, size_t i, union kcoll_acc a, unsigned int nin)
+KCOLL_HD void kcoll_core_store(int dtype, int op, void *p, size_t i, union kcoll_acc a,
+			       unsigned int nin)
 {
 	if (op == KCOLL_AVG) {
 		if (kcoll_core_f32_like(dtype))

@@ -14,6 +14,7 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_CHUNK_BYTES", "262144", "bytes per data-path task; large ops are split across workers" },
 	{ "KCOLL_SQ_ENTRIES", "256", "submission queue entries per client ring (power of two, max 4096)" },
 	{ "KCOLL_LOG_LEVEL", "info", "kcolld log level: error, warn, info, debug" },
+	{ "KCOLL_GPU_LIB", "", "path of libkcoll_gpu.so (empty: <exe dir>/../lib, then the loader's search path)" },
 	{ "KCOLL_REDUCE_IMPL", "", "force a reduction implementation (generic, avx2, avx512); empty: best" },
 };
 

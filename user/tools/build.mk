@@ -27,9 +27,11 @@ endif
 # kcollctl: the control tool.
 KCOLLCTL_OBJ := $(OBJ)/user/tools/kcollctl.o
 
-$(BIN)/kcollctl: $(KCOLLCTL_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB)
+$(KCOLLCTL_OBJ): CPPFLAGS += $(GPU_CPPFLAGS)
+$(BIN)/kcollctl: $(KCOLLCTL_OBJ) $(GPU_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB)
 	$(call msg,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CFLAGS) -o $@ $(KCOLLCTL_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -lm
+	$(Q)$(CC) $(CFLAGS) -o $@ $(KCOLLCTL_OBJ) $(GPU_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB) \
+		$(LDFLAGS) $(GPU_LDLIBS) -lm
 
 ALL_TARGETS += $(BIN)/kcollctl

@@ -13,6 +13,7 @@
 #include <kcoll/proto.h>
 
 #include "config.h"
+#include "kcoll_gpu.h"
 #include "reduce.h"
 
 static void usage(FILE *f)
@@ -23,6 +24,8 @@ static void usage(FILE *f)
 		"Commands:\n"
 		"  status     clients, communicators, operations in flight, counters\n"
 		"  config     every KCOLL_* knob with its value, default and meaning\n"
+		"  gpu        GPU doctor: driver, devices, dma-buf / peer memory, the path kcoll\n"
+		"             takes and, if not the fastest, why and how to fix it\n"
 		"  version    versions of kcollctl, libkcoll and the ring ABI\n\n"
 		"Options:\n"
 		"  -s, --socket PATH  kcolld's socket (default $KCOLL_SOCKET or %s)\n"
@@ -108,6 +111,13 @@ int main(int argc, char **argv)
 	if (!strcmp(cmd, "config")) {
 		kcoll_knobs_print(stdout, json);
 		return 0;
+	}
+	if (!strcmp(cmd, "gpu")) {
+		int r = kcoll_gpu_doctor(stdout, json);
+
+		if (fflush(stdout))
+			return 2;
+		return r ? 1 : 0;	/* 1: no usable GPU (the report says why) */
 	}
 	if (!strcmp(cmd, "version")) {
 		if (json)

@@ -1,0 +1,75 @@
+# The GPU room (docs/gpu.md).
+#   GPU_OBJS     loader + doctor, built with $(CC) everywhere; link them with
+#                $(GPU_LDLIBS) and compile their users with $(GPU_CPPFLAGS)
+#   libkcoll_gpu.so  the kernels, built by nvcc only where nvcc exists
+#                (make NVCC=/path/to/nvcc GPU_ARCHS="sm_80 sm_90 compute_90")
+#   kcoll-gpu-doctor, and test_gpu with its fake CUDA driver fixture
+NVCC ?= /usr/local/cuda/bin/nvcc
+CUDA_HOME ?= /usr/local/cuda
+# sm_XY: machine code for X.Y (runs on X.Y..X.9); compute_XY: PTX the driver
+# compiles for any later device.
+GPU_ARCHS ?= sm_80 sm_90 compute_90
+
+GPU_CPPFLAGS := -Igpu
+GPU_LDLIBS := -ldl
+GPU_SRCS := gpu/gpu.c gpu/doctor.c
+GPU_OBJS := $(GPU_SRCS:%.c=$(OBJ)/%.o)
+GPU_DOCTOR := $(BIN)/kcoll-gpu-doctor
+GPU_FAKE_CUDA := $(TBIN)/fixtures/libcuda-fake.so
+
+$(GPU_DOCTOR): $(OBJ)/gpu/doctor_main.o $(GPU_OBJS) $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(GPU_LDLIBS)
+
+ALL_TARGETS += $(GPU_OBJS) $(GPU_DOCTOR)
+
+# A stand-in libcuda.so.1 for the tests (gpu/fake_cuda.h); never installed.
+$(GPU_FAKE_CUDA): $(OBJ)/gpu/fake_cuda.o
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -shared -o $@ $^ $(LDFLAGS)
+
+# test_gpu needs the loader, not libkcoll: this rule replaces tests/build.mk's
+# pattern rule for it.
+$(OBJ)/tests/test_gpu.o: CPPFLAGS += $(GPU_CPPFLAGS)
+$(TBIN)/test_gpu: $(OBJ)/tests/test_gpu.o $(GPU_OBJS) $(COMMON_LIB) | $(GPU_FAKE_CUDA)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $(OBJ)/tests/test_gpu.o $(GPU_OBJS) $(COMMON_LIB) $(LDFLAGS) \
+		$(GPU_LDLIBS) -lm
+
+CHECK_TARGETS += $(GPU_FAKE_CUDA)
+
+# Proof that gpu/cuda_abi.h matches the CUDA headers, where they exist.
+ifneq ($(wildcard $(CUDA_HOME)/include/cuda.h),)
+$(OBJ)/gpu/cuda_abi_check.o: CPPFLAGS += -I$(CUDA_HOME)/include
+ALL_TARGETS += $(OBJ)/gpu/cuda_abi_check.o
+endif
+
+ifneq ($(shell command -v $(NVCC) 2>/dev/null),)
+GPU_LIB := $(LIB)/libkcoll_gpu.so
+# Host flags stay nvcc's own: no sanitizers (SAN=1) and the host compiler nvcc
+# supports whatever $(CC) is. -fmad=false: no FMA contraction, like the CPU.
+GPU_NVCCFLAGS := -std=c++17 -O3 -fmad=false -lineinfo -Werror all-warnings \
+	-Xcompiler -fPIC,-fvisibility=hidden,-Wall \
+	-Iinclude/uapi -Igpu -DKCOLL_GPU_ARCHS='"$(GPU_ARCHS)"' \
+	$(foreach a,$(GPU_ARCHS),-gencode arch=compute_$(subst sm_,,$(subst compute_,,$(a))),code=$(a)) \
+	$(NVCCFLAGS)
+
+# Rebuild when the command line changes (another GPU_ARCHS, another nvcc).
+$(OBJ)/gpu/nvcc.cmd: FORCE_GPU_CMD
+	@mkdir -p $(dir $@)
+	@echo '$(NVCC) $(GPU_NVCCFLAGS)' | cmp -s - $@ || echo '$(NVCC) $(GPU_NVCCFLAGS)' > $@
+
+$(GPU_LIB): gpu/reduce.cu gpu/reduce_core.h gpu/kernels.h gpu/cuda_abi.h gpu/libkcoll_gpu.map \
+	    include/uapi/linux/kcoll.h $(OBJ)/gpu/nvcc.cmd
+	$(call msg,NVCC,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(NVCC) $(GPU_NVCCFLAGS) -shared -Xlinker --version-script=gpu/libkcoll_gpu.map \
+		-o $@ gpu/reduce.cu
+
+ALL_TARGETS += $(GPU_LIB)
+endif
+
+.PHONY: FORCE_GPU_CMD
