@@ -211,13 +211,9 @@ static void op_leave(struct kd_op *op, bool last)
 	op_finish_chain(op);
 }
 
-void kd_op_run(struct kd_op *op)
+/* Run a prepared op with more than one task: share it with the pool. */
+static void op_start(struct kd_op *op)
 {
-	op_prepare(op);
-	if (op->ntasks == 0) {
-		op_finish_chain(op);
-		return;
-	}
 	atomic_store(&op->tasks_left, op->ntasks);
 	atomic_store(&op->next_task, 0);
 	atomic_store(&op->users, 1);
@@ -231,6 +227,18 @@ void kd_op_run(struct kd_op *op)
 	op_leave(op, work_on(op));
 }
 
+void kd_op_run(struct kd_op *op)
+{
+	op_prepare(op);
+	if (op->ntasks > 1) {
+		op_start(op);
+		return;
+	}
+	if (op->ntasks)
+		run_task(op, 0);
+	op_finish_chain(op);
+}
+
 static void op_finish_chain(struct kd_op *op)
 {
 	while (op) {
@@ -240,7 +248,7 @@ static void op_finish_chain(struct kd_op *op)
 			return;
 		op_prepare(next);
 		if (next->ntasks > 1) {
-			kd_op_run(next);
+			op_start(next);
 			return;
 		}
 		/* Small op: run it right here, no pool round trip. */
