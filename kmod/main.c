@@ -184,8 +184,12 @@ static long kcoll_ioctl(struct file *file, unsigned int cmd, unsigned long uarg)
 	ret = op->fn(kf, &args);
 	if (ret)
 		return ret;
-	if (op->has_output && copy_to_user(up, &args, min_t(size_t, usize, op->size)))
+	if (op->has_output && copy_to_user(up, &args, min_t(size_t, usize, op->size))) {
+		/* a handle the caller never learns would stay pinned until close */
+		if (nr == _IOC_NR(KCOLL_IOC_BUF_REGISTER))
+			kcoll_buf_unregister(kf, args.buf_register.handle);
 		return -EFAULT;
+	}
 	return 0;
 }
 

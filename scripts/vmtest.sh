@@ -45,7 +45,7 @@ die() { echo "vmtest.sh: $*" >&2; exit 1; }
 
 pick_kernel() {
 	if [ -z "$kernel" ]; then
-		kernel=$(ls -1 /boot/vmlinuz-6.1.0-*-amd64 2>/dev/null | sort -V | tail -1 || true)
+		kernel=$(printf '%s\n' /boot/vmlinuz-6.1.0-*-amd64 | grep -v '\*' | sort -V | tail -1 || true)
 		[ -n "$kernel" ] || die "no /boot/vmlinuz-6.1.0-*-amd64: run 'scripts/deps.sh --vm' as root"
 	fi
 	[ -r "$kernel" ] || die "cannot read kernel $kernel"
@@ -141,7 +141,9 @@ tail_pid=
 run_dir=
 
 cleanup() {
-	[ -n "$tail_pid" ] && kill "$tail_pid" 2>/dev/null || true
+	if [ -n "$tail_pid" ]; then
+		kill "$tail_pid" 2>/dev/null || true
+	fi
 	if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
 		kill -TERM "$qemu_pid" 2>/dev/null || true
 		sleep 1
@@ -285,7 +287,7 @@ build_kmod() {
 	mkdir -p "$kobj/kmod" "$kobj/include/uapi/linux"
 	cp -p kmod/*.[ch] kmod/Kbuild "$kobj/kmod/"
 	cp -p include/uapi/linux/kcoll.h "$kobj/include/uapi/linux/"
-	make -s -C "$kbuild" M="$kobj" W=1 modules
+	make -s -C "$kbuild" M="$kobj" W=1 KCFLAGS=-Werror modules
 }
 
 build_vmtests() {
@@ -310,7 +312,7 @@ checkpatch() {
 	local cp=$top/build/checkpatch
 	if [ ! -x "$cp/checkpatch.pl" ]; then
 		local src
-		src=$(ls -1 /usr/src/linux-source-*.tar.xz 2>/dev/null | sort -V | tail -1 || true)
+		src=$(printf '%s\n' /usr/src/linux-source-*.tar.xz | grep -v '\*' | sort -V | tail -1 || true)
 		[ -n "$src" ] || { echo "no /usr/src/linux-source-*.tar.xz: install linux-source"; return 1; }
 		local dir
 		dir=$(basename "$src" .tar.xz)

@@ -20,6 +20,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "kcoll/tap.h"
 #include "reduce.h"
 
@@ -501,6 +505,28 @@ static void test_half_codes(const char *impl, enum kcoll_dtype dt)
 	       "equal the reference", impl, dtype_names[dt]);
 }
 
+/*
+ * The f16 conversions must not depend on MXCSR (the x86 kernels use F16C,
+ * the reference does not): with flush-to-zero and denormals-are-zero set,
+ * f16 results still equal the reference. f16 values, subnormals included,
+ * widen to normal f32, so these sums never meet a mode-dependent operand.
+ * (bf16 subnormals are f32 subnormals: DAZ changes the arithmetic itself, and
+ * compilers assume the default modes, so no such promise is made for them.)
+ */
+static void test_f16_ftz(const char *impl)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	unsigned int csr = _mm_getcsr();
+
+	_mm_setcsr(csr | 0x8040);	/* FTZ | DAZ */
+	test_half_codes(impl, KCOLL_F16);
+	_mm_setcsr(csr);
+	tap_diag("%s: the line above ran with MXCSR FTZ and DAZ set", impl);
+#else
+	tap_skip("%s: FTZ/DAZ are x86 modes", impl);
+#endif
+}
+
 /* ---- known answers ----------------------------------------------------- */
 
 struct known {
@@ -719,6 +745,7 @@ static void run_forced(const char *want, const char *impl)
 	test_known(impl, kcoll_reduce_n);
 	test_half_codes(impl, KCOLL_F16);
 	test_half_codes(impl, KCOLL_BF16);
+	test_f16_ftz(impl);
 	test_against_ref(impl);
 }
 

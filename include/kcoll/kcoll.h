@@ -107,6 +107,16 @@ int kcoll_req_err_rank(const struct kcoll_req *req);
 int kcoll_mem_alloc(struct kcoll *k, size_t size, void **ptr);
 int kcoll_mem_free(struct kcoll *k, void *ptr);
 
+/*
+ * Make an ordinary buffer (malloc, stack, mmap) zero-copy for the daemon:
+ * with the kernel module loaded its pages are pinned through /dev/kcoll and
+ * kcolld maps them. Returns -ENODEV when kcoll.ko is not loaded (the buffer
+ * then simply stays on the one-copy path: ignoring the error is fine). The
+ * buffer must stay allocated until kcoll_mem_deregister.
+ */
+int kcoll_mem_register(struct kcoll *k, void *ptr, size_t size);
+int kcoll_mem_deregister(struct kcoll *k, void *ptr);
+
 /* Bytes per element of dtype, 0 if unknown. */
 size_t kcoll_dtype_size(enum kcoll_dtype dtype);
 const char *kcoll_dtype_name(enum kcoll_dtype dtype);

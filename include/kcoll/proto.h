@@ -28,6 +28,7 @@ enum kcoll_msg_type {
 	KCOLL_MSG_COMM_INIT = 5,	/* reply deferred until all ranks joined */
 	KCOLL_MSG_COMM_DESTROY = 6,
 	KCOLL_MSG_STATUS = 7,		/* reply: JSON text */
+	KCOLL_MSG_MEM_REG_KDEV = 8,	/* buffer pinned through /dev/kcoll, by handle */
 	KCOLL_MSG_TYPE_MAX
 };
 
@@ -63,6 +64,14 @@ struct kcoll_msg_mem_reg {
 	struct kcoll_msg_hdr hdr;
 	uint64_t addr;		/* where the client mapped the memfd */
 	uint64_t size;
+};
+
+/* An ordinary buffer the client pinned with /dev/kcoll and granted to kcolld. */
+struct kcoll_msg_mem_reg_kdev {
+	struct kcoll_msg_hdr hdr;
+	uint64_t addr;
+	uint64_t size;
+	uint64_t handle;	/* from KCOLL_IOC_BUF_REGISTER */
 };
 
 struct kcoll_msg_mem_unreg {

@@ -50,7 +50,7 @@ int kcoll_kdev_open(struct kcoll_kdev *kd, const char *path)
 	if (kd->fd < 0) {
 		err = errno;
 		if (err == ENOENT || err == ENXIO || err == ENODEV)
-			return kdev_fail(kd, -ENODEV, "%s: %s (kcoll.ko is not loaded: modprobe kcoll)",
+			return kdev_fail(kd, -ENODEV, "%s: %s (kcoll.ko is not loaded)",
 					 path, strerror(err));
 		return kdev_fail(kd, -err, "%s: %s", path, strerror(err));
 	}

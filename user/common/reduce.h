@@ -18,12 +18,17 @@
 #include <stddef.h>
 #include <linux/kcoll.h>
 
-/* out may alias any in[]. Returns 0, or -EINVAL for an unknown dtype/op or nin == 0. */
+/*
+ * out may be exactly any in[k] (in place) but must not otherwise overlap one;
+ * no alignment is needed. Returns 0, or -EINVAL for an unknown dtype/op or
+ * nin == 0; count == 0 does nothing. Every NaN result is quiet.
+ */
 int kcoll_reduce_n(enum kcoll_dtype dtype, enum kcoll_redop op, void *out,
 		   const void *const *in, unsigned int nin, size_t count);
 int kcoll_reduce_ref(enum kcoll_dtype dtype, enum kcoll_redop op, void *out,
 		     const void *const *in, unsigned int nin, size_t count);
-/* Which implementation kcoll_reduce_n uses on this CPU ("avx2", "generic"...). */
+/* Which implementation kcoll_reduce_n uses on this CPU ("avx2", "generic"...);
+ * chosen at the first call, KCOLL_REDUCE_IMPL can force one. */
 const char *kcoll_reduce_impl(void);
 
 /* f16/bf16 <-> f32, round to nearest-even, NaN preserved (quiet). */

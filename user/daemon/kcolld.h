@@ -30,6 +30,8 @@
 #include <kcoll/proto.h>
 #include <kcoll/ring.h>
 
+#include "kdev.h"
+
 #define KD_MAX_RANKS		256
 #define KD_MAX_COMMS		1024	/* per client */
 #define KD_MAX_BYTES		(1ULL << 40)
@@ -37,10 +39,14 @@
 
 struct kd_comm;
 
+/* A client buffer mapped into kcolld: a sealed memfd (kcoll_mem_alloc) or
+ * pages the client pinned through /dev/kcoll (kcoll_mem_register). */
 struct kd_region {
 	uint64_t addr;		/* in the client */
 	uint64_t size;
 	uint8_t *map;		/* in the daemon */
+	bool pinned;		/* kmap: a /dev/kcoll mapping, else a memfd mmap */
+	struct kcoll_kdev_map kmap;
 	atomic_int refs;
 	struct kd_region *next;
 };
@@ -187,6 +193,7 @@ struct kd_daemon {
 	int64_t timeout_ns;
 	int64_t start_ns;
 	atomic_bool draining;
+	struct kcoll_kdev kdev;	/* /dev/kcoll, fd -1 when the module is absent */
 	struct kd_client *clients;
 	struct kd_comm *comms;
 	uint32_t next_client_id;
@@ -216,6 +223,7 @@ void kd_client_close(struct kd_client *c);
 void kd_client_post(struct kd_client *c, uint64_t user_data, int res, uint64_t aux,
 		    uint32_t err_rank, uint32_t flags);
 int kd_region_add(struct kd_client *c, int fd, uint64_t addr, uint64_t size);
+int kd_region_add_pinned(struct kd_client *c, uint64_t handle, uint64_t addr, uint64_t size);
 int kd_region_del(struct kd_client *c, uint64_t addr);
 /* mem.c: resolve [addr, addr+len) of c: mapped if inside a region (ref taken). */
 void kd_buf_resolve(struct kd_client *c, uint64_t addr, uint64_t len, struct kd_buf *b);

@@ -229,6 +229,7 @@ static bool on_message(struct kd_client *c)
 		struct kcoll_msg_hello hello;
 		struct kcoll_msg_mem_reg reg;
 		struct kcoll_msg_mem_unreg unreg;
+		struct kcoll_msg_mem_reg_kdev reg_kdev;
 		struct kcoll_msg_comm_init init;
 		struct kcoll_msg_comm_destroy destroy;
 		uint8_t raw[512];
@@ -267,6 +268,10 @@ static bool on_message(struct kd_client *c)
 			break;
 		}
 		r = kd_region_add(c, fd, m.reg.addr, m.reg.size);
+		break;
+	case KCOLL_MSG_MEM_REG_KDEV:
+		r = n < (ssize_t)sizeof(m.reg_kdev) ? -EINVAL :
+		    kd_region_add_pinned(c, m.reg_kdev.handle, m.reg_kdev.addr, m.reg_kdev.size);
 		break;
 	case KCOLL_MSG_MEM_UNREG:
 		r = n < (ssize_t)sizeof(m.unreg) ? -EINVAL : kd_region_del(c, m.unreg.addr);
@@ -447,6 +452,12 @@ int main(int argc, char **argv)
 	kd.timeout_ns = kcoll_knob_ll("KCOLL_TIMEOUT_MS") * 1000000;
 	kd.start_ns = kd_now_ns();
 
+	/* The kernel module is optional: without it ordinary buffers are copied. */
+	if (kcoll_kdev_open(&kd.kdev, NULL) == 0)
+		kc_info("kernel module: %s present, ordinary buffers registered with "
+			"kcoll_mem_register are zero-copy", KCOLL_DEV_PATH);
+	else
+		kc_info("kernel module: not used: %s", kcoll_kdev_why(&kd.kdev));
 	kd.listen_fd = listen_socket(kd.socket_path);
 	if (kd.listen_fd < 0)
 		return 1;
@@ -506,6 +517,7 @@ int main(int argc, char **argv)
 out:
 	drain_and_close();
 	kd_pool_stop();
+	kcoll_kdev_close(&kd.kdev);
 	kc_info("kcolld exiting: %lu ops ok, %lu failed", atomic_load(&kd.stats.ops_ok),
 		atomic_load(&kd.stats.ops_failed));
 	if (pidfile)

@@ -3,8 +3,9 @@
  * How kcolld reaches a rank's buffer: the data-path ops table.
  *
  *   kd_mem_mapped  the buffer lies in a region mapped into the daemon (a sealed
- *                  memfd from kcoll_mem_alloc today; pinned pages mapped
- *                  through /dev/kcoll with the kernel module): used in place
+ *                  memfd from kcoll_mem_alloc, or pages the client pinned with
+ *                  kcoll_mem_register and kcolld mapped through /dev/kcoll):
+ *                  used in place
  *   kd_mem_vm      any other buffer: one process_vm_readv/writev per chunk
  *
  * kd_buf_resolve picks the ops once per buffer per op; the executor only
@@ -95,13 +96,35 @@ void kd_region_put(struct kd_region *rg)
 {
 	if (atomic_fetch_sub(&rg->refs, 1) != 1)
 		return;
-	munmap(rg->map, rg->size);
+	if (rg->pinned)
+		kcoll_kdev_unmap(&rg->kmap);
+	else
+		munmap(rg->map, rg->size);
 	free(rg);
+}
+
+/* Insert rg unless it overlaps a region the client already has. */
+static int region_insert(struct kd_client *c, struct kd_region *rg)
+{
+	struct kd_region *it;
+
+	pthread_mutex_lock(&c->lock);
+	for (it = c->regions; it; it = it->next) {
+		if (rg->addr < it->addr + it->size && it->addr < rg->addr + rg->size) {
+			pthread_mutex_unlock(&c->lock);
+			kd_region_put(rg);
+			return -EEXIST;
+		}
+	}
+	rg->next = c->regions;
+	c->regions = rg;
+	pthread_mutex_unlock(&c->lock);
+	return 0;
 }
 
 int kd_region_add(struct kd_client *c, int fd, uint64_t addr, uint64_t size)
 {
-	struct kd_region *rg, *it;
+	struct kd_region *rg;
 	struct stat st;
 	int seals;
 
@@ -124,18 +147,40 @@ int kd_region_add(struct kd_client *c, int fd, uint64_t addr, uint64_t size)
 	rg->addr = addr;
 	rg->size = size;
 	atomic_init(&rg->refs, 1);
-	pthread_mutex_lock(&c->lock);
-	for (it = c->regions; it; it = it->next) {
-		if (addr < it->addr + it->size && it->addr < addr + size) {
-			pthread_mutex_unlock(&c->lock);
-			kd_region_put(rg);
-			return -EEXIST;
-		}
+	return region_insert(c, rg);
+}
+
+int kd_region_add_pinned(struct kd_client *c, uint64_t handle, uint64_t addr, uint64_t size)
+{
+	struct kd_region *rg;
+	int r;
+
+	if (kd.kdev.fd < 0)
+		return -ENODEV;
+	if (!size || size > KD_MAX_BYTES || addr + size < addr)
+		return -EINVAL;
+	rg = calloc(1, sizeof(*rg));
+	if (!rg)
+		return -ENOMEM;
+	r = kcoll_kdev_map(&kd.kdev, handle, PROT_READ | PROT_WRITE, &rg->kmap);
+	if (r) {
+		free(rg);
+		return r;
 	}
-	rg->next = c->regions;
-	c->regions = rg;
-	pthread_mutex_unlock(&c->lock);
-	return 0;
+	/* The handle must be this client's own registration of exactly this
+	 * range: kcolld may map what others granted it, the client may not
+	 * borrow that power to reach another process's pages. */
+	if (rg->kmap.owner_pid != c->pid || rg->kmap.len < size) {
+		kcoll_kdev_unmap(&rg->kmap);
+		free(rg);
+		return -EPERM;
+	}
+	rg->pinned = true;
+	rg->map = rg->kmap.addr;
+	rg->addr = addr;
+	rg->size = size;
+	atomic_init(&rg->refs, 1);
+	return region_insert(c, rg);
 }
 
 int kd_region_del(struct kd_client *c, uint64_t addr)

@@ -42,9 +42,16 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 	struct out o = { .buf = buf, .cap = cap };
 	double up = (kd_now_ns() - kd.start_ns) / 1e9;
 	uint32_t nclients = 0, ncomms = 0, inflight = 0;
-	const char *path = "shm zero-copy (kcoll_mem_alloc buffers), process_vm single-copy otherwise";
-	const char *kmod = access("/dev/kcoll", F_OK) ? "absent: /dev/kcoll not present (kcoll.ko not loaded)" :
-		"present but not used by this kcolld";
+	const char *path = kd.kdev.fd >= 0 ?
+		"zero-copy for kcoll_mem_alloc and kcoll_mem_register buffers, process_vm single copy otherwise" :
+		"zero-copy for kcoll_mem_alloc buffers, process_vm single copy otherwise";
+	char kmod[224];
+
+	if (kd.kdev.fd >= 0)
+		snprintf(kmod, sizeof(kmod), "in use (%s): maps buffers pinned with kcoll_mem_register",
+			 KCOLL_DEV_PATH);
+	else
+		snprintf(kmod, sizeof(kmod), "not used: %s", kcoll_kdev_why(&kd.kdev));
 
 	for (struct kd_client *c = kd.clients; c; c = c->next) {
 		if (!c->ring)

@@ -2,7 +2,8 @@
 LIBKCOLL_SRCS := $(sort $(wildcard user/lib/*.c))
 LIBKCOLL_OBJS := $(LIBKCOLL_SRCS:%.c=$(OBJ)/%.o)
 # The internal helpers it needs come from user/common.
-LIBKCOLL_DEPS := $(OBJ)/user/common/proto.o $(OBJ)/user/common/config.o $(OBJ)/user/common/log.o
+LIBKCOLL_DEPS := $(OBJ)/user/common/proto.o $(OBJ)/user/common/config.o $(OBJ)/user/common/log.o \
+		 $(OBJ)/user/common/kdev.o
 
 $(LIB)/libkcoll.a: $(LIBKCOLL_OBJS) $(LIBKCOLL_DEPS)
 	$(call msg,AR,$@)

@@ -7,6 +7,7 @@
  * Neither is held while sleeping on the CQ doorbell.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -25,6 +26,7 @@
 #include <kcoll/ring.h>
 
 #include "config.h"
+#include "kdev.h"
 
 enum req_state { REQ_FREE, REQ_PENDING, REQ_DONE };
 
@@ -41,6 +43,8 @@ struct kcoll_req {
 struct kcoll_region {
 	void *addr;
 	size_t size;
+	uint64_t kdev_handle;	/* pinned through /dev/kcoll (not ours to unmap) */
+	bool pinned;
 	struct kcoll_region *next;
 };
 
@@ -62,6 +66,9 @@ struct kcoll {
 
 	pthread_mutex_t mem_lock;
 	struct kcoll_region *regions;
+	struct kcoll_kdev kdev;	/* opened on the first kcoll_mem_register */
+	bool kdev_tried;
+	uint32_t daemon_pid;
 };
 
 struct kcoll_comm {
@@ -249,6 +256,8 @@ int kcoll_connect(const struct kcoll_connect_opts *opts, struct kcoll **out)
 	/* Under YAMA ptrace_scope=1 the daemon may only copy our buffers
 	 * (process_vm_readv) if we name it; harmless where YAMA is absent. */
 	prctl(PR_SET_PTRACER, (unsigned long)rep.daemon_pid, 0, 0, 0);
+	k->daemon_pid = rep.daemon_pid;
+	k->kdev.fd = -1;
 	*out = k;
 	return 0;
 
@@ -286,9 +295,13 @@ void kcoll_disconnect(struct kcoll *k)
 	munmap(k->ring, k->ring_size);
 	for (rg = k->regions; rg; rg = next) {
 		next = rg->next;
-		munmap(rg->addr, rg->size);
+		if (rg->pinned)
+			kcoll_kdev_unregister(&k->kdev, rg->kdev_handle);
+		else
+			munmap(rg->addr, rg->size);
 		free(rg);
 	}
+	kcoll_kdev_close(&k->kdev);
 	free(k->reqs);
 	free(k);
 }
@@ -686,29 +699,114 @@ err_free:
 	return r;
 }
 
-int kcoll_mem_free(struct kcoll *k, void *ptr)
+static struct kcoll_region *region_take(struct kcoll *k, void *ptr, bool pinned)
 {
-	struct kcoll_msg_mem_unreg req = { .hdr.type = KCOLL_MSG_MEM_UNREG };
-	struct kcoll_msg_hdr rep;
 	struct kcoll_region **pp, *rg = NULL;
-	int r;
 
-	if (!k || !ptr)
-		return -EINVAL;
 	pthread_mutex_lock(&k->mem_lock);
 	for (pp = &k->regions; *pp; pp = &(*pp)->next) {
-		if ((*pp)->addr == ptr) {
+		if ((*pp)->addr == ptr && (*pp)->pinned == pinned) {
 			rg = *pp;
 			*pp = rg->next;
 			break;
 		}
 	}
 	pthread_mutex_unlock(&k->mem_lock);
+	return rg;
+}
+
+int kcoll_mem_free(struct kcoll *k, void *ptr)
+{
+	struct kcoll_msg_mem_unreg req = { .hdr.type = KCOLL_MSG_MEM_UNREG };
+	struct kcoll_msg_hdr rep;
+	struct kcoll_region *rg;
+	int r;
+
+	if (!k || !ptr)
+		return -EINVAL;
+	rg = region_take(k, ptr, false);
 	if (!rg)
 		return -ENOENT;
 	req.addr = (uintptr_t)ptr;
 	r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
-	munmap(rg->addr, rg->size);
+	/* The daemon dropped its mapping first: unpinning now cannot pull pages
+	 * from under an operation (ops in flight keep their own reference). */
+	if (rg->pinned)
+		kcoll_kdev_unregister(&k->kdev, rg->kdev_handle);
+	else
+		munmap(rg->addr, rg->size);
+	free(rg);
+	return r == -ENOTCONN ? 0 : r;
+}
+
+int kcoll_mem_register(struct kcoll *k, void *ptr, size_t size)
+{
+	struct kcoll_msg_mem_reg_kdev req = { .hdr.type = KCOLL_MSG_MEM_REG_KDEV };
+	struct kcoll_msg_hdr rep;
+	struct kcoll_region *rg;
+	uint64_t handle;
+	int r;
+
+	if (!k || !ptr || !size)
+		return -EINVAL;
+	pthread_mutex_lock(&k->mem_lock);
+	if (!k->kdev_tried) {
+		k->kdev_tried = true;
+		if (kcoll_kdev_open(&k->kdev, NULL) == 0 &&
+		    !kcoll_kdev_has(&k->kdev, KCOLL_FEAT_BUF | KCOLL_FEAT_GRANT))
+			kcoll_kdev_close(&k->kdev);
+	}
+	pthread_mutex_unlock(&k->mem_lock);
+	if (k->kdev.fd < 0)
+		return -ENODEV;
+	rg = calloc(1, sizeof(*rg));
+	if (!rg)
+		return -ENOMEM;
+	r = kcoll_kdev_register(&k->kdev, ptr, size, 0, &handle);
+	if (r)
+		goto err_free;
+	/* Only kcolld, by pid, may map these pages. */
+	r = kcoll_kdev_grant(&k->kdev, handle, KCOLL_GRANT_PID, k->daemon_pid, 0);
+	if (r)
+		goto err_unregister;
+	req.addr = (uintptr_t)ptr;
+	req.size = size;
+	req.handle = handle;
+	r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
+	if (r)
+		goto err_unregister;
+	rg->addr = ptr;
+	rg->size = size;
+	rg->kdev_handle = handle;
+	rg->pinned = true;
+	pthread_mutex_lock(&k->mem_lock);
+	rg->next = k->regions;
+	k->regions = rg;
+	pthread_mutex_unlock(&k->mem_lock);
+	return 0;
+
+err_unregister:
+	kcoll_kdev_unregister(&k->kdev, handle);
+err_free:
+	free(rg);
+	return r;
+}
+
+int kcoll_mem_deregister(struct kcoll *k, void *ptr)
+{
+	struct kcoll_msg_mem_unreg req = { .hdr.type = KCOLL_MSG_MEM_UNREG };
+	struct kcoll_msg_hdr rep;
+	struct kcoll_region *rg;
+	int r;
+
+	if (!k || !ptr)
+		return -EINVAL;
+	rg = region_take(k, ptr, true);
+	if (!rg)
+		return -ENOENT;
+	req.addr = (uintptr_t)ptr;
+	r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
+	kcoll_kdev_unregister(&k->kdev, rg->kdev_handle);
 	free(rg);
 	return r == -ENOTCONN ? 0 : r;
 }
