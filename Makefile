@@ -94,7 +94,7 @@ check-san: all $(CHECK_TARGETS)
 demo: deps all
 	$(Q)scripts/demo.sh $(BUILD)
 
-vmtest: deps
+vmtest: deps all $(CHECK_TARGETS)
 	$(Q)scripts/vmtest.sh --suite
 
 # Coverage-guided fuzzing of the ring consumer front end (clang libFuzzer).

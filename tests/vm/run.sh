@@ -50,7 +50,12 @@ if insmod "$ko"; then
 	for t in kcoll_ioctl kcoll_ring kcoll_buf kcoll_sysfs kcoll_kdev kcoll_ioctl32 kcoll_kdev32; do
 		run_one "$t" "$bin/$t"
 	done
-	run_one "t_module.sh unload" bash "$here/t_module.sh" unload "$ko" "$bin"
+	# The foundation's daemon integration tests again, now with the module:
+	# kcolld opens /dev/kcoll and maps kcoll_mem_register'ed buffers
+	# (test_kmod_path checks results, zero copied bytes, handle theft).
+	run_one "host-tier daemon tests with kcoll.ko loaded" \
+		"$here/../run.sh" "${KCOLL_VM_BUILD:-build}" test_coll test_kmod_path test_faults
+		run_one "t_module.sh unload" bash "$here/t_module.sh" unload "$ko" "$bin"
 else
 	echo "Bail out! insmod $ko failed"; fail=$((fail + 1))
 fi
