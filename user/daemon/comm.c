@@ -128,7 +128,8 @@ int kd_comm_join(struct kd_client *c, const struct kcoll_msg_comm_init *m, const
 	const struct kcoll_id *id = &m->id;
 	struct kd_comm *comm;
 	uint32_t slot;
-	int64_t timeout_ns = m->timeout_ms ? (int64_t)m->timeout_ms * 1000000 : kd.timeout_ns;
+	int64_t timeout_ns = m->timeout_ms ? (int64_t)m->timeout_ms * 1000000 :
+			     __atomic_load_n(&kd.timeout_ns, __ATOMIC_RELAXED);
 
 	if (id->magic != KCOLL_PROTO_MAGIC || id->version != KCOLL_PROTO_VERSION) {
 		*why = "not a kcoll unique id (get one with kcoll_get_unique_id)";

@@ -144,7 +144,7 @@ static void run_task(struct kd_op *op, uint32_t task)
 static void op_prepare(struct kd_op *op)
 {
 	uint32_t nr = op->comm->nranks;
-	uint64_t chunk = kd.chunk_bytes;
+	uint64_t chunk = __atomic_load_n(&kd.chunk_bytes, __ATOMIC_RELAXED);
 
 	op->esz = kcoll_dtype_size(op->dtype);
 	op->nseg = 1;

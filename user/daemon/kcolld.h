@@ -11,6 +11,7 @@
  *   exec.c    running a matched op: tasks over the worker pool, reductions
  *   mem.c     the data-path ops table: how a rank's buffer is reached (mapped
  *             region in place, or process_vm_readv/writev), regions
+ *   tune.c    tunables honoured at run time (environment, /sys/kernel/kcoll)
  *   status.c  `kcollctl status` in text and JSON
  *
  * Lifetimes are reference counts: a client is held by the client list, each
@@ -256,6 +257,11 @@ void kd_pool_stop(void);
 void kd_op_run(struct kd_op *op);
 /* A thread that ran tasks is exiting: free its staging buffer. */
 void kd_exec_thread_done(void);
+
+/* tune.c: chunk_bytes and timeout_ms from environment, sysfs, default */
+void kd_tunables_init(void);
+void kd_tunables_poll(void);
+size_t kd_tunables_render(char *buf, size_t cap, int json);
 
 /* status.c */
 /* Render status into buf (JSON if json); returns length. */

@@ -403,7 +403,7 @@ int main(int argc, char **argv)
 	bool foreground = false;
 	FILE *logf = NULL;
 	int sigfd, opt, r;
-	int64_t last_watchdog = 0;
+	int64_t last_watchdog = 0, last_tune = 0;
 
 	if (kcoll_log_level_parse(kcoll_knob_str("KCOLL_LOG_LEVEL"), &level))
 		level = KCOLL_LOG_INFO;
@@ -445,11 +445,8 @@ int main(int argc, char **argv)
 	kcoll_log_setup(logf, level);
 	if (kd.nworkers <= 0)
 		kd.nworkers = sysconf(_SC_NPROCESSORS_ONLN);
-	kd.chunk_bytes = kcoll_knob_ll("KCOLL_CHUNK_BYTES");
-	if (kd.chunk_bytes < 4096)
-		kd.chunk_bytes = 4096;
+	kd_tunables_init();
 	kd.spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
-	kd.timeout_ns = kcoll_knob_ll("KCOLL_TIMEOUT_MS") * 1000000;
 	kd.start_ns = kd_now_ns();
 
 	/* The kernel module is optional: without it ordinary buffers are copied. */
@@ -512,6 +509,10 @@ int main(int argc, char **argv)
 		if (now - last_watchdog > 50000000) {
 			kd_comm_watchdog(now);
 			last_watchdog = now;
+		}
+		if (now - last_tune > 1000000000) {
+			kd_tunables_poll();
+			last_tune = now;
 		}
 	}
 out:

@@ -53,6 +53,7 @@ struct kcoll {
 	pthread_mutex_t ctl_lock;
 	uint32_t ctl_seq;
 	int timeout_ms;
+	bool timeout_set;	/* KCOLL_TIMEOUT_MS set in our environment */
 
 	struct kcoll_ring_hdr *ring;
 	size_t ring_size;
@@ -219,6 +220,7 @@ int kcoll_connect(const struct kcoll_connect_opts *opts, struct kcoll **out)
 	pthread_mutex_init(&k->ring_lock, NULL);
 	pthread_mutex_init(&k->mem_lock, NULL);
 	k->timeout_ms = kcoll_knob_ll("KCOLL_TIMEOUT_MS");
+	k->timeout_set = getenv("KCOLL_TIMEOUT_MS") && *getenv("KCOLL_TIMEOUT_MS");
 	k->spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
 
 	k->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -543,10 +545,14 @@ int kcoll_comm_init_rank(struct kcoll *k, const kcoll_unique_id_t *id, int nrank
 	memcpy(&req.id, id->bytes, sizeof(req.id));
 	req.nranks = nranks;
 	req.rank = rank;
-	req.timeout_ms = k->timeout_ms;
+	/* Our KCOLL_TIMEOUT_MS if we set one, else 0: kcolld's own (its
+	 * environment or /sys/kernel/kcoll/timeout_ms). */
+	req.timeout_ms = k->timeout_set ? k->timeout_ms : 0;
 	memset(&rep, 0, sizeof(rep));
-	/* The daemon enforces the timeout; ours only guards against a stuck daemon. */
-	r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, k->timeout_ms + 5000);
+	/* kcolld enforces the timeout and a dead daemon is seen as a hangup;
+	 * this bound only guards against one that is stuck. */
+	r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL,
+		     (k->timeout_set ? k->timeout_ms : 3600000) + 5000);
 	if (r) {
 		if (rep.hdr.magic == KCOLL_PROTO_MAGIC && rep.error[0])
 			fprintf(stderr, "libkcoll: communicator init failed: %.*s\n",

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* kcollctl: look at and steer a running kcolld. */
 #include <errno.h>
+#include <unistd.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,10 @@ static void usage(FILE *f)
 		"Commands:\n"
 		"  status     clients, communicators, operations in flight, counters\n"
 		"  config     every KCOLL_* knob with its value, default and meaning\n"
+		"  set KEY VALUE\n"
+		"             write a kcoll.ko tunable (/sys/kernel/kcoll/KEY: chunk_bytes,\n"
+		"             timeout_ms, algo, slow_ratio_pct, hang_ms); kcolld follows\n"
+		"             chunk_bytes and timeout_ms within a second (docs/sysfs.md)\n"
 		"  gpu        GPU doctor: driver, devices, dma-buf / peer memory, the path kcoll\n"
 		"             takes and, if not the fastest, why and how to fix it\n"
 		"  version    versions of kcollctl, libkcoll and the ring ABI\n\n"
@@ -32,6 +37,46 @@ static void usage(FILE *f)
 		"  --json             machine-readable output\n"
 		"  -h, --help         this help\n",
 		KCOLL_DEFAULT_SOCKET);
+}
+
+static int set(const char *key, const char *value)
+{
+	char path[128];
+	FILE *f;
+	int r = 0;
+
+	if (strchr(key, '/') || strchr(key, '.')) {
+		fprintf(stderr, "kcollctl: '%s' is not a tunable name\n", key);
+		return 2;
+	}
+	if (access("/sys/kernel/kcoll", F_OK)) {
+		fprintf(stderr, "kcollctl: kcoll.ko is not loaded, so there is no /sys/kernel/kcoll to set.\n"
+			"kcollctl: load it (insmod kcoll.ko), or set KCOLL_CHUNK_BYTES / KCOLL_TIMEOUT_MS\n"
+			"kcollctl: in kcolld's environment and restart it\n");
+		return 1;
+	}
+	snprintf(path, sizeof(path), "/sys/kernel/kcoll/%s", key);
+	if (access(path, F_OK)) {
+		fprintf(stderr, "kcollctl: no such tunable '%s' (see docs/sysfs.md)\n", key);
+		return 2;
+	}
+	f = fopen(path, "w");
+	if (!f) {
+		fprintf(stderr, "kcollctl: cannot open %s: %s%s\n", path, strerror(errno),
+			errno == ENOENT ? " (no such tunable: see docs/sysfs.md)" :
+			errno == EACCES ? " (tunables are root's)" : "");
+		return 1;
+	}
+	if (fprintf(f, "%s\n", value) < 0)
+		r = errno;
+	if (fclose(f) && !r)
+		r = errno;
+	if (r) {
+		fprintf(stderr, "kcollctl: %s refused '%s': %s%s\n", path, value, strerror(r),
+			r == EINVAL || r == ERANGE ? " (out of range: see docs/sysfs.md)" : "");
+		return 1;
+	}
+	return 0;
 }
 
 static int status(const char *path, int json)
@@ -79,8 +124,8 @@ static int status(const char *path, int json)
 int main(int argc, char **argv)
 {
 	const char *path = kcoll_knob_str("KCOLL_SOCKET");
-	const char *cmd = NULL;
-	int json = 0;
+	const char *cmd = NULL, *args[2] = { NULL, NULL };
+	int json = 0, nargs = 0;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json")) {
@@ -94,6 +139,8 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help") || !strcmp(argv[i], "help")) {
 			usage(stdout);
 			return 0;
+		} else if (cmd && !strcmp(cmd, "set") && nargs < 2 && argv[i][0] != '-') {
+			args[nargs++] = argv[i];
 		} else if (argv[i][0] == '-' || cmd) {
 			fprintf(stderr, "kcollctl: unexpected argument '%s'\n", argv[i]);
 			usage(stderr);
@@ -111,6 +158,13 @@ int main(int argc, char **argv)
 	if (!strcmp(cmd, "config")) {
 		kcoll_knobs_print(stdout, json);
 		return 0;
+	}
+	if (!strcmp(cmd, "set")) {
+		if (nargs != 2) {
+			fprintf(stderr, "kcollctl: usage: kcollctl set KEY VALUE\n");
+			return 2;
+		}
+		return set(args[0], args[1]);
 	}
 	if (!strcmp(cmd, "gpu")) {
 		int r = kcoll_gpu_doctor(stdout, json);

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Tunables kcolld honours while it runs: chunk_bytes (data-path task size)
+ * and timeout_ms (hang timeout of an operation, for communicators whose
+ * ranks did not set KCOLL_TIMEOUT_MS themselves).
+ *
+ * At start a value comes from kcolld's environment if set there, else from
+ * /sys/kernel/kcoll/ when kcoll.ko is loaded, else the built-in default.
+ * Afterwards every change an administrator makes in sysfs (`kcollctl set`)
+ * is applied within a second. Control thread only.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "config.h"
+#include "kcolld.h"
+#include "log.h"
+
+#define SYSFS_DIR "/sys/kernel/kcoll/"
+
+struct tunable {
+	const char *sysfs;	/* file under SYSFS_DIR */
+	const char *knob;	/* KCOLL_* environment knob */
+	long long scale;	/* knob/sysfs unit -> daemon unit */
+	long long min;
+	void *target;		/* size_t or int64_t in kd */
+	bool is_size;
+	long long last_sysfs;	/* last value seen in sysfs, -1 none */
+	const char *source;
+};
+
+static struct tunable tunables[] = {
+	{ "chunk_bytes", "KCOLL_CHUNK_BYTES", 1, 4096, &kd.chunk_bytes, true, -1, "default" },
+	{ "timeout_ms", "KCOLL_TIMEOUT_MS", 1000000, 1, &kd.timeout_ns, false, -1, "default" },
+};
+
+static long long sysfs_read(const char *name)
+{
+	char path[128];
+	long long v = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), SYSFS_DIR "%s", name);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	if (fscanf(f, "%lli", &v) != 1)
+		v = -1;
+	fclose(f);
+	return v;
+}
+
+static void apply(struct tunable *t, long long v, const char *source)
+{
+	if (v < t->min)
+		v = t->min;
+	if (t->is_size)
+		__atomic_store_n((size_t *)t->target, (size_t)v * t->scale, __ATOMIC_RELAXED);
+	else
+		__atomic_store_n((int64_t *)t->target, (int64_t)v * t->scale, __ATOMIC_RELAXED);
+	t->source = source;
+}
+
+void kd_tunables_init(void)
+{
+	for (size_t i = 0; i < sizeof(tunables) / sizeof(tunables[0]); i++) {
+		struct tunable *t = &tunables[i];
+		const char *env = getenv(t->knob);
+		long long s = sysfs_read(t->sysfs);
+
+		t->last_sysfs = s;
+		if (env && *env)
+			apply(t, kcoll_knob_ll(t->knob), "environment");
+		else if (s >= 0)
+			apply(t, s, "sysfs");
+		else
+			apply(t, kcoll_knob_ll(t->knob), "default");
+	}
+}
+
+void kd_tunables_poll(void)
+{
+	for (size_t i = 0; i < sizeof(tunables) / sizeof(tunables[0]); i++) {
+		struct tunable *t = &tunables[i];
+		long long s = sysfs_read(t->sysfs);
+
+		if (s < 0 || s == t->last_sysfs)
+			continue;
+		kc_info("tunable %s: %lld -> %lld (from " SYSFS_DIR "%s)", t->sysfs,
+			t->last_sysfs, s, t->sysfs);
+		t->last_sysfs = s;
+		apply(t, s, "sysfs");
+	}
+}
+
+size_t kd_tunables_render(char *buf, size_t cap, int json)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < sizeof(tunables) / sizeof(tunables[0]) && n < cap; i++) {
+		const struct tunable *t = &tunables[i];
+		long long v = t->is_size ? (long long)__atomic_load_n((size_t *)t->target, __ATOMIC_RELAXED) :
+			      (long long)(__atomic_load_n((int64_t *)t->target, __ATOMIC_RELAXED) / t->scale);
+		int w = json ? snprintf(buf + n, cap - n, "%s\"%s\":{\"value\":%lld,\"source\":\"%s\"}",
+					i ? "," : "", t->sysfs, v, t->source) :
+			       snprintf(buf + n, cap - n, "%s%s %lld (%s)", i ? ", " : "", t->sysfs, v,
+					t->source);
+		if (w < 0)
+			break;
+		n += (size_t)w;
+	}
+	return n < cap ? n : cap - 1;
+}
