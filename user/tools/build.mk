@@ -1,7 +1,9 @@
 # Benchmarks: kcoll-bench (against kcolld) and, where mpicc exists, the Open MPI
 # anchor mpi-coll-bench printing the same table and JSON.
+# bench_common: the options, check values, table and JSON every benchmark shares.
+BENCH_COMMON_OBJ := $(OBJ)/user/tools/bench_common.o
 BENCH_KCOLL := $(BIN)/kcoll-bench
-BENCH_KCOLL_OBJ := $(OBJ)/user/tools/kcoll-bench.o
+BENCH_KCOLL_OBJ := $(OBJ)/user/tools/kcoll-bench.o $(BENCH_COMMON_OBJ)
 
 $(BENCH_KCOLL): $(BENCH_KCOLL_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB)
 	$(call msg,LD,$@)
@@ -15,11 +17,11 @@ BENCH_MPICC := $(shell command -v mpicc 2>/dev/null)
 ifneq ($(BENCH_MPICC),)
 BENCH_MPI := $(BIN)/mpi-coll-bench
 
-$(BENCH_MPI): user/tools/mpi-allreduce-bench.c
+$(BENCH_MPI): user/tools/mpi-allreduce-bench.c user/tools/bench_common.h $(BENCH_COMMON_OBJ)
 	$(call msg,MPICC,$@)
 	@mkdir -p $(dir $@)
 	$(Q)OMPI_CC=$(CC) $(BENCH_MPICC) $(filter-out -Iinclude -Iinclude/uapi -Iuser/common,$(CPPFLAGS)) \
-		$(CFLAGS) -o $@ $< $(LDFLAGS)
+		$(CFLAGS) -o $@ $< $(BENCH_COMMON_OBJ) $(LDFLAGS)
 
 ALL_TARGETS += $(BENCH_MPI)
 endif
