@@ -40,7 +40,7 @@ struct kbench_opts {
 	struct bench_opts b;
 	enum kcoll_dtype dtype;		/* b.dtype and b.op as kcoll numbers them */
 	enum kcoll_redop op;
-	bool mem_host;
+	enum { MEM_SHM, MEM_HOST, MEM_REG } mem;
 	const char *socket;
 };
 
@@ -96,7 +96,8 @@ BENCH_USAGE_SWEEP
 "  -d, --datatype T      f32 f64 f16 bf16 i8 u8 i32 u32 i64 u64  [f32]\n"
 "  -o, --op OP           sum prod min max avg                    [sum]\n"
 "  -r, --root R          broadcast root                          [0]\n"
-"      --mem shm|host    kcoll_mem_alloc'ed (zero-copy) or malloc'ed buffers [shm]\n"
+"      --mem shm|host|reg  kcoll_mem_alloc'ed (zero-copy), malloc'ed (one copy), or\n"
+"                        malloc'ed and kcoll_mem_register'ed (zero-copy with kcoll.ko) [shm]\n"
 "      --inplace         also measure in place (extra columns)\n"
 "      --json            print one JSON document instead of the table\n"
 "  -s, --socket PATH     kcolld socket [$KCOLL_SOCKET or " KCOLL_DEFAULT_SOCKET "]\n"
@@ -127,9 +128,13 @@ static void parse_opt(const struct bench_prog *p, void *ctx, struct bench_opts *
 	case 's': ko->socket = arg; break;
 	case OPT_MEM:
 		if (!strcmp(arg, "host"))
-			ko->mem_host = true;
-		else if (strcmp(arg, "shm"))
-			bench_usage_error(p, "--mem takes shm or host, not '%s'", arg);
+			ko->mem = MEM_HOST;
+		else if (!strcmp(arg, "reg"))
+			ko->mem = MEM_REG;
+		else if (!strcmp(arg, "shm"))
+			ko->mem = MEM_SHM;
+		else
+			bench_usage_error(p, "--mem takes shm, host or reg, not '%s'", arg);
 		break;
 	}
 }
@@ -325,7 +330,7 @@ static int rank_main(const struct kbench_opts *o, const kcoll_unique_id_t *id, i
 	bench_counts(&o->b, o->b.max_bytes, &n);
 	/* Both buffers hold the larger side, so in place fits in recv. */
 	buf_bytes = n.bytes;
-	if (o->mem_host) {
+	if (o->mem != MEM_SHM) {
 		size_t len = (buf_bytes + 4095) & ~(size_t)4095;
 
 		b.send = aligned_alloc(4096, len);
@@ -333,6 +338,16 @@ static int rank_main(const struct kbench_opts *o, const kcoll_unique_id_t *id, i
 		if (!b.send || !b.recv) {
 			r = rank_fail(rank, -ENOMEM, "allocating 2 x %zu bytes", buf_bytes);
 			goto err_free;
+		}
+		if (o->mem == MEM_REG) {
+			r = kcoll_mem_register(k, b.send, len);
+			if (!r)
+				r = kcoll_mem_register(k, b.recv, len);
+			if (r) {
+				rank_fail(rank, r, "kcoll_mem_register(%zu)%s", len, r == -ENODEV ?
+					  ": --mem reg needs kcoll.ko loaded" : "");
+				goto err_free;
+			}
 		}
 	} else {
 		r = kcoll_mem_alloc(k, buf_bytes, &b.send);
@@ -370,7 +385,11 @@ static int rank_main(const struct kbench_opts *o, const kcoll_unique_id_t *id, i
 	}
 	r = 0;
 err_free:
-	if (o->mem_host) {
+	if (o->mem != MEM_SHM) {
+		if (o->mem == MEM_REG) {
+			kcoll_mem_deregister(k, b.send);
+			kcoll_mem_deregister(k, b.recv);
+		}
 		free(b.send);
 		free(b.recv);
 	} else {
@@ -533,7 +552,7 @@ int main(int argc, char **argv)
 	gethostname(host, sizeof(host) - 1);
 	env = (struct bench_env){ .tool = prog.name, .version = kcoll_version(),
 				  .system = o.b.coll == BENCH_MEMCPY ? "memcpy" : "kcoll",
-				  .mem = o.mem_host ? "host" : "shm", .host = host };
+				  .mem = o.mem == MEM_HOST ? "host" : o.mem == MEM_REG ? "reg" : "shm", .host = host };
 	nrows = bench_count_rows(&o.b);
 	sh = shared_create(nrows, o.b.nranks);
 	if (!sh) {
