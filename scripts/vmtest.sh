@@ -72,7 +72,8 @@ initramfs_mods=(virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev v
 write_init() {
 	cat >"$1" <<'EOF'
 #!/bin/busybox sh
-# kcoll vmtest guest init. Kernel command line (env): KCOLL_VM_RES=<host dir>
+# kcoll vmtest guest init. Kernel command line (env): KCOLL_VM_RES=<host dir>,
+# KCOLL_VM_TOP=<checkout> (kept visible when it lies under /tmp).
 /bin/busybox --install -s /bin
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
@@ -83,14 +84,26 @@ for m in MODULES; do
 done
 o=trans=virtio,version=9p2000.L,msize=262144
 r=/mnt
-if ! mount -t 9p -o $o,ro hostroot $r || ! mount -t 9p -o $o,rw results $r$KCOLL_VM_RES; then
-	echo "vm-init: cannot mount the 9p shares"
+if ! mount -t 9p -o $o,ro hostroot $r; then
+	echo "vm-init: cannot mount the host root over 9p"
+	poweroff -f
+fi
+# The guest gets its own writable /tmp. A checkout under the host's /tmp
+# (CI clones there) would vanish under it: keep a view of it and put it back.
+case "$KCOLL_VM_TOP" in
+/tmp/*) mkdir -p /keep && mount -o bind $r$KCOLL_VM_TOP /keep ;;
+esac
+mount -t tmpfs -o mode=1777 tmp $r/tmp
+case "$KCOLL_VM_TOP" in
+/tmp/*) mkdir -p $r$KCOLL_VM_TOP && mount -o bind /keep $r$KCOLL_VM_TOP ;;
+esac
+if ! mount -t 9p -o $o,rw results $r$KCOLL_VM_RES; then
+	echo "vm-init: cannot mount the results share"
 	poweroff -f
 fi
 mount -t proc proc $r/proc
 mount -t sysfs sys $r/sys
 mount -t devtmpfs dev $r/dev
-mount -t tmpfs -o mode=1777 tmp $r/tmp
 mount -t tmpfs tmp $r/run
 mount -t tmpfs -o mode=1777 shm $r/dev/shm 2>/dev/null
 mount -t debugfs debugfs $r/sys/kernel/debug 2>/dev/null
@@ -184,7 +197,7 @@ vm_run() {	# timeout, cmd...
 		-device virtio-9p-pci,fsdev=r,mount_tag=hostroot \
 		-fsdev local,id=w,path="$run_dir",security_model=none,multidevs=remap \
 		-device virtio-9p-pci,fsdev=w,mount_tag=results \
-		-append "console=ttyS0 rdinit=/init panic=-1 quiet KCOLL_VM_RES=$run_dir" \
+		-append "console=ttyS0 rdinit=/init panic=-1 quiet KCOLL_VM_RES=$run_dir KCOLL_VM_TOP=$top" \
 		</dev/null >"$console" 2>&1 &
 	qemu_pid=$!
 	tail -n +1 -F "$run_dir/out" 2>/dev/null &
