@@ -12,6 +12,8 @@
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
 
+#include <kcoll/ring_layout.h>
+
 #include "kcoll_mod.h"
 
 atomic_t kcoll_nr_rings = ATOMIC_INIT(0);
@@ -22,16 +24,14 @@ int kcoll_ring_create(struct kcoll_file *kf, struct kcoll_ioc_ring_create *arg)
 	u32 cq = arg->cq_entries ? arg->cq_entries : 2 * sq;
 	struct kcoll_ring_hdr *hdr;
 	struct kcoll_ring *ring;
-	u64 cq_off, size;
+	u64 size;
 	int i, ret;
 
 	if (!is_power_of_2(sq) || sq > KCOLL_RING_MAX_ENTRIES)
 		return -EINVAL;
 	if (!is_power_of_2(cq) || cq < sq || cq > 2 * KCOLL_RING_MAX_ENTRIES)
 		return -EINVAL;
-	cq_off = KCOLL_RING_HDR_SIZE + (u64)sq * sizeof(struct kcoll_sqe);
-	/* the same arithmetic as kcoll_ring_size() in include/kcoll/ring.h */
-	size = ALIGN(cq_off + (u64)cq * sizeof(struct kcoll_cqe), KCOLL_RING_HDR_SIZE);
+	size = kcoll_ring_size(sq, cq);
 
 	mutex_lock(&kf->lock);
 	if (kf->ring) {
@@ -52,16 +52,7 @@ int kcoll_ring_create(struct kcoll_file *kf, struct kcoll_ioc_ring_create *arg)
 		ret = -ENOMEM;
 		goto err_free_ring;
 	}
-	hdr->magic = KCOLL_RING_MAGIC;
-	hdr->abi_version = KCOLL_ABI_VERSION;
-	hdr->hdr_size = KCOLL_RING_HDR_SIZE;
-	hdr->sq_entries = sq;
-	hdr->cq_entries = cq;
-	hdr->sqe_size = sizeof(struct kcoll_sqe);
-	hdr->cqe_size = sizeof(struct kcoll_cqe);
-	hdr->sq_off = KCOLL_RING_HDR_SIZE;
-	hdr->cq_off = cq_off;
-	hdr->ring_size = size;
+	kcoll_ring_hdr_init(hdr, sq, cq, 0);
 	ring->hdr = hdr;
 	ring->size = size;
 	for (i = 0; i < KCOLL_NR_DOORBELLS; i++) {

@@ -300,6 +300,8 @@ build_kmod() {
 	mkdir -p "$kobj/kmod" "$kobj/include/uapi/linux"
 	cp -p kmod/*.[ch] kmod/Kbuild "$kobj/kmod/"
 	cp -p include/uapi/linux/kcoll.h "$kobj/include/uapi/linux/"
+	mkdir -p "$kobj/include/kcoll"
+	cp -p include/kcoll/ring_layout.h "$kobj/include/kcoll/"
 	make -s -C "$kbuild" M="$kobj" W=1 KCFLAGS=-Werror modules
 }
 

@@ -20,6 +20,7 @@
 
 #include <linux/kcoll.h>
 #include <kcoll/barrier.h>
+#include <kcoll/ring_layout.h>
 
 struct kcoll_queue {
 	uint32_t *mine;		/* shared index this side writes */
@@ -98,24 +99,6 @@ static inline void kcoll_queue_release(struct kcoll_queue *q, uint32_t n)
 {
 	q->local += n;
 	kcoll_store_release(q->mine, q->local);
-}
-
-/* Ring geometry: offsets of the two arrays for given sizes. */
-static inline uint64_t kcoll_ring_sq_off(void)
-{
-	return KCOLL_RING_HDR_SIZE;
-}
-
-static inline uint64_t kcoll_ring_cq_off(uint32_t sq_entries)
-{
-	return KCOLL_RING_HDR_SIZE + (uint64_t)sq_entries * sizeof(struct kcoll_sqe);
-}
-
-static inline uint64_t kcoll_ring_size(uint32_t sq_entries, uint32_t cq_entries)
-{
-	uint64_t end = kcoll_ring_cq_off(sq_entries) + (uint64_t)cq_entries * sizeof(struct kcoll_cqe);
-
-	return (end + 4095) & ~(uint64_t)4095;
 }
 
 /*

@@ -100,17 +100,7 @@ int kd_client_ring_create(struct kd_client *c, uint32_t sq_entries, int *out_fd)
 		r = -errno;
 		goto err_close;
 	}
-	h->magic = KCOLL_RING_MAGIC;
-	h->abi_version = KCOLL_ABI_VERSION;
-	h->hdr_size = KCOLL_RING_HDR_SIZE;
-	h->sq_entries = sq_entries;
-	h->cq_entries = cq_entries;
-	h->sqe_size = sizeof(struct kcoll_sqe);
-	h->cqe_size = sizeof(struct kcoll_cqe);
-	h->sq_off = kcoll_ring_sq_off();
-	h->cq_off = kcoll_ring_cq_off(sq_entries);
-	h->ring_size = size;
-	h->daemon_pid = getpid();
+	kcoll_ring_hdr_init(h, sq_entries, cq_entries, getpid());
 	c->ring = h;
 	c->ring_size = size;
 	kcoll_queue_init(&c->sq, &h->sq_head, &h->sq_tail, (uint8_t *)h + h->sq_off, sq_entries,
