@@ -37,3 +37,51 @@ $(BIN)/kcollctl: $(KCOLLCTL_OBJ) $(GPU_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB)
 		$(LDFLAGS) $(GPU_LDLIBS) -lm
 
 ALL_TARGETS += $(BIN)/kcollctl
+
+# ---- kcoll-tcpcap: raw TCP capacity of a (netns) cluster, ring-neighbour streams.
+# Standalone: needs nothing of kcoll's libraries.
+TCPCAP_BIN := $(BIN)/kcoll-tcpcap
+TCPCAP_OBJ := $(OBJ)/user/tools/kcoll-tcpcap.o
+
+$(TCPCAP_BIN): $(TCPCAP_OBJ)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $(TCPCAP_OBJ) $(LDFLAGS)
+
+ALL_TARGETS += $(TCPCAP_BIN)
+
+# ---- gloo-allreduce-bench: the Gloo anchor (gloo::allreduce, ring, over Gloo's
+# TCP device). C++, built with g++ only where Debian's libgloo-dev is installed
+# (headers in /usr/include/gloo, shared libgloo.so in /usr/lib); otherwise
+# skipped. bench_common is compiled again by gcc so that the C and C++ halves
+# share one toolchain and one sanitizer runtime whatever CC is (clang, SAN=1).
+GLOO_CXX ?= g++
+GLOO_CC ?= gcc
+GLOO_HEADER := $(wildcard /usr/include/gloo/allreduce.h)
+GLOO_HAVE_CXX := $(shell command -v $(GLOO_CXX) 2>/dev/null)
+ifneq ($(and $(GLOO_HEADER),$(GLOO_HAVE_CXX)),)
+GLOO_BENCH := $(BIN)/gloo-allreduce-bench
+GLOO_OBJ := $(OBJ)/user/tools/gloo/gloo-allreduce-bench.o
+GLOO_COMMON_OBJ := $(OBJ)/user/tools/gloo/bench_common.o
+GLOO_SANFLAGS := $(filter -fsanitize=% -fno-omit-frame-pointer -fno-sanitize-recover=%,$(CFLAGS))
+GLOO_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -pthread \
+	$(GLOO_SANFLAGS)
+GLOO_LDLIBS := -lgloo
+
+$(GLOO_COMMON_OBJ): user/tools/bench_common.c
+	$(call msg,CC,$< (for gloo))
+	@mkdir -p $(dir $@)
+	$(Q)$(GLOO_CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(GLOO_OBJ): user/tools/gloo-allreduce-bench.cc
+	$(call msg,CXX,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(GLOO_CXX) -D_GNU_SOURCE $(GLOO_CXXFLAGS) -MMD -MP -c -o $@ $<
+
+$(GLOO_BENCH): $(GLOO_OBJ) $(GLOO_COMMON_OBJ)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(GLOO_CXX) $(GLOO_CXXFLAGS) -o $@ $(GLOO_OBJ) $(GLOO_COMMON_OBJ) $(LDFLAGS) $(GLOO_LDLIBS)
+
+ALL_TARGETS += $(GLOO_BENCH)
+endif
