@@ -13,7 +13,7 @@ for a in "$@"; do
 	case "$a" in
 	--vm) pkgs+=(qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static
 		     rdma-core ibverbs-utils perftest kmod linux-source cpio xz-utils perl) ;;
-	--bench) pkgs+=(gnuplot-nox iperf3) ;;
+	--bench) pkgs+=(gnuplot-nox iperf3 libgloo-dev iputils-ping) ;;
 	-h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "deps.sh: unknown option '$a' (try --help)" >&2; exit 2 ;;
 	esac

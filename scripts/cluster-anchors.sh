@@ -1,0 +1,271 @@
+#!/usr/bin/env bash
+# Multi-host anchors on the netns cluster (scripts/netns-cluster.sh): what the
+# established libraries reach over TCP between "hosts", and what the network
+# itself can carry, for kcolld's multi-host collectives to be measured against.
+#   scripts/cluster-anchors.sh [BUILD]        (BUILD defaults to build)
+# Brings up its own cluster (prefix $KCOLL_CLUSTER_PREFIX, default "kca", so a
+# cluster of yours under "kc" is left alone; no kcolld), measures, tears it
+# down (also on failure or Ctrl-C), writes docs/perf/cluster-anchors-<date>.json
+# and prints a markdown table. Needs root.
+#
+# What runs, one process per host, every transfer on eth0 (10.10.0.0/24):
+#  - kcoll-tcpcap ring: every host streams to its ring neighbour at once for
+#    CAP_SECONDS; per-link rates, aggregate, and the ring all-reduce bound.
+#  - Open MPI 4.1 (mpi-coll-bench): mpirun started in host 0's namespace (its
+#    daemons must reach it over the cluster network), the other ranks launched
+#    through scripts/netns-rsh.sh as plm_rsh_agent; --mca pml ob1 --mca btl
+#    self,tcp --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0
+#    --mca mpi_yield_when_idle 1 (4 ranks on 2 cores: without it busy polling
+#    made 1 KiB take 4.4 ms instead of 67 us here).
+#  - Gloo (gloo-allreduce-bench): gloo::allreduce ring over Gloo's TCP device,
+#    bound to eth0's address, rendezvous through a FileStore in a /tmp
+#    directory (one filesystem for all namespaces). Skipped, with a note, if
+#    the binary was not built (libgloo-dev missing).
+# f32 sum, 1 KiB..256 MiB x4, results checked. Each library runs the sweep in
+# two parts, SMALL_ITERS iterations up to 1 MiB and LARGE_ITERS from 4 MiB (a
+# 256 MiB all-reduce takes about a second here). ROUNDS rounds, the libraries'
+# order alternating; the summary keeps the best round per point (other load
+# only slows a point down) and the median; the JSON keeps every raw run.
+#
+# The bound: in a ring all-reduce of S bytes over n hosts every host sends
+# 2(n-1)/n * S bytes to its neighbour, all links at once, each step waiting
+# for the slowest link; with B the per-link rate when all links stream at once
+# (kcoll-tcpcap ring's slowest link), t >= 2(n-1)/n * S / B, so
+# busbw = 2(n-1)/n * S / t <= B. On this VM B is bounded by the 2 CPUs that
+# every "link" shares, not by the veths, and the reduction's own CPU work
+# comes on top: the bound is not reachable, it is the ceiling.
+#
+# Environment: ROUNDS (3), HOSTS (4), CAP_SECONDS (3), SMALL_ITERS (20),
+# LARGE_ITERS (5), BENCH_OUT (docs/perf), KCOLL_CLUSTER_PREFIX (kca).
+# Bounded: about 2-3 minutes with the defaults; every command under a timeout.
+set -euo pipefail
+
+BUILD=${1:-build}
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+bin="$top/$BUILD/bin"
+export KCOLL_CLUSTER_PREFIX=${KCOLL_CLUSTER_PREFIX:-kca}
+export KCOLL_BUILD="$top/$BUILD"
+rounds=${ROUNDS:-3}
+hosts=${HOSTS:-4}
+cap_seconds=${CAP_SECONDS:-3}
+small_iters=${SMALL_ITERS:-20}
+large_iters=${LARGE_ITERS:-5}
+outdir=${BENCH_OUT:-docs/perf}
+stamp=$(date +%Y-%m-%d-%H%M)
+json="$outdir/cluster-anchors-$stamp.json"
+cluster="$top/scripts/netns-cluster.sh"
+rsh="$top/scripts/netns-rsh.sh"
+port=17660
+
+die() { echo "cluster-anchors: $*" >&2; exit 1; }
+note() { echo "cluster-anchors: $*" >&2; }
+
+[ "$(id -u)" -eq 0 ] || die "needs root (it builds a cluster of network namespaces): run it with sudo"
+[ -x "$bin/kcoll-tcpcap" ] || die "$bin/kcoll-tcpcap missing: run make"
+command -v python3 >/dev/null || die "python3 is needed to merge the JSON results"
+have_mpi=0 have_gloo=0
+if [ -x "$bin/mpi-coll-bench" ] && command -v mpirun >/dev/null; then
+	have_mpi=1
+else
+	note "no mpirun or $bin/mpi-coll-bench: Open MPI skipped"
+fi
+if [ -x "$bin/gloo-allreduce-bench" ]; then
+	have_gloo=1
+else
+	note "no $bin/gloo-allreduce-bench (needs libgloo-dev: scripts/deps.sh --bench, then make): Gloo skipped"
+fi
+
+tmp=$(mktemp -d /tmp/kcoll-cluster-anchors.XXXXXX)
+chmod 755 "$tmp"
+cleanup() {
+	"$cluster" down >/dev/null 2>&1 || note "could not take cluster '$KCOLL_CLUSTER_PREFIX' down"
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$cluster" down >/dev/null 2>&1 || true
+"$cluster" up -H "$hosts" --no-daemon >&2
+
+addrs=()
+for ((i = 0; i < hosts; i++)); do addrs+=("10.10.0.$((i + 1))"); done
+addr_list=$(IFS=,; echo "${addrs[*]}")
+hostfile="$tmp/hostfile"
+for a in "${addrs[@]}"; do echo "$a slots=1"; done >"$hostfile"
+
+# shellcheck disable=SC2054  # "self,tcp" is one argument
+mpirun_args=(mpirun --allow-run-as-root --hostfile "$hostfile" --mca plm_rsh_agent "$rsh"
+	     --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include eth0
+	     --mca oob_tcp_if_include eth0 --mca mpi_yield_when_idle 1 -np "$hosts")
+sweep_small=(allreduce -b 1K -e 1M -f 4 -n "$small_iters" -w 3 -c 1 -d f32 -o sum --json)
+sweep_large=(allreduce -b 4M -e 256M -f 4 -n "$large_iters" -w 1 -c 1 -d f32 -o sum --json)
+
+run=0
+record() {	# round system file: tag a tool's JSON document
+	printf '{"round": %s, "system": "%s", "result": ' "$1" "$2" >"$tmp/run-$run.json"
+	cat "$3" >>"$tmp/run-$run.json"
+	echo "}" >>"$tmp/run-$run.json"
+	run=$((run + 1))
+}
+
+capacity() {	# round
+	local out="$tmp/cap.json" pids=() i rc=0
+	for ((i = 1; i < hosts; i++)); do
+		timeout -k 5 60 "$cluster" exec "$i" "$bin/kcoll-tcpcap" ring -r "$i" "$addr_list" \
+			-p "$port" -t "$cap_seconds" 2>"$tmp/cap-$i.err" &
+		pids+=($!)
+	done
+	timeout -k 5 60 "$cluster" exec 0 "$bin/kcoll-tcpcap" ring -r 0 "$addr_list" -p "$port" \
+		-t "$cap_seconds" --json >"$out" 2>"$tmp/cap-0.err" || rc=1
+	for p in "${pids[@]}"; do wait "$p" || rc=1; done
+	[ "$rc" -eq 0 ] || { cat "$tmp"/cap-*.err >&2; die "kcoll-tcpcap ring failed"; }
+	record "$1" tcpcap "$out"
+}
+
+openmpi() {	# round part args...
+	local out="$tmp/mpi.json"
+	timeout -k 10 240 "$cluster" exec 0 "${mpirun_args[@]}" "$bin/mpi-coll-bench" "${@:3}" \
+		>"$out" 2>"$tmp/mpi.err" || { cat "$tmp/mpi.err" >&2; die "Open MPI $2 sweep failed"; }
+	record "$1" openmpi "$out"
+}
+
+gloo() {	# round part args...
+	local out="$tmp/gloo.json" store="$tmp/store-$1-$2" pids=() i rc=0
+	mkdir -p "$store"
+	for ((i = 1; i < hosts; i++)); do
+		timeout -k 5 240 "$cluster" exec "$i" "$bin/gloo-allreduce-bench" "${@:3}" -N "$hosts" \
+			--rank "$i" --store "$store" --host "${addrs[$i]}" --timeout 60 \
+			>/dev/null 2>"$tmp/gloo-$i.err" &
+		pids+=($!)
+	done
+	timeout -k 5 240 "$cluster" exec 0 "$bin/gloo-allreduce-bench" "${@:3}" -N "$hosts" \
+		--rank 0 --store "$store" --host "${addrs[0]}" --timeout 60 >"$out" \
+		2>"$tmp/gloo-0.err" || rc=1
+	for p in "${pids[@]}"; do wait "$p" || rc=1; done
+	[ "$rc" -eq 0 ] || { cat "$tmp"/gloo-*.err >&2; die "Gloo $2 sweep failed"; }
+	record "$1" gloo "$out"
+}
+
+start=$SECONDS
+for r in $(seq "$rounds"); do
+	note "round $r/$rounds: capacity ($cap_seconds s), then $( ((r % 2)) && echo "Open MPI, Gloo" || echo "Gloo, Open MPI")"
+	capacity "$r"
+	for sys in $( ((r % 2)) && echo "openmpi gloo" || echo "gloo openmpi"); do
+		[ "$sys" = openmpi ] && [ "$have_mpi" -eq 0 ] && continue
+		[ "$sys" = gloo ] && [ "$have_gloo" -eq 0 ] && continue
+		"$sys" "$r" small "${sweep_small[@]}"
+		"$sys" "$r" large "${sweep_large[@]}"
+	done
+done
+note "measured in $((SECONDS - start)) s"
+
+mkdir -p "$outdir"
+python3 - "$tmp" "$json" "$rounds" "$hosts" "${mpirun_args[*]} $bin/mpi-coll-bench" \
+	"gloo-allreduce-bench allreduce -N $hosts --rank R --store DIR --host 10.10.0.(R+1)" \
+	"kcoll-tcpcap ring -r R $addr_list -t $cap_seconds" <<'EOF'
+import glob, json, os, platform, statistics, sys, time
+
+tmp, out, rounds, hosts = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+cmd_mpi, cmd_gloo, cmd_cap = sys.argv[5], sys.argv[6], sys.argv[7]
+runs = []
+for f in sorted(glob.glob(os.path.join(tmp, "run-*.json")),
+                key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0])):
+    with open(f) as fh:
+        runs.append(json.load(fh))
+
+points = {}	# (system, size) -> [rows]
+caps = []
+for run in runs:
+    if run["system"] == "tcpcap":
+        caps.append(run["result"])
+        continue
+    for row in run["result"]["rows"]:
+        points.setdefault((run["system"], row["size"]), []).append(row)
+
+summary = []
+for (system, size), rows in sorted(points.items()):
+    best = min(rows, key=lambda r: r["time_us"])
+    summary.append({
+        "system": system, "N": hosts, "size": size,
+        "time_us": best["time_us"], "algbw": best["algbw"], "busbw": best["busbw"],
+        "time_us_median": statistics.median(r["time_us"] for r in rows),
+        "busbw_median": statistics.median(r["busbw"] for r in rows),
+        "wrong": sum(r["wrong"] or 0 for r in rows),
+        "samples": len(rows),
+    })
+
+def best_med(key):
+    v = [c[key] for c in caps]
+    return {"best": max(v), "median": statistics.median(v)} if v else None
+
+doc = {
+    "tool": "scripts/cluster-anchors.sh",
+    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
+    "hosts": hosts,
+    "network": "netns cluster (scripts/netns-cluster.sh): one veth per host into a bridge, "
+               "eth0 10.10.0.0/24, no qdisc",
+    "collective": "allreduce", "dtype": "f32", "op": "sum", "mem": "host",
+    "rounds": rounds,
+    "commands": {"openmpi": cmd_mpi, "gloo": cmd_gloo, "capacity": cmd_cap},
+    "capacity": {
+        "aggregate_GBps": best_med("aggregate_GBps"),
+        "min_link_GBps": best_med("min_link_GBps"),
+        "ring_allreduce_busbw_bound_GBps": best_med("ring_allreduce_busbw_bound_GBps"),
+        "bound_formula": "busbw = 2(n-1)/n * S / t <= B, B = slowest link while all links "
+                         "stream at once (each ring step waits for the slowest link)",
+    },
+    "note": "summary: best round (and median) per point; libraries alternate round by round",
+    "summary": summary, "runs": runs,
+}
+with open(out, "w") as fh:
+    json.dump(doc, fh, indent=1)
+    fh.write("\n")
+EOF
+note "wrote $json"
+
+python3 - "$json" <<'EOF'
+import json, sys
+
+doc = json.load(open(sys.argv[1]))
+pt = {(s["system"], s["size"]): s for s in doc["summary"]}
+sizes = sorted({s["size"] for s in doc["summary"]})
+cap = doc["capacity"]
+bound = cap["ring_allreduce_busbw_bound_GBps"]
+
+def human(b):
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return "%d %s" % (b >> shift, unit)
+    return "%d B" % b
+
+def cell(system, size, key, fmt):
+    s = pt.get((system, size))
+    return fmt % s[key] if s else "-"
+
+print("All-reduce f32 sum across %d netns hosts over TCP (eth0), best of %d rounds, %s, "
+      "%d CPUs, %s" % (doc["hosts"], doc["rounds"], doc["host"], doc["cpus"], doc["date"]))
+print()
+head = ["size", "Open MPI busbw", "Open MPI time (us)", "Gloo busbw", "Gloo time (us)",
+        "raw aggregate", "ring bound"]
+agg = cap["aggregate_GBps"]
+print("| " + " | ".join(head) + " |")
+print("|" + "|".join(["---:"] * len(head)) + "|")
+for size in sizes:
+    print("| " + " | ".join([
+        human(size),
+        cell("openmpi", size, "busbw", "%.3f"), cell("openmpi", size, "time_us", "%.1f"),
+        cell("gloo", size, "busbw", "%.3f"), cell("gloo", size, "time_us", "%.1f"),
+        "%.3f" % agg["best"] if agg else "-",
+        "%.3f" % bound["best"] if bound else "-"]) + " |")
+print()
+if bound:
+    print("GB/s throughout. Raw TCP capacity (kcoll-tcpcap ring, every host streaming "
+          "to its neighbour at once): aggregate %.3f GB/s (median %.3f), slowest link %.3f GB/s "
+          "(median %.3f) = ring all-reduce busbw bound: busbw = 2(n-1)/n * S / t <= B."
+          % (cap["aggregate_GBps"]["best"], cap["aggregate_GBps"]["median"], bound["best"],
+             bound["median"]))
+wrong = sum(s["wrong"] for s in doc["summary"])
+print("Results checked: %s." % ("all correct" if not wrong else "%d WRONG elements" % wrong))
+EOF

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# The multi-host test bed (scripts/netns-cluster.sh) does what the multi-host
+# tests will rely on: a 4-host cluster comes up under a private prefix, every
+# host reaches every other on both networks, each host's kcolld answers from
+# inside its own namespace, degrade slows exactly one link (measured with
+# kcoll-tcpcap) and heal restores it, and down leaves nothing behind, also
+# after a partial up. Needs root and network namespaces (SKIP otherwise).
+# Bounded: about 10-15 s. TAP.
+set -u
+B=${KCOLL_BUILD:?run through tests/run.sh}
+top=${KCOLL_TOP:?run through tests/run.sh}
+C="$top/scripts/netns-cluster.sh"
+CAP="$B/bin/kcoll-tcpcap"
+export KCOLL_CLUSTER_PREFIX="kt$$"
+P=$KCOLL_CLUSTER_PREFIX
+H=4
+n=0 failed=0
+ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
+skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
+
+[ "$(id -u)" -eq 0 ] || skip_all "needs root (network namespaces, veth, tc)"
+if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then skip_all "iproute2 (ip, tc) is missing"; fi
+ip netns add "$P-probe" 2>/dev/null || skip_all "cannot create network namespaces here"
+ip netns del "$P-probe"
+[ -x "$CAP" ] || { echo "Bail out! $CAP missing: run make"; exit 1; }
+
+T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/cluster.XXXXXX")
+export KCOLL_CLUSTER_RUNDIR="$T/run"
+cleanup() { "$C" down >/dev/null 2>&1; rm -rf "$T"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# One ICMP echo, 1 s timeout: ping, or a raw socket where iputils-ping is missing.
+reach() {	# host addr
+	if command -v ping >/dev/null; then
+		"$C" exec "$1" ping -c1 -W1 -q "$2" >/dev/null 2>&1
+		return
+	fi
+	"$C" exec "$1" python3 - "$2" <<'EOF' 2>/dev/null
+import os, select, socket, struct, sys, time
+def csum(b):
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xffff)
+    return ~(s + (s >> 16)) & 0xffff
+ident, payload = os.getpid() & 0xffff, b"kcoll-t"
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+head = struct.pack("!BBHHH", 8, 0, 0, ident, 1)
+s.sendto(struct.pack("!BBHHH", 8, 0, csum(head + payload + b"\0"), ident, 1) + payload + b"\0",
+         (sys.argv[1], 0))
+end = time.time() + 1
+while select.select([s], [], [], max(0, end - time.time()))[0]:
+    d = s.recv(2048)
+    t, _, _, i, _ = struct.unpack("!BBHHH", d[(d[0] & 15) * 4:][:8])
+    if t == 0 and i == ident:
+        sys.exit(0)
+sys.exit(1)
+EOF
+}
+
+# GB/s from host $1 to address $2 for 1 s, measured by the receiver (host $3).
+rate() {	# from addr to
+	local out
+	"$C" exec "$3" "$CAP" server -B "$2" -c 1 >/dev/null 2>&1 &
+	out=$("$C" exec "$1" "$CAP" client "$2" -t 1 -T 5 --json 2>/dev/null)
+	wait
+	python3 -c 'import json,sys; print(json.loads(sys.argv[1])["GBps"])' "$out" 2>/dev/null || echo 0
+}
+# awk arithmetic: is $1 < $2 * $3?
+lt() { awk -v a="$1" -v b="$2" -v f="$3" 'BEGIN { exit !(a < b * f) }'; }
+
+# ---- the command line -----------------------------------------------------------
+"$C" --help | grep -q "netns-cluster.sh up"; ok $? "--help prints usage"
+"$C" frobnicate >/dev/null 2>&1; [ $? -eq 2 ]; ok $? "unknown command exits 2"
+nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+if command -v setpriv >/dev/null && "${nobody[@]}" test -r "$C"; then
+	out=$("${nobody[@]}" "$C" up 2>&1); rc=$?
+	[ $rc -ne 0 ] && grep -q "needs root" <<<"$out"; ok $? "without root: refuses and says it needs root"
+else
+	n=$((n + 1)); echo "ok $n # SKIP no setpriv, or uid 65534 cannot read $C"
+fi
+
+# ---- up -------------------------------------------------------------------------
+t0=$SECONDS
+out=$("$C" up -H $H 2>&1); rc=$?
+[ $rc -eq 0 ]; ok $? "up -H $H (prefix $P) in $((SECONDS - t0)) s"
+[ $rc -eq 0 ] || { echo "$out" | sed 's/^/# /'; echo "1..$n"; exit 1; }
+socks=$(grep -c "kcolld $KCOLL_CLUSTER_RUNDIR/h[0-9]/kcolld.sock" <<<"$out")
+[ "$socks" -eq $H ]; ok $? "up prints each host's kcolld socket ($socks of $H)"
+
+# ---- reachability: every ordered pair on both networks ----------------------------
+for net in 10.10.0 10.20.0; do
+	bad=
+	for ((i = 0; i < H; i++)); do
+		for ((j = 0; j < H; j++)); do
+			[ $i -eq $j ] && continue
+			reach "$i" "$net.$((j + 1))" || bad+=" h$i->$net.$((j + 1))"
+		done
+	done
+	[ -z "$bad" ]; ok $? "every host reaches every other on $net.0/24${bad:+ (failed:$bad)}"
+done
+"$C" exec 0 ip route get 10.20.0.2 | grep -q "dev eth1"; ok $? "10.20.0.0/24 goes out eth1, 10.10.0.0/24 out eth0 (two paths)"
+
+# ---- the daemons ------------------------------------------------------------------
+bad=
+for ((i = 0; i < H; i++)); do
+	"$C" exec "$i" "$B/bin/kcollctl" status 2>&1 | grep -q "socket $KCOLL_CLUSTER_RUNDIR/h$i/kcolld.sock" ||
+		bad+=" h$i"
+done
+[ -z "$bad" ]; ok $? "each host's kcolld answers kcollctl status on KCOLL_SOCKET${bad:+ (failed:$bad)}"
+bad=
+for ((i = 0; i < H; i++)); do
+	pid=$(cat "$KCOLL_CLUSTER_RUNDIR/h$i/kcolld.pid" 2>/dev/null)
+	[ "$(ip netns identify "$pid" 2>/dev/null)" = "$P-h$i" ] || bad+=" h$i"
+done
+[ -z "$bad" ]; ok $? "each kcolld runs in its own host's namespace${bad:+ (not:$bad)}"
+"$C" status --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["up"] and d["hosts"] == 4 and all(h["kcolld_alive"] for h in d["host"])'
+ok $? "status --json: 4 hosts, every kcolld alive"
+"$C" up -H $H >/dev/null 2>&1; [ $? -ne 0 ]; ok $? "a second up refuses while the cluster is up"
+
+# ---- degrade / heal, measured on h0 -> h1 over eth1 --------------------------------
+healthy=$(rate 0 10.20.0.2 1)
+lt 0.05 "$healthy" 1; ok $? "healthy h0->h1 on eth1: $healthy GB/s"
+"$C" degrade 0 eth1 200mbit >/dev/null; ok $? "degrade h0 eth1 200mbit"
+slow=$(rate 0 10.20.0.2 1)
+lt "$slow" "$healthy" 0.5; ok $? "degraded h0->h1 on eth1: $slow GB/s < 50% of $healthy"
+back=$(rate 1 10.20.0.1 0)
+lt "$back" "$healthy" 0.5; ok $? "degraded both ways: h1->h0 on eth1 $back GB/s < 50% of $healthy"
+other=$(rate 0 10.10.0.2 1)
+lt "$(awk -v h="$healthy" 'BEGIN { print h * 0.5 }')" "$other" 1
+ok $? "the eth0 path is untouched: h0->h1 on eth0 $other GB/s > 50% of $healthy"
+"$C" status --json | python3 -c 'import json,sys; h=json.load(sys.stdin)["host"][0]["qdisc"]; assert "200Mbit" in h["eth1"] and "200Mbit" in h["eth1_ingress"] and h["eth0"] is None'
+ok $? "status shows the tbf on h0 eth1, both directions, and none on eth0"
+"$C" heal 0 eth1 >/dev/null; ok $? "heal h0 eth1"
+# The machine is shared: a healed link gets three tries to show its speed.
+for _ in 1 2 3; do
+	healed=$(rate 0 10.20.0.2 1)
+	lt "$(awk -v h="$healthy" 'BEGIN { print h * 0.8 }')" "$healed" 1 && break
+done
+lt "$(awk -v h="$healthy" 'BEGIN { print h * 0.8 }')" "$healed" 1
+ok $? "healed h0->h1 on eth1: $healed GB/s > 80% of $healthy"
+"$C" status --json | python3 -c 'import json,sys; h=json.load(sys.stdin)["host"][0]["qdisc"]; assert all(v is None for v in h.values())'
+ok $? "status shows no qdisc left after heal"
+
+# ---- down -------------------------------------------------------------------------
+pids=$(cat "$KCOLL_CLUSTER_RUNDIR"/h*/kcolld.pid 2>/dev/null)
+"$C" down; ok $? "down"
+left=$(ip netns list | awk '{print $1}' | grep -E "^$P-" | tr '\n' ' ')
+[ -z "$left" ]; ok $? "down: no namespace left${left:+ ($left)}"
+left=$(ip -br link | awk '{print $1}' | grep -E "^$P-br" | tr '\n' ' ')
+[ -z "$left" ]; ok $? "down: no bridge left in the root namespace either${left:+ ($left)}"
+alive=
+for p in $pids; do kill -0 "$p" 2>/dev/null && alive+=" $p"; done
+[ -n "$pids" ] && [ -z "$alive" ]; ok $? "down: the daemons are gone${alive:+ (alive:$alive)}"
+[ ! -e "$KCOLL_CLUSTER_RUNDIR" ]; ok $? "down: the run dir is gone"
+"$C" down; ok $? "down again (nothing up) exits 0"
+
+# ---- a partial up ------------------------------------------------------------------
+ip netns add "$P-sw" && ip netns add "$P-h2" && ip -n "$P-sw" link add "$P-br0" type bridge
+"$C" up -H $H >/dev/null 2>&1; [ $? -ne 0 ]; ok $? "up refuses over a partial cluster"
+"$C" down && [ -z "$(ip netns list | awk '{print $1}' | grep -E "^$P-")" ]
+ok $? "down removes a partial cluster"
+
+echo "1..$n"
+exit $failed
