@@ -721,7 +721,8 @@ static struct kcoll_region *region_take(struct kcoll *k, void *ptr, bool pinned)
 	return rg;
 }
 
-int kcoll_mem_free(struct kcoll *k, void *ptr)
+/* Make kcolld forget the region at ptr, then release our side of it. */
+static int region_release(struct kcoll *k, void *ptr, bool pinned)
 {
 	struct kcoll_msg_mem_unreg req = { .hdr.type = KCOLL_MSG_MEM_UNREG };
 	struct kcoll_msg_hdr rep;
@@ -730,19 +731,25 @@ int kcoll_mem_free(struct kcoll *k, void *ptr)
 
 	if (!k || !ptr)
 		return -EINVAL;
-	rg = region_take(k, ptr, false);
+	rg = region_take(k, ptr, pinned);
 	if (!rg)
 		return -ENOENT;
 	req.addr = (uintptr_t)ptr;
 	r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
-	/* The daemon dropped its mapping first: unpinning now cannot pull pages
-	 * from under an operation (ops in flight keep their own reference). */
+	/* kcolld dropped its table entry first; an operation still in flight
+	 * keeps its own reference to the daemon's mapping, so releasing ours
+	 * now cannot pull pages from under it. */
 	if (rg->pinned)
 		kcoll_kdev_unregister(&k->kdev, rg->kdev_handle);
 	else
 		munmap(rg->addr, rg->size);
 	free(rg);
 	return r == -ENOTCONN ? 0 : r;
+}
+
+int kcoll_mem_free(struct kcoll *k, void *ptr)
+{
+	return region_release(k, ptr, false);
 }
 
 int kcoll_mem_register(struct kcoll *k, void *ptr, size_t size)
@@ -800,19 +807,5 @@ err_free:
 
 int kcoll_mem_deregister(struct kcoll *k, void *ptr)
 {
-	struct kcoll_msg_mem_unreg req = { .hdr.type = KCOLL_MSG_MEM_UNREG };
-	struct kcoll_msg_hdr rep;
-	struct kcoll_region *rg;
-	int r;
-
-	if (!k || !ptr)
-		return -EINVAL;
-	rg = region_take(k, ptr, true);
-	if (!rg)
-		return -ENOENT;
-	req.addr = (uintptr_t)ptr;
-	r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
-	kcoll_kdev_unregister(&k->kdev, rg->kdev_handle);
-	free(rg);
-	return r == -ENOTCONN ? 0 : r;
+	return region_release(k, ptr, true);
 }
