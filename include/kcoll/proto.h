@@ -29,7 +29,6 @@ enum kcoll_msg_type {
 	KCOLL_MSG_COMM_DESTROY = 6,
 	KCOLL_MSG_STATUS = 7,		/* reply: JSON text */
 	KCOLL_MSG_MEM_REG_KDEV = 8,	/* buffer pinned through /dev/kcoll, by handle */
-	KCOLL_MSG_TYPE_MAX
 };
 
 /* Every message and every reply starts with this. */

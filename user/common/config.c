@@ -3,11 +3,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <kcoll/kcoll.h>
+
 #include "config.h"
 #include "log.h"
 
 static const struct kcoll_knob knobs[] = {
-	{ "KCOLL_SOCKET", "/run/kcoll/kcolld.sock", "unix socket kcolld listens on and libkcoll connects to" },
+	{ "KCOLL_SOCKET", KCOLL_DEFAULT_SOCKET, "unix socket kcolld listens on and libkcoll connects to" },
 	{ "KCOLL_TIMEOUT_MS", "30000", "communicator init and hang timeout: a rank missing this long fails the op" },
 	{ "KCOLL_SPIN_US", "50", "busy-poll this long before sleeping on a futex doorbell (both sides)" },
 	{ "KCOLL_WORKERS", "0", "kcolld data-path worker threads (0: one per online CPU)" },
@@ -25,6 +27,13 @@ static const struct kcoll_knob *knob_find(const char *name)
 			return &knobs[i];
 	fprintf(stderr, "kcoll: internal error: unknown knob %s\n", name);
 	abort();
+}
+
+int kcoll_knob_is_set(const char *name)
+{
+	const char *v = getenv(knob_find(name)->name);
+
+	return v && *v;
 }
 
 const char *kcoll_knob_str(const char *name)

@@ -17,6 +17,8 @@ struct kcoll_knob {
 /* The value of knob 'name' (environment, else default). Unknown names abort:
  * that is a programming error, caught by the first test that runs it. */
 const char *kcoll_knob_str(const char *name);
+/* Whether the environment sets knob 'name' (to something non-empty). */
+int kcoll_knob_is_set(const char *name);
 /* Numeric knob; an unparsable value logs a warning and yields the default. */
 long long kcoll_knob_ll(const char *name);
 /* Print every knob with its current value and doc (text or JSON). */

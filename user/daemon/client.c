@@ -5,10 +5,8 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,7 +40,6 @@ struct kd_client *kd_client_new(int sock)
 	c->sock = sock;
 	c->pid = cred.pid;
 	c->uid = cred.uid;
-	c->gid = cred.gid;
 	c->id = ++kd.next_client_id;
 	atomic_init(&c->refs, 1);
 	pthread_mutex_init(&c->cq_lock, NULL);
@@ -67,6 +64,9 @@ void kd_client_put(struct kd_client *c)
 	}
 	if (c->ring)
 		munmap(c->ring, c->ring_size);
+	/* Closed only now: kd_client_kill may still shutdown() it from a
+	 * worker, and the number must not be reused by a new client before. */
+	close(c->sock);
 	pthread_mutex_destroy(&c->cq_lock);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -176,7 +176,7 @@ static void dispatch(struct kd_client *c, const struct kcoll_sqe *sqe)
 	if (sqe->opcode >= KCOLL_OP_ALLREDUCE && sqe->opcode <= KCOLL_OP_BARRIER) {
 		/* Collectives go to their communicator even when malformed, so
 		 * the other ranks learn of the error instead of waiting. */
-		kd_comm_submit(c, sqe);
+		kd_comm_submit(c, sqe, r, why);
 		return;
 	}
 	kc_dbg("client %u: sqe refused: %s", c->id, why);
@@ -283,6 +283,5 @@ void kd_client_close(struct kd_client *c)
 			kd_comm_put(comm);
 		}
 	}
-	close(c->sock);
 	kd_client_put(c);
 }

@@ -10,8 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <kcoll/kcoll.h>
-
 #include "kcolld.h"
 #include "log.h"
 
@@ -198,8 +196,7 @@ int kd_comm_join(struct kd_client *c, const struct kcoll_msg_comm_init *m, const
 	return 1;
 }
 
-/* Complete an op that will never run: every present rank gets an error. */
-static void op_fail(struct kd_op *op, int err, uint32_t err_rank, uint32_t flags)
+void kd_op_fail(struct kd_op *op, int err, uint32_t err_rank, uint32_t flags)
 {
 	int expected = 0;
 
@@ -278,7 +275,7 @@ static struct kd_op *fail_pending(struct kd_comm *comm, int err, uint32_t rank, 
 				}
 			}
 		}
-		op_fail(op, err, blame, missing ? KCOLL_CQE_F_MISSING : 0);
+		kd_op_fail(op, err, blame, missing ? KCOLL_CQE_F_MISSING : 0);
 	}
 	return list;
 }
@@ -300,9 +297,8 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 
 	pthread_mutex_lock(&comm->lock);
 	forming = comm->state == KD_COMM_FORMING;
+	comm->gone[rank] = true;
 	if (!forming) {
-		comm->gone[rank] = true;
-		comm->left++;
 		if (comm->state == KD_COMM_ACTIVE) {
 			comm->state = KD_COMM_ABORTED;
 			comm->abort_err = err;
@@ -316,9 +312,6 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 	if (forming) {
 		char msg[96];
 
-		pthread_mutex_lock(&comm->lock);
-		comm->gone[rank] = true;
-		pthread_mutex_unlock(&comm->lock);
 		snprintf(msg, sizeof(msg), "rank %u left or died before the communicator formed", rank);
 		forming_fail(comm, -ECONNRESET, msg);
 		return;
@@ -345,15 +338,13 @@ int kd_comm_destroy(struct kd_client *c, uint32_t handle)
 	return 0;
 }
 
-void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe)
+void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, const char *why)
 {
 	const struct kcoll_sqe_coll *a = &sqe->coll;
 	uint32_t handle = a->comm_id, rank;
 	uint64_t sbytes = 0, rbytes = 0;
 	struct kd_comm *comm = NULL;
 	struct kd_op *op, **pp, *run;
-	const char *why = "";
-	int err;
 
 	if (handle && handle <= KD_MAX_COMMS) {
 		pthread_mutex_lock(&c->lock);
@@ -367,14 +358,15 @@ void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe)
 		kd_client_post(c, sqe->user_data, -EINVAL, 0, KCOLL_RANK_NONE, 0);
 		return;
 	}
-	err = kd_sqe_check(sqe, &why);
 	if (!err)
 		err = kd_coll_sizes(sqe, comm->nranks, rank, &sbytes, &rbytes);
 
 	pthread_mutex_lock(&comm->lock);
 	if (comm->state != KD_COMM_ACTIVE) {
-		int abort_err = comm->abort_err ? comm->abort_err : -ECONNRESET;
-		uint32_t abort_rank = comm->abort_rank;
+		/* Forming: the client has no comm_id yet, only a forged one gets here. */
+		bool forming = comm->state == KD_COMM_FORMING;
+		int abort_err = forming ? -EINVAL : comm->abort_err ? comm->abort_err : -ECONNRESET;
+		uint32_t abort_rank = forming ? KCOLL_RANK_NONE : comm->abort_rank;
 
 		pthread_mutex_unlock(&comm->lock);
 		kd_client_post(c, sqe->user_data, abort_err, 0, abort_rank, 0);
@@ -411,12 +403,12 @@ void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe)
 	if (err) {
 		kc_dbg("comm %s: rank %u op %llu invalid: %s", comm->name, rank,
 		       (unsigned long long)seq, why);
-		op_fail(op, err, rank, 0);
+		kd_op_fail(op, err, rank, 0);
 	} else if (op->opcode != sqe->opcode || op->dtype != a->dtype || op->redop != a->redop ||
 		   op->count != a->count || op->root != a->root) {
 		kc_dbg("comm %s: rank %u op %llu disagrees with the other ranks", comm->name, rank,
 		       (unsigned long long)seq);
-		op_fail(op, -EBADMSG, rank, 0);
+		kd_op_fail(op, -EBADMSG, rank, 0);
 	}
 	kd_client_get(c);
 	op->c[rank].client = c;

@@ -11,7 +11,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <kcoll/kcoll.h>
 
@@ -48,14 +47,6 @@ void kd_exec_thread_done(void)
 	stage_size = 0;
 }
 
-static void set_err(struct kd_op *op, int err, uint32_t rank)
-{
-	int expected = 0;
-
-	if (atomic_compare_exchange_strong(&op->err, &expected, err))
-		atomic_store(&op->err_rank, rank);
-}
-
 /*
  * One task: elements [e, e+n) of segment 'seg'. Segments: all-reduce and
  * broadcast have one; reduce-scatter and all-gather one per rank.
@@ -76,7 +67,7 @@ static void run_task(struct kd_op *op, uint32_t task)
 	int r;
 
 	if (!tmp) {
-		set_err(op, -ENOMEM, KCOLL_RANK_NONE);
+		kd_op_fail(op, -ENOMEM, KCOLL_RANK_NONE, 0);
 		return;
 	}
 	if (atomic_load(&op->err))
@@ -89,7 +80,7 @@ static void run_task(struct kd_op *op, uint32_t task)
 		for (uint32_t k = 0; k < nr; k++) {
 			r = kd_buf_read(op->c[k].client, &op->c[k].sbuf, soff, bytes, tmp + k * cb, &ins[k]);
 			if (r)
-				return set_err(op, r, k);
+				return kd_op_fail(op, r, k, 0);
 		}
 		/* Reduce straight into a receiver that is shared memory if any. */
 		roff = (op->opcode == KCOLL_OP_ALLREDUCE ? soff : e * op->esz);
@@ -107,17 +98,17 @@ static void run_task(struct kd_op *op, uint32_t task)
 			out = op->c[dst].rbuf.direct + roff;
 		r = kcoll_reduce_n(op->dtype, op->redop, out, (const void *const *)ins, nr, n);
 		if (r)
-			return set_err(op, r, KCOLL_RANK_NONE);
+			return kd_op_fail(op, r, KCOLL_RANK_NONE, 0);
 		if (op->opcode == KCOLL_OP_REDUCE_SCATTER) {
 			r = kd_buf_write(op->c[seg].client, &op->c[seg].rbuf, roff, out, bytes);
 			if (r)
-				set_err(op, r, seg);
+				kd_op_fail(op, r, seg, 0);
 			return;
 		}
 		for (uint32_t k = 0; k < nr; k++) {
 			r = kd_buf_write(op->c[k].client, &op->c[k].rbuf, roff, out, bytes);
 			if (r)
-				return set_err(op, r, k);
+				return kd_op_fail(op, r, k, 0);
 		}
 		return;
 
@@ -128,13 +119,13 @@ static void run_task(struct kd_op *op, uint32_t task)
 		roff = (seg * op->seg_elems + e) * op->esz;
 		r = kd_buf_read(op->c[src_rank].client, &op->c[src_rank].sbuf, soff, bytes, tmp, &ins[0]);
 		if (r)
-			return set_err(op, r, src_rank);
+			return kd_op_fail(op, r, src_rank, 0);
 		for (uint32_t k = 0; k < nr; k++) {
 			if (op->opcode == KCOLL_OP_BROADCAST && k == src_rank)
 				continue;
 			r = kd_buf_write(op->c[k].client, &op->c[k].rbuf, roff, ins[0], bytes);
 			if (r)
-				return set_err(op, r, k);
+				return kd_op_fail(op, r, k, 0);
 		}
 		return;
 	}
@@ -145,12 +136,11 @@ static void op_prepare(struct kd_op *op)
 {
 	uint32_t nr = op->comm->nranks;
 	uint64_t chunk = __atomic_load_n(&kd.chunk_bytes, __ATOMIC_RELAXED);
+	/* Segments: reduce-scatter and all-gather have one per rank. */
+	uint32_t nseg = op->opcode == KCOLL_OP_REDUCE_SCATTER || op->opcode == KCOLL_OP_ALLGATHER ? nr : 1;
 
 	op->esz = kcoll_dtype_size(op->dtype);
-	op->nseg = 1;
 	op->seg_elems = op->count;
-	if (op->opcode == KCOLL_OP_REDUCE_SCATTER || op->opcode == KCOLL_OP_ALLGATHER)
-		op->nseg = nr;
 	if (op->opcode == KCOLL_OP_BARRIER || atomic_load(&op->err) || !op->count) {
 		op->ntasks = 0;
 		return;
@@ -166,7 +156,7 @@ static void op_prepare(struct kd_op *op)
 		chunk = KD_STAGE_MAX / (nr + 1);
 	op->chunk_elems = chunk / op->esz ? chunk / op->esz : 1;
 	op->tasks_per_seg = (op->seg_elems + op->chunk_elems - 1) / op->chunk_elems;
-	op->ntasks = op->tasks_per_seg * op->nseg;
+	op->ntasks = op->tasks_per_seg * nseg;
 }
 
 /* Claim and run tasks until none are left; true if we ran the last one. */

@@ -61,7 +61,6 @@ struct kd_client {
 	int sock;
 	pid_t pid;
 	uid_t uid;
-	gid_t gid;
 	uint32_t id;		/* serial, for logs and status */
 	atomic_int refs;
 	atomic_bool dead;	/* socket closed: post nothing more */
@@ -88,12 +87,10 @@ struct kd_client {
 
 enum kd_comm_state { KD_COMM_FORMING, KD_COMM_ACTIVE, KD_COMM_ABORTED };
 
-struct kd_client;
 struct kd_buf;
 
 /* How the daemon reaches one rank's buffer (mem.c). */
 struct kd_mem_ops {
-	const char *name;
 	/* Bytes [off, off+n) readable at *p: in place, or copied into tmp. */
 	int (*read)(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
 		    uint8_t *tmp, const uint8_t **p);
@@ -138,7 +135,6 @@ struct kd_op {
 	/* execution */
 	size_t esz;
 	uint64_t seg_elems;	/* elements per segment (one per rank for RS/AG) */
-	uint32_t nseg;
 	uint64_t chunk_elems;
 	uint32_t tasks_per_seg;
 	uint32_t ntasks;
@@ -155,7 +151,6 @@ struct kd_comm {
 	uid_t uid;
 	uint32_t nranks;
 	uint32_t joined;
-	uint32_t left;
 	enum kd_comm_state state;
 	int abort_err;
 	uint32_t abort_rank;
@@ -239,13 +234,15 @@ int kd_buf_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, cons
 /* Control thread: join; 1 = reply deferred until complete, or -errno + why. */
 int kd_comm_join(struct kd_client *c, const struct kcoll_msg_comm_init *m, const char **why);
 int kd_comm_destroy(struct kd_client *c, uint32_t handle);
-/* Ring thread: one SQE that names a communicator. */
-void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe);
+/* Ring thread: one collective SQE and kd_sqe_check's verdict on it. */
+void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, const char *why);
 /* A member died or left: fail what is pending and refuse what comes. */
 void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err);
 /* Control thread, periodically: join deadlines and hung ops. */
 void kd_comm_watchdog(int64_t now);
 void kd_comm_put(struct kd_comm *comm);
+/* Record err for op unless it already failed (the first error wins). */
+void kd_op_fail(struct kd_op *op, int err, uint32_t err_rank, uint32_t flags);
 /* exec.c calls back when an op finished: post CQEs; returns the comm's next
  * op if it may start now (the caller runs it). */
 struct kd_op *kd_comm_op_done(struct kd_op *op);

@@ -19,7 +19,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <kcoll/kcoll.h>
@@ -168,7 +167,7 @@ static void on_hello(struct kd_client *c, const struct kcoll_msg_hello *m, size_
 
 	snprintf(rep.daemon_version, sizeof(rep.daemon_version), "%s", KCOLL_VERSION);
 	rep.daemon_pid = getpid();
-	if (len < sizeof(*m) || c->hello_done) {
+	if (len < sizeof(*m) || c->hello_done || c->ring) {
 		r = -EPROTO;
 		snprintf(rep.error, sizeof(rep.error), "malformed or repeated HELLO");
 	} else if (m->proto_version != KCOLL_PROTO_VERSION || m->abi_version != KCOLL_ABI_VERSION) {

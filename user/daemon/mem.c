@@ -19,7 +19,6 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <fcntl.h>
-#include <unistd.h>
 
 #include "kcolld.h"
 
@@ -71,11 +70,11 @@ static int vm_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, c
 }
 
 const struct kd_mem_ops kd_mem_mapped = {
-	.name = "mapped", .read = mapped_read, .write = mapped_write,
+	.read = mapped_read, .write = mapped_write,
 };
 
 const struct kd_mem_ops kd_mem_vm = {
-	.name = "process_vm", .read = vm_read, .write = vm_write,
+	.read = vm_read, .write = vm_write,
 };
 
 int kd_buf_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n, uint8_t *tmp,

@@ -2,7 +2,6 @@
 /* `kcollctl status`: the daemon's state as a table or as JSON. Control thread. */
 #include <stdarg.h>
 #include <stdio.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "kcolld.h"
@@ -29,19 +28,35 @@ static void __attribute__((format(printf, 2, 3))) put(struct out *o, const char 
 
 static const char *const state_names[] = { "forming", "active", "aborted" };
 
-static void comm_counts(struct kd_comm *comm, uint32_t *pending, uint64_t *seq)
+/* A JSON string: the socket path is whatever the administrator chose. */
+static void put_json_str(struct out *o, const char *str)
 {
-	*pending = 0;
-	for (struct kd_op *op = comm->pending; op; op = op->next)
-		(*pending)++;
-	*seq = comm->exec_seq;
+	put(o, "\"");
+	for (; *str; str++) {
+		if (*str == '"' || *str == '\\')
+			put(o, "\\%c", *str);
+		else if ((unsigned char)*str < 0x20)
+			put(o, "\\u%04x", *str);
+		else
+			put(o, "%c", *str);
+	}
+	put(o, "\"");
+}
+
+static uint32_t comm_pending(const struct kd_comm *comm)
+{
+	uint32_t n = 0;
+
+	for (const struct kd_op *op = comm->pending; op; op = op->next)
+		n++;
+	return n;
 }
 
 size_t kd_status_render(char *buf, size_t cap, int json)
 {
 	struct out o = { .buf = buf, .cap = cap };
 	double up = (kd_now_ns() - kd.start_ns) / 1e9;
-	uint32_t nclients = 0, ncomms = 0, inflight = 0;
+	uint32_t nclients = 0, inflight = 0;
 	const char *path = kd.kdev.fd >= 0 ?
 		"zero-copy for kcoll_mem_alloc and kcoll_mem_register buffers, process_vm single copy otherwise" :
 		"zero-copy for kcoll_mem_alloc buffers, process_vm single copy otherwise";
@@ -59,18 +74,18 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 		nclients++;
 		inflight += atomic_load(&c->inflight);
 	}
-	for (struct kd_comm *m = kd.comms; m; m = m->next)
-		ncomms++;
 	kd_tunables_render(tune, sizeof(tune), json);
 
 	if (json) {
-		put(&o, "{\"version\":\"%s\",\"pid\":%d,\"uptime_s\":%.1f,\"socket\":\"%s\","
-			"\"workers\":%d,\"reduce_impl\":\"%s\",\"data_path\":\"%s\",\"kernel_module\":\"%s\","
+		put(&o, "{\"version\":\"%s\",\"pid\":%d,\"uptime_s\":%.1f,\"socket\":", KCOLL_VERSION,
+		    getpid(), up);
+		put_json_str(&o, kd.socket_path);
+		put(&o, ",\"workers\":%d,\"reduce_impl\":\"%s\",\"data_path\":\"%s\",\"kernel_module\":\"%s\","
 			"\"tunables\":{%s},"
 			"\"counters\":{\"ops_ok\":%lu,\"ops_failed\":%lu,\"bytes\":%lu,\"clients_total\":%lu,"
 			"\"rings_killed\":%lu,\"inflight\":%u,\"bytes_mapped\":%lu,\"bytes_copied\":%lu},"
 			"\"clients\":[",
-			KCOLL_VERSION, getpid(), up, kd.socket_path, kd.nworkers, kcoll_reduce_impl(), path,
+			kd.nworkers, kcoll_reduce_impl(), path,
 			kmod, tune, atomic_load(&kd.stats.ops_ok), atomic_load(&kd.stats.ops_failed),
 			atomic_load(&kd.stats.bytes), atomic_load(&kd.stats.clients_total),
 			atomic_load(&kd.stats.rings_killed), inflight, atomic_load(&kd.stats.bytes_mapped),
@@ -82,21 +97,17 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 				continue;	/* control-only connections (kcollctl) */
 			put(&o, "%s{\"id\":%u,\"pid\":%d,\"uid\":%d,\"ring\":%s,\"sq_entries\":%u,"
 				"\"inflight\":%u,\"ops\":%lu,\"errors\":%lu}",
-				first ? "" : ",", c->id, c->pid, c->uid, "true", c->ring->sq_entries,
+				first ? "" : ",", c->id, c->pid, c->uid, "true", c->sq.mask + 1,
 				atomic_load(&c->inflight), atomic_load(&c->ops), atomic_load(&c->errors));
 			first = false;
 		}
 		put(&o, "],\"communicators\":[");
 		for (struct kd_comm *m = kd.comms; m; m = m->next) {
-			uint32_t pending;
-			uint64_t seq;
-
 			pthread_mutex_lock(&m->lock);
-			comm_counts(m, &pending, &seq);
 			put(&o, "%s{\"id\":\"%s\",\"uid\":%d,\"nranks\":%u,\"joined\":%u,\"state\":\"%s\","
 				"\"ops_done\":%lu,\"ops_pending\":%u}",
 				m == kd.comms ? "" : ",", m->name, m->uid, m->nranks, m->joined,
-				state_names[m->state], atomic_load(&m->ops_done), pending);
+				state_names[m->state], atomic_load(&m->ops_done), comm_pending(m));
 			pthread_mutex_unlock(&m->lock);
 		}
 		put(&o, "]}\n");
@@ -115,19 +126,14 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 	for (struct kd_client *c = kd.clients; c; c = c->next)
 		if (c->ring)
 			put(&o, "%-6u %-8d %-6d %-6u %-9u %-10lu %lu\n", c->id, c->pid, c->uid,
-			    c->ring->sq_entries, atomic_load(&c->inflight), atomic_load(&c->ops),
+			    c->sq.mask + 1, atomic_load(&c->inflight), atomic_load(&c->ops),
 			    atomic_load(&c->errors));
 	put(&o, "\n%-17s %-6s %-7s %-8s %-10s %s\n", "COMMUNICATOR", "UID", "RANKS", "STATE", "OPS", "PENDING");
 	for (struct kd_comm *m = kd.comms; m; m = m->next) {
-		uint32_t pending;
-		uint64_t seq;
-
 		pthread_mutex_lock(&m->lock);
-		comm_counts(m, &pending, &seq);
 		put(&o, "%-17s %-6d %u/%-5u %-8s %-10lu %u\n", m->name, m->uid, m->joined, m->nranks,
-		    state_names[m->state], atomic_load(&m->ops_done), pending);
+		    state_names[m->state], atomic_load(&m->ops_done), comm_pending(m));
 		pthread_mutex_unlock(&m->lock);
 	}
-	(void)ncomms;
 	return o.len;
 }

@@ -9,7 +9,6 @@
  * Afterwards every change an administrator makes in sysfs (`kcollctl set`)
  * is applied within a second. Control thread only.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -23,7 +22,7 @@ struct tunable {
 	const char *sysfs;	/* file under SYSFS_DIR */
 	const char *knob;	/* KCOLL_* environment knob */
 	long long scale;	/* knob/sysfs unit -> daemon unit */
-	long long min;
+	long long min, max;	/* in knob units; values outside are clamped */
 	void *target;		/* size_t or int64_t in kd */
 	bool is_size;
 	long long last_sysfs;	/* last value seen in sysfs, -1 none */
@@ -31,8 +30,8 @@ struct tunable {
 };
 
 static struct tunable tunables[] = {
-	{ "chunk_bytes", "KCOLL_CHUNK_BYTES", 1, 4096, &kd.chunk_bytes, true, -1, "default" },
-	{ "timeout_ms", "KCOLL_TIMEOUT_MS", 1000000, 1, &kd.timeout_ns, false, -1, "default" },
+	{ "chunk_bytes", "KCOLL_CHUNK_BYTES", 1, 4096, KD_STAGE_MAX, &kd.chunk_bytes, true, -1, "default" },
+	{ "timeout_ms", "KCOLL_TIMEOUT_MS", 1000000, 1, 86400000, &kd.timeout_ns, false, -1, "default" },
 };
 
 static long long sysfs_read(const char *name)
@@ -53,8 +52,13 @@ static long long sysfs_read(const char *name)
 
 static void apply(struct tunable *t, long long v, const char *source)
 {
-	if (v < t->min)
-		v = t->min;
+	if (v < t->min || v > t->max) {
+		long long c = v < t->min ? t->min : t->max;
+
+		kc_warn("tunable %s=%lld from %s is out of range %lld..%lld; using %lld", t->sysfs, v,
+			source, t->min, t->max, c);
+		v = c;
+	}
 	if (t->is_size)
 		__atomic_store_n((size_t *)t->target, (size_t)v * t->scale, __ATOMIC_RELAXED);
 	else
@@ -66,11 +70,10 @@ void kd_tunables_init(void)
 {
 	for (size_t i = 0; i < sizeof(tunables) / sizeof(tunables[0]); i++) {
 		struct tunable *t = &tunables[i];
-		const char *env = getenv(t->knob);
 		long long s = sysfs_read(t->sysfs);
 
 		t->last_sysfs = s;
-		if (env && *env)
+		if (kcoll_knob_is_set(t->knob))
 			apply(t, kcoll_knob_ll(t->knob), "environment");
 		else if (s >= 0)
 			apply(t, s, "sysfs");

@@ -195,7 +195,7 @@ int kcoll_connect(const struct kcoll_connect_opts *opts, struct kcoll **out)
 {
 	struct kcoll_connect_opts o = { 0 };
 	struct kcoll_msg_hello hello = { .hdr.type = KCOLL_MSG_HELLO };
-	struct kcoll_msg_hello_reply rep;
+	struct kcoll_msg_hello_reply rep = { 0 };
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	const char *path;
 	struct kcoll *k;
@@ -220,7 +220,7 @@ int kcoll_connect(const struct kcoll_connect_opts *opts, struct kcoll **out)
 	pthread_mutex_init(&k->ring_lock, NULL);
 	pthread_mutex_init(&k->mem_lock, NULL);
 	k->timeout_ms = kcoll_knob_ll("KCOLL_TIMEOUT_MS");
-	k->timeout_set = getenv("KCOLL_TIMEOUT_MS") && *getenv("KCOLL_TIMEOUT_MS");
+	k->timeout_set = kcoll_knob_is_set("KCOLL_TIMEOUT_MS");
 	k->spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
 
 	k->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
