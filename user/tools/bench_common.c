@@ -122,8 +122,7 @@ long bench_parse_long(const struct bench_prog *p, const char *s, const char *wha
 	return v;
 }
 
-/* "64M" -> 67108864. Binary suffixes, as nccl-tests. */
-static int parse_size(const char *s, size_t *out)
+int bench_parse_size(const char *s, size_t *out)
 {
 	unsigned long long v, mult = 1;
 	char *end;
@@ -164,11 +163,11 @@ void bench_parse_args(const struct bench_prog *p, int argc, char **argv, struct 
 	while ((c = getopt_long(argc, argv, p->shortopts, p->longopts, NULL)) != -1) {
 		switch (c) {
 		case 'b':
-			if (parse_size(optarg, &o->min_bytes) || !o->min_bytes)
+			if (bench_parse_size(optarg, &o->min_bytes) || !o->min_bytes)
 				bench_usage_error(p, "bad size for -b: '%s'", optarg);
 			break;
 		case 'e':
-			if (parse_size(optarg, &o->max_bytes) || !o->max_bytes)
+			if (bench_parse_size(optarg, &o->max_bytes) || !o->max_bytes)
 				bench_usage_error(p, "bad size for -e: '%s'", optarg);
 			break;
 		case 'f': o->factor = bench_parse_long(p, optarg, "-f", 1, 1 << 20); break;

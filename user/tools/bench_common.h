@@ -126,6 +126,8 @@ void bench_parse_args(const struct bench_prog *p, int argc, char **argv, struct 
 		      void *ctx);
 void __attribute__((noreturn, format(printf, 2, 3)))
 bench_usage_error(const struct bench_prog *p, const char *fmt, ...);
+/* "64M", "64MiB", "64MB" -> 67108864: binary suffixes, as nccl-tests. 0 or -EINVAL. */
+int bench_parse_size(const char *s, size_t *out);
 long bench_parse_long(const struct bench_prog *p, const char *s, const char *what, long lo,
 		      long hi);
 

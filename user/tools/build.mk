@@ -43,10 +43,10 @@ ALL_TARGETS += $(BIN)/kcollctl
 TCPCAP_BIN := $(BIN)/kcoll-tcpcap
 TCPCAP_OBJ := $(OBJ)/user/tools/kcoll-tcpcap.o
 
-$(TCPCAP_BIN): $(TCPCAP_OBJ)
+$(TCPCAP_BIN): $(TCPCAP_OBJ) $(BENCH_COMMON_OBJ)
 	$(call msg,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CFLAGS) -o $@ $(TCPCAP_OBJ) $(LDFLAGS)
+	$(Q)$(CC) $(CFLAGS) -o $@ $(TCPCAP_OBJ) $(BENCH_COMMON_OBJ) $(LDFLAGS)
 
 ALL_TARGETS += $(TCPCAP_BIN)
 

@@ -42,6 +42,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
+
 #define TCPCAP_MAGIC		0x5043544bu	/* "KTCP" */
 #define TCPCAP_VERSION		1
 #define TCPCAP_PORT		17650
@@ -123,30 +125,6 @@ static uint64_t now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + ts.tv_nsec;
-}
-
-/* "256M" -> 268435456; binary suffixes as the benchmarks use them. */
-static int parse_size(const char *s, uint64_t *out)
-{
-	unsigned long long v;
-	uint64_t mult = 1;
-	char *end;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s || *s == '-')
-		return -EINVAL;
-	switch (*end) {
-	case 'G': case 'g': mult <<= 10; /* fall through */
-	case 'M': case 'm': mult <<= 10; /* fall through */
-	case 'K': case 'k': mult <<= 10; end++; break;
-	case '\0': break;
-	default: return -EINVAL;
-	}
-	if (*end || !v || v > UINT64_MAX / mult)
-		return -EINVAL;
-	*out = v * mult;
-	return 0;
 }
 
 static int write_all(int fd, const void *buf, size_t len)
@@ -746,10 +724,14 @@ int main(int argc, char **argv)
 			o.port = optarg;
 			break;
 		case 't': o.seconds = parse_seconds(optarg, "-t"); break;
-		case 'n':
-			if (parse_size(optarg, &o.bytes))
+		case 'n': {
+			size_t n;
+
+			if (bench_parse_size(optarg, &n) || !n)
 				usage_error("bad size for -n: '%s'", optarg);
+			o.bytes = n;
 			break;
+		}
 		case 'c':
 			errno = 0;
 			v = strtol(optarg, &end, 10);
