@@ -16,7 +16,7 @@
 #include <linux/kcoll.h>
 
 #define KCOLL_PROTO_MAGIC	0x6b63746cU	/* "kctl" */
-#define KCOLL_PROTO_VERSION	1
+#define KCOLL_PROTO_VERSION	2
 #define KCOLL_MSG_BYTES		65536
 #define KCOLL_ID_TOKEN_BYTES	32
 
@@ -29,6 +29,7 @@ enum kcoll_msg_type {
 	KCOLL_MSG_COMM_DESTROY = 6,
 	KCOLL_MSG_STATUS = 7,		/* reply: JSON text */
 	KCOLL_MSG_MEM_REG_KDEV = 8,	/* buffer pinned through /dev/kcoll, by handle */
+	KCOLL_MSG_SET = 9,		/* set a run-time tunable (kcollctl set) */
 };
 
 /* Every message and every reply starts with this. */
@@ -78,14 +79,35 @@ struct kcoll_msg_mem_unreg {
 	uint64_t addr;
 };
 
-/* Unique id layout (kcoll_unique_id_t is 128 opaque bytes to applications). */
+#define KCOLL_ID_MAX_ADDRS	4
+
+/*
+ * Unique id layout (kcoll_unique_id_t is 128 opaque bytes to applications).
+ * It names the root daemon, the one that issued it: every rank's daemon
+ * registers its ranks there, wherever the rank runs (docs/multihost.md).
+ */
 struct kcoll_id {
 	uint32_t magic;
 	uint32_t version;
-	uint8_t token[KCOLL_ID_TOKEN_BYTES];	/* random: the communicator's name */
+	uint8_t token[KCOLL_ID_TOKEN_BYTES];	/* random: the communicator's name and key */
+	uint64_t root_nonce;			/* the root daemon's instance (random at start) */
 	uint32_t daemon_pid;
-	uint32_t reserved;
-	char host[80];				/* root daemon: host (multi-host bootstrap) */
+	uint16_t port;				/* root's TCP port, host byte order */
+	uint16_t naddrs;
+	uint32_t addrs[KCOLL_ID_MAX_ADDRS];	/* root's IPv4 addresses, network order */
+	char host[48];				/* root's host name, for messages */
+};
+
+/* Set a run-time tunable of kcolld (root or the daemon's own user only). */
+struct kcoll_msg_set {
+	struct kcoll_msg_hdr hdr;
+	char key[32];
+	char value[64];
+};
+
+struct kcoll_msg_set_reply {
+	struct kcoll_msg_hdr hdr;
+	char error[128];
 };
 
 struct kcoll_msg_comm_init {

@@ -17,6 +17,10 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_SQ_ENTRIES", "256", "submission queue entries per client ring (power of two, max 4096)" },
 	{ "KCOLL_LOG_LEVEL", "info", "kcolld log level: error, warn, info, debug" },
 	{ "KCOLL_GPU_LIB", "", "path of libkcoll_gpu.so (empty: <exe dir>/../lib, then the loader's search path)" },
+	{ "KCOLL_LISTEN", "0.0.0.0:0", "kcolld: TCP address:port other daemons connect to (port 0: any free port)" },
+	{ "KCOLL_ADDRS", "", "kcolld: IPv4 addresses to advertise to other daemons, comma separated (empty: every up interface)" },
+	{ "KCOLL_ALGO", "auto", "multi-host all-reduce: auto, ring, rd (recursive doubling), rabenseifner" },
+	{ "KCOLL_NET_STREAMS", "2", "TCP streams per peer daemon, spread over the interfaces (1..8)" },
 	{ "KCOLL_REDUCE_IMPL", "", "force a reduction implementation (generic, avx2, avx512); empty: best" },
 };
 

@@ -12,6 +12,7 @@
 
 #include "kcolld.h"
 #include "log.h"
+#include "net.h"
 
 static void comm_free(struct kd_comm *comm)
 {
@@ -58,6 +59,8 @@ static struct kd_comm *comm_new(const struct kcoll_id *id, uint32_t nranks, uid_
 	comm->timeout_ns = timeout_ns;
 	comm->deadline_ns = kd_now_ns() + timeout_ns;
 	comm->state = KD_COMM_FORMING;
+	comm->limit_seq = UINT64_MAX;
+	comm->nlocal = nranks;
 	atomic_init(&comm->refs, 1);	/* the daemon's list */
 	return comm;
 }
@@ -77,7 +80,7 @@ static void reply_init(struct kd_client *c, uint32_t seq, int status, uint32_t h
 }
 
 /* Control thread: a forming communicator failed; tell every joined rank. */
-static void forming_fail(struct kd_comm *comm, int err, const char *msg)
+void kd_comm_form_fail(struct kd_comm *comm, int err, const char *msg)
 {
 	struct kd_client **who = calloc(comm->nranks, sizeof(*who));
 	uint32_t *handle = calloc(comm->nranks, sizeof(*handle));
@@ -86,8 +89,16 @@ static void forming_fail(struct kd_comm *comm, int err, const char *msg)
 	if (!who || !handle || !seq)
 		abort();	/* a few bytes; nothing sensible to do without them */
 	pthread_mutex_lock(&comm->lock);
+	if (comm->state != KD_COMM_FORMING) {
+		pthread_mutex_unlock(&comm->lock);
+		free(who);
+		free(handle);
+		free(seq);
+		return;
+	}
 	comm->state = KD_COMM_ABORTED;
 	comm->abort_err = err;
+	comm->limit_seq = 0;
 	for (uint32_t r = 0; r < comm->nranks; r++) {
 		if (comm->clients[r] && !comm->gone[r]) {
 			who[r] = comm->clients[r];
@@ -185,15 +196,34 @@ int kd_comm_join(struct kd_client *c, const struct kcoll_msg_comm_init *m, const
 	pthread_mutex_unlock(&c->lock);
 	kc_dbg("comm %s: rank %u/%u joined (client %u)", comm->name, m->rank, m->nranks, c->id);
 
-	if (comm->joined == comm->nranks) {
-		pthread_mutex_lock(&comm->lock);
-		comm->state = KD_COMM_ACTIVE;
-		pthread_mutex_unlock(&comm->lock);
-		kc_info("comm %s: formed with %u ranks", comm->name, comm->nranks);
-		for (uint32_t r = 0; r < comm->nranks; r++)
-			reply_init(comm->clients[r], comm->init_seq[r], 0, comm->handles[r], NULL);
+	/* The id's root daemon learns where every rank is; once all are
+	 * placed, the comm is activated (kd_comm_activate), maybe right here. */
+	int r = kd_net_join(comm, id, m->rank, why);
+
+	if (r < 0) {
+		kd_comm_form_fail(comm, r, *why);
+		return 1;	/* answered (with the error) by kd_comm_form_fail */
 	}
 	return 1;
+}
+
+void kd_comm_activate(struct kd_comm *comm)
+{
+	pthread_mutex_lock(&comm->lock);
+	if (comm->state != KD_COMM_FORMING) {
+		pthread_mutex_unlock(&comm->lock);
+		return;
+	}
+	comm->state = KD_COMM_ACTIVE;
+	pthread_mutex_unlock(&comm->lock);
+	if (comm->mh)
+		kc_info("comm %s: formed with %u ranks on %u hosts (%u here)", comm->name, comm->nranks,
+			comm->mh->nhosts, comm->nlocal);
+	else
+		kc_info("comm %s: formed with %u ranks", comm->name, comm->nranks);
+	for (uint32_t r = 0; r < comm->nranks; r++)
+		if (comm->clients[r])
+			reply_init(comm->clients[r], comm->init_seq[r], 0, comm->handles[r], NULL);
 }
 
 void kd_op_fail(struct kd_op *op, int err, uint32_t err_rank, uint32_t flags)
@@ -257,25 +287,38 @@ static struct kd_op *next_runnable(struct kd_comm *comm)
 	return op;
 }
 
-/* Fail every op not yet started. With comm->lock held; returns the list. */
-static struct kd_op *fail_pending(struct kd_comm *comm, int err, uint32_t rank, bool missing)
+/* Is rank r one of this host's? (Joined here; multi-host comms have others.) */
+static bool is_local(const struct kd_comm *comm, uint32_t r)
 {
-	struct kd_op *list = comm->pending;
+	return comm->clients[r] != NULL;
+}
 
-	comm->pending = NULL;
+/* The first local rank that did not contribute to op, or KCOLL_RANK_NONE. */
+static uint32_t first_missing(const struct kd_comm *comm, const struct kd_op *op)
+{
+	for (uint32_t r = 0; r < comm->nranks; r++)
+		if (is_local(comm, r) && !op->c[r].present)
+			return r;
+	return KCOLL_RANK_NONE;
+}
+
+/* Fail every op not yet started from seq from on. With comm->lock held;
+ * returns the list. */
+static struct kd_op *fail_pending(struct kd_comm *comm, uint64_t from, int err, uint32_t rank,
+				  uint32_t flags, bool missing)
+{
+	struct kd_op **pp = &comm->pending, *list;
+
+	while (*pp && (*pp)->seq < from)
+		pp = &(*pp)->next;
+	list = *pp;
+	*pp = NULL;
 	for (struct kd_op *op = list; op; op = op->next) {
-		uint32_t blame = rank;
+		uint32_t blame = missing ? first_missing(comm, op) : KCOLL_RANK_NONE;
 
-		if (missing) {
-			/* Name a rank that did not contribute to this very op. */
-			for (uint32_t r = 0; r < comm->nranks; r++) {
-				if (!op->c[r].present) {
-					blame = r;
-					break;
-				}
-			}
-		}
-		kd_op_fail(op, err, blame, missing ? KCOLL_CQE_F_MISSING : 0);
+		/* Name a rank that did not contribute to this very op if we know one. */
+		kd_op_fail(op, err, blame != KCOLL_RANK_NONE ? blame : rank,
+			   blame != KCOLL_RANK_NONE ? KCOLL_CQE_F_MISSING : flags);
 	}
 	return list;
 }
@@ -290,33 +333,80 @@ static void post_list(struct kd_op *list, int cancel_rank)
 	}
 }
 
+bool kd_comm_abort(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags, uint64_t from_seq)
+{
+	struct kd_op *failed;
+
+	pthread_mutex_lock(&comm->lock);
+	if (comm->state == KD_COMM_FORMING || comm->limit_seq <= from_seq) {
+		pthread_mutex_unlock(&comm->lock);
+		return false;
+	}
+	comm->state = KD_COMM_ABORTED;
+	comm->limit_seq = from_seq;
+	comm->abort_err = err;
+	comm->abort_rank = rank;
+	comm->abort_flags = flags;
+	failed = fail_pending(comm, from_seq, err, rank, flags, false);
+	pthread_mutex_unlock(&comm->lock);
+	post_list(failed, -1);
+	if (comm->mh)
+		kd_mh_wake(comm->mh);
+	return true;
+}
+
+void kd_comm_submitted(struct kd_comm *comm, uint64_t seq, uint64_t bits[4])
+{
+	memset(bits, 0, 4 * sizeof(bits[0]));
+	pthread_mutex_lock(&comm->lock);
+	for (uint32_t r = 0; r < comm->nranks; r++)
+		if (is_local(comm, r) && comm->next_seq[r] > seq)
+			bits[r / 64] |= 1ULL << (r % 64);
+	pthread_mutex_unlock(&comm->lock);
+}
+
 void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 {
 	struct kd_op *failed = NULL;
-	bool forming;
+	bool forming, first = false;
+	int op_err = err == -ECANCELED ? -ECONNRESET : err;
+	uint64_t from = 0;
 
 	pthread_mutex_lock(&comm->lock);
 	forming = comm->state == KD_COMM_FORMING;
 	comm->gone[rank] = true;
 	if (!forming) {
-		if (comm->state == KD_COMM_ACTIVE) {
+		/* Single host: nothing more runs. Multi-host: what ran, ran; the op
+		 * the net thread runs now and every later one fail, here and on
+		 * every peer (they learn from_seq with the abort). */
+		from = comm->mh ? comm->exec_seq : 0;
+		if (comm->limit_seq > from) {
+			first = comm->state == KD_COMM_ACTIVE;
 			comm->state = KD_COMM_ABORTED;
-			comm->abort_err = err;
+			comm->limit_seq = from;
+			comm->abort_err = op_err;
 			comm->abort_rank = rank;
-			kc_info("comm %s: rank %u %s; failing its pending operations", comm->name, rank,
-				err == -ECANCELED ? "left" : "died");
+			comm->abort_flags = 0;
+			if (first)
+				kc_info("comm %s: rank %u %s; failing its pending operations", comm->name,
+					rank, err == -ECANCELED ? "left" : "died");
 		}
-		failed = fail_pending(comm, err == -ECANCELED ? -ECONNRESET : err, rank, false);
+		failed = fail_pending(comm, 0, op_err, rank, 0, false);
 	}
 	pthread_mutex_unlock(&comm->lock);
 	if (forming) {
 		char msg[96];
 
 		snprintf(msg, sizeof(msg), "rank %u left or died before the communicator formed", rank);
-		forming_fail(comm, -ECONNRESET, msg);
+		kd_comm_form_fail(comm, -ECONNRESET, msg);
 		return;
 	}
 	post_list(failed, err == -ECANCELED ? (int)rank : -1);
+	if (comm->mh) {
+		kd_mh_wake(comm->mh);
+		if (first)
+			kd_net_abort_peers(comm, op_err, rank, 0, from);
+	}
 }
 
 int kd_comm_destroy(struct kd_client *c, uint32_t handle)
@@ -362,14 +452,17 @@ void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, c
 		err = kd_coll_sizes(sqe, comm->nranks, rank, &sbytes, &rbytes);
 
 	pthread_mutex_lock(&comm->lock);
-	if (comm->state != KD_COMM_ACTIVE) {
+	if (comm->state == KD_COMM_FORMING || comm->next_seq[rank] >= comm->limit_seq) {
 		/* Forming: the client has no comm_id yet, only a forged one gets here. */
 		bool forming = comm->state == KD_COMM_FORMING;
 		int abort_err = forming ? -EINVAL : comm->abort_err ? comm->abort_err : -ECONNRESET;
 		uint32_t abort_rank = forming ? KCOLL_RANK_NONE : comm->abort_rank;
+		uint32_t abort_flags = forming ? 0 : comm->abort_flags;
 
+		if (!forming)
+			comm->next_seq[rank]++;	/* its place in the sequence is used up */
 		pthread_mutex_unlock(&comm->lock);
-		kd_client_post(c, sqe->user_data, abort_err, 0, abort_rank, 0);
+		kd_client_post(c, sqe->user_data, abort_err, 0, abort_rank, abort_flags);
 		kd_comm_put(comm);
 		return;
 	}
@@ -418,7 +511,7 @@ void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, c
 	op->c[rank].sbuf.len = sbytes;
 	op->c[rank].rbuf.len = rbytes;
 	op->c[rank].present = true;
-	if (++op->arrived == comm->nranks)
+	if (++op->arrived == comm->nlocal)
 		op->ready = true;
 	run = next_runnable(comm);
 	pthread_mutex_unlock(&comm->lock);
@@ -447,6 +540,8 @@ void kd_comm_watchdog(int64_t now)
 	while ((comm = *pp)) {
 		struct kd_op *failed = NULL;
 		bool forming_expired = false, done;
+		uint64_t timed_out_seq = UINT64_MAX;
+		uint32_t missing = KCOLL_RANK_NONE;
 
 		pthread_mutex_lock(&comm->lock);
 		if (comm->state == KD_COMM_FORMING && now > comm->deadline_ns) {
@@ -455,16 +550,17 @@ void kd_comm_watchdog(int64_t now)
 			   comm->pending->seq == comm->exec_seq &&
 			   now - comm->pending->first_ns > comm->timeout_ns) {
 			struct kd_op *op = comm->pending;
-			uint32_t missing = 0;
 
-			while (missing < comm->nranks && op->c[missing].present)
-				missing++;
+			missing = first_missing(comm, op);
+			timed_out_seq = op->seq;
 			comm->state = KD_COMM_ABORTED;
+			comm->limit_seq = op->seq;
 			comm->abort_err = -ETIMEDOUT;
 			comm->abort_rank = missing;
+			comm->abort_flags = KCOLL_CQE_F_MISSING;
 			kc_warn("comm %s: op %llu timed out: rank %u never submitted it", comm->name,
 				(unsigned long long)op->seq, missing);
-			failed = fail_pending(comm, -ETIMEDOUT, missing, true);
+			failed = fail_pending(comm, 0, -ETIMEDOUT, missing, KCOLL_CQE_F_MISSING, true);
 		}
 		/* An aborted communicator goes once no member is left in it. */
 		done = false;
@@ -476,17 +572,25 @@ void kd_comm_watchdog(int64_t now)
 		}
 		pthread_mutex_unlock(&comm->lock);
 		post_list(failed, -1);
+		if (timed_out_seq != UINT64_MAX && comm->mh)
+			kd_net_abort_peers(comm, -ETIMEDOUT, missing, KCOLL_CQE_F_MISSING, timed_out_seq);
 		if (forming_expired) {
 			char msg[128];
 			int n = snprintf(msg, sizeof(msg), "timed out waiting for ranks:");
 
-			for (uint32_t r = 0; r < comm->nranks && n < (int)sizeof(msg) - 12; r++)
-				if (!comm->clients[r])
-					n += snprintf(msg + n, sizeof(msg) - n, " %u", r);
-			forming_fail(comm, -ETIMEDOUT, msg);
+			if (comm->boot || comm->registered) {
+				snprintf(msg, sizeof(msg), "timed out: not every rank joined (the root "
+					 "daemon that issued the id knows which)");
+			} else {
+				for (uint32_t r = 0; r < comm->nranks && n < (int)sizeof(msg) - 12; r++)
+					if (!comm->clients[r])
+						n += snprintf(msg + n, sizeof(msg) - n, " %u", r);
+			}
+			kd_comm_form_fail(comm, -ETIMEDOUT, msg);
 			done = true;
 		}
 		if (done) {
+			kd_net_comm_close(comm);
 			*pp = comm->next;
 			kd_comm_put(comm);
 			continue;

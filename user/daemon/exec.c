@@ -16,6 +16,7 @@
 
 #include "kcolld.h"
 #include "log.h"
+#include "net.h"
 #include "reduce.h"
 
 static struct {
@@ -219,6 +220,10 @@ static void op_start(struct kd_op *op)
 
 void kd_op_run(struct kd_op *op)
 {
+	if (op->comm->mh) {
+		kd_mh_queue(op);	/* across hosts: the comm's net thread runs it */
+		return;
+	}
 	op_prepare(op);
 	if (op->ntasks > 1) {
 		op_start(op);

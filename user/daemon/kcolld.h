@@ -87,6 +87,9 @@ struct kd_client {
 
 enum kd_comm_state { KD_COMM_FORMING, KD_COMM_ACTIVE, KD_COMM_ABORTED };
 
+struct kd_mh;
+struct kd_pconn;
+
 struct kd_buf;
 
 /* How the daemon reaches one rank's buffer (mem.c). */
@@ -154,6 +157,12 @@ struct kd_comm {
 	enum kd_comm_state state;
 	int abort_err;
 	uint32_t abort_rank;
+	uint32_t abort_flags;
+	uint64_t limit_seq;	/* aborted: ops from this one on fail (UINT64_MAX: none) */
+	uint32_t nlocal;	/* ranks on this host: an op runs once they all arrived */
+	struct kd_mh *mh;	/* multi-host state, NULL while single-host */
+	struct kd_pconn *boot;	/* forming: connection to the id's root daemon */
+	bool registered;	/* forming: our ranks were registered with the root */
 	int64_t deadline_ns;	/* forming: join deadline */
 	int64_t timeout_ns;
 	atomic_int refs;
@@ -182,6 +191,7 @@ struct kd_stats {
 struct kd_daemon {
 	const char *socket_path;
 	int listen_fd;
+	uint64_t nonce;		/* this instance, random: ids name it */
 	int epfd;
 	int nworkers;
 	size_t chunk_bytes;
@@ -241,6 +251,15 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err);
 /* Control thread, periodically: join deadlines and hung ops. */
 void kd_comm_watchdog(int64_t now);
 void kd_comm_put(struct kd_comm *comm);
+/* Forming comm: every rank has a place (net.c); answer the local ranks. */
+void kd_comm_activate(struct kd_comm *comm);
+/* Forming comm could not be formed: tell the local ranks why. */
+void kd_comm_form_fail(struct kd_comm *comm, int err, const char *msg);
+/* Fail ops from from_seq on with err naming rank; true if this aborted it
+ * now (false: it already was, from an earlier op). */
+bool kd_comm_abort(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags, uint64_t from_seq);
+/* Multi-host: bitmap of local ranks that submitted op seq. */
+void kd_comm_submitted(struct kd_comm *comm, uint64_t seq, uint64_t bits[4]);
 /* Record err for op unless it already failed (the first error wins). */
 void kd_op_fail(struct kd_op *op, int err, uint32_t err_rank, uint32_t flags);
 /* exec.c calls back when an op finished: post CQEs; returns the comm's next
@@ -259,6 +278,8 @@ void kd_exec_thread_done(void);
 void kd_tunables_init(void);
 void kd_tunables_poll(void);
 size_t kd_tunables_render(char *buf, size_t cap, int json);
+/* kcollctl set chunk_bytes|timeout_ms VALUE (until sysfs changes it again). */
+int kd_tunable_set(const char *key, const char *value, char *err, size_t errlen);
 
 /* status.c */
 /* Render status into buf (JSON if json); returns length. */

@@ -25,6 +25,7 @@
 
 #include "config.h"
 #include "kcolld.h"
+#include "net.h"
 #include "log.h"
 #include "reduce.h"
 
@@ -40,6 +41,10 @@ static void usage(FILE *f)
 		"  -v, --verbose          same as --log-level debug\n"
 		"  -w, --workers N        data-path worker threads (default $KCOLL_WORKERS, 0 = one per CPU)\n"
 		"  -p, --pidfile FILE     write the daemon's pid to FILE\n"
+		"      --listen ADDR:PORT TCP address other kcollds connect to (default $KCOLL_LISTEN\n"
+		"                         or 0.0.0.0:0, any free port; ids carry it)\n"
+		"      --addrs A[,B...]   IPv4 addresses to advertise to peers (default: every up\n"
+		"                         interface but loopback; streams are spread across them)\n"
 		"  -h, --help             this help\n"
 		"  -V, --version          print the version\n\n"
 		"Environment knobs: `kcollctl config`. Manual: kcolld(8).\n",
@@ -200,15 +205,35 @@ static void on_unique_id(struct kd_client *c, const struct kcoll_msg_hdr *m)
 		struct kcoll_msg_hdr hdr;
 		struct kcoll_id id;
 	} rep = { 0 };
-	int r = 0;
 
-	rep.id.magic = KCOLL_PROTO_MAGIC;
-	rep.id.version = KCOLL_PROTO_VERSION;
-	rep.id.daemon_pid = getpid();
-	gethostname(rep.id.host, sizeof(rep.id.host) - 1);
-	if (getrandom(rep.id.token, sizeof(rep.id.token), 0) != sizeof(rep.id.token))
-		r = -EIO;
-	reply_hdr(c, m, &rep, sizeof(rep), r, -1);
+	kd_net_fill_id(&rep.id);
+	reply_hdr(c, m, &rep, sizeof(rep), rep.id.magic ? 0 : -EIO, -1);
+}
+
+/* kcollctl set KEY VALUE: root or the daemon's own user. */
+static void on_set(struct kd_client *c, const struct kcoll_msg_set *m, ssize_t len)
+{
+	struct kcoll_msg_set_reply rep = { 0 };
+	char key[sizeof(m->key) + 1], value[sizeof(m->value) + 1];
+	int r;
+
+	if (len < (ssize_t)sizeof(*m)) {
+		reply_hdr(c, &m->hdr, &rep, sizeof(rep), -EINVAL, -1);
+		return;
+	}
+	snprintf(key, sizeof(key), "%.*s", (int)sizeof(m->key), m->key);
+	snprintf(value, sizeof(value), "%.*s", (int)sizeof(m->value), m->value);
+	if (c->uid != 0 && c->uid != geteuid()) {
+		snprintf(rep.error, sizeof(rep.error), "only root or the daemon's user may change it");
+		r = -EPERM;
+	} else if (!strcmp(key, "algo") || !strcmp(key, "streams")) {
+		r = kd_net_set(key, value, rep.error, sizeof(rep.error));
+	} else {
+		r = kd_tunable_set(key, value, rep.error, sizeof(rep.error));
+	}
+	if (!r)
+		kc_info("client %u (pid %d): set %s=%s", c->id, c->pid, key, value);
+	reply_hdr(c, &m->hdr, &rep, sizeof(rep), r, -1);
 }
 
 static void on_status(struct kd_client *c, const struct kcoll_msg_hdr *m)
@@ -231,6 +256,7 @@ static bool on_message(struct kd_client *c)
 		struct kcoll_msg_mem_reg_kdev reg_kdev;
 		struct kcoll_msg_comm_init init;
 		struct kcoll_msg_comm_destroy destroy;
+		struct kcoll_msg_set set;
 		uint8_t raw[512];
 	} m;
 	struct kcoll_msg_hdr rep;
@@ -247,7 +273,8 @@ static bool on_message(struct kd_client *c)
 				c->pid, strerror((int)-n));
 		return false;
 	}
-	if (m.hdr.type != KCOLL_MSG_HELLO && m.hdr.type != KCOLL_MSG_STATUS && !c->hello_done) {
+	if (m.hdr.type != KCOLL_MSG_HELLO && m.hdr.type != KCOLL_MSG_STATUS &&
+	    m.hdr.type != KCOLL_MSG_SET && !c->hello_done) {
 		r = -EPROTO;
 		goto reply;
 	}
@@ -260,6 +287,9 @@ static bool on_message(struct kd_client *c)
 		goto out;
 	case KCOLL_MSG_STATUS:
 		on_status(c, &m.hdr);
+		goto out;
+	case KCOLL_MSG_SET:
+		on_set(c, &m.set, n);
 		goto out;
 	case KCOLL_MSG_MEM_REG:
 		if (n < (ssize_t)sizeof(m.reg) || fd < 0) {
@@ -393,12 +423,15 @@ int main(int argc, char **argv)
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "workers", required_argument, NULL, 'w' },
 		{ "pidfile", required_argument, NULL, 'p' },
+		{ "listen", required_argument, NULL, 'P' },
+		{ "addrs", required_argument, NULL, 'A' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ 0 }
 	};
 	enum kcoll_log_level level;
 	const char *logpath = NULL, *pidfile = NULL;
+	const char *listen_spec = kcoll_knob_str("KCOLL_LISTEN"), *addrs_spec = kcoll_knob_str("KCOLL_ADDRS");
 	bool foreground = false;
 	FILE *logf = NULL;
 	int sigfd, opt, r;
@@ -408,7 +441,7 @@ int main(int argc, char **argv)
 		level = KCOLL_LOG_INFO;
 	kd.socket_path = kcoll_knob_str("KCOLL_SOCKET");
 	kd.nworkers = kcoll_knob_ll("KCOLL_WORKERS");
-	while ((opt = getopt_long(argc, argv, "fs:l:L:vw:p:hV", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "fs:l:L:vw:p:P:A:hV", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'f': foreground = true; break;
 		case 's': kd.socket_path = optarg; break;
@@ -422,6 +455,8 @@ int main(int argc, char **argv)
 		case 'v': level = KCOLL_LOG_DEBUG; break;
 		case 'w': kd.nworkers = atoi(optarg); break;
 		case 'p': pidfile = optarg; break;
+		case 'P': listen_spec = optarg; break;
+		case 'A': addrs_spec = optarg; break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("kcolld %s (ring ABI %d)\n", KCOLL_VERSION, KCOLL_ABI_VERSION); return 0;
 		default: usage(stderr); return 2;
@@ -477,6 +512,8 @@ int main(int argc, char **argv)
 	}
 	ep_add(kd.listen_fd, &kd.listen_fd);
 	ep_add(sigfd, &sigfd);
+	if (kd_net_start(listen_spec, addrs_spec))
+		kc_warn("multi-host communicators are disabled: this kcolld cannot listen for peers");
 	kc_info("kcolld %s listening on %s (%d workers, reduce=%s, pid %d)", KCOLL_VERSION,
 		kd.socket_path, kd.nworkers, kcoll_reduce_impl(), getpid());
 
@@ -495,6 +532,8 @@ int main(int argc, char **argv)
 					kc_info("signal %d: draining and exiting", si.ssi_signo);
 					goto out;
 				}
+			} else if ((uintptr_t)ev[i].data.ptr & 1) {
+				kd_net_event((void *)((uintptr_t)ev[i].data.ptr & ~(uintptr_t)1), ev[i].events);
 			} else {
 				struct kd_client *c = ev[i].data.ptr;
 
@@ -506,6 +545,7 @@ int main(int argc, char **argv)
 		}
 		now = kd_now_ns();
 		if (now - last_watchdog > 50000000) {
+			kd_net_watchdog(now);
 			kd_comm_watchdog(now);
 			last_watchdog = now;
 		}
@@ -516,6 +556,7 @@ int main(int argc, char **argv)
 	}
 out:
 	drain_and_close();
+	kd_net_stop();
 	kd_pool_stop();
 	kcoll_kdev_close(&kd.kdev);
 	kc_info("kcolld exiting: %lu ops ok, %lu failed", atomic_load(&kd.stats.ops_ok),

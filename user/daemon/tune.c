@@ -9,8 +9,10 @@
  * Afterwards every change an administrator makes in sysfs (`kcollctl set`)
  * is applied within a second. Control thread only.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "config.h"
 #include "kcolld.h"
@@ -114,4 +116,25 @@ size_t kd_tunables_render(char *buf, size_t cap, int json)
 		n += (size_t)w;
 	}
 	return n < cap ? n : cap - 1;
+}
+
+int kd_tunable_set(const char *key, const char *value, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < sizeof(tunables) / sizeof(tunables[0]); i++) {
+		struct tunable *t = &tunables[i];
+		char *end;
+		long long v;
+
+		if (strcmp(t->sysfs, key))
+			continue;
+		v = strtoll(value, &end, 0);
+		if (!*value || *end || v < t->min || v > t->max) {
+			snprintf(err, errlen, "%s must be a number in %lld..%lld", key, t->min, t->max);
+			return -EINVAL;
+		}
+		apply(t, v, "kcollctl set");
+		return 0;
+	}
+	snprintf(err, errlen, "unknown key '%s' (algo, streams, chunk_bytes, timeout_ms)", key);
+	return -ENOENT;
 }

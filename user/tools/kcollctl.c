@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <unistd.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,9 +26,10 @@ static void usage(FILE *f)
 		"  status     clients, communicators, operations in flight, counters\n"
 		"  config     every KCOLL_* knob with its value, default and meaning\n"
 		"  set KEY VALUE\n"
-		"             write a kcoll.ko tunable (/sys/kernel/kcoll/KEY: chunk_bytes,\n"
-		"             timeout_ms, algo, slow_ratio_pct, hang_ms); kcolld follows\n"
-		"             chunk_bytes and timeout_ms within a second (docs/sysfs.md)\n"
+		"             change a running kcolld: algo (auto, ring, rd, rabenseifner: multi-host\n"
+		"             all-reduce), streams (TCP streams per peer, 1..8), chunk_bytes,\n"
+		"             timeout_ms. Other keys go to kcoll.ko's /sys/kernel/kcoll/KEY\n"
+		"             (slow_ratio_pct, hang_ms, ...; docs/sysfs.md)\n"
 		"  gpu        GPU doctor: driver, devices, dma-buf / peer memory, the path kcoll\n"
 		"             takes and, if not the fastest, why and how to fix it\n"
 		"  version    versions of kcollctl, libkcoll and the ring ABI\n\n"
@@ -38,7 +40,36 @@ static void usage(FILE *f)
 		KCOLL_DEFAULT_SOCKET);
 }
 
-static int set(const char *key, const char *value)
+static int ctl_request(const char *path, void *req, size_t len, void *rep, size_t cap, bool quiet);
+
+/* 0 done, 1 failed (said why), -1 the daemon does not own KEY or is not there. */
+static int set_daemon(const char *path, const char *key, const char *value)
+{
+	struct kcoll_msg_set req = { .hdr = { .magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_SET,
+					      .len = sizeof(req), .seq = 1 } };
+	struct kcoll_msg_set_reply rep = { 0 };
+	int r;
+
+	if (strlen(key) >= sizeof(req.key) || strlen(value) >= sizeof(req.value)) {
+		fprintf(stderr, "kcollctl: key or value too long\n");
+		return 1;
+	}
+	strcpy(req.key, key);
+	strcpy(req.value, value);
+	r = ctl_request(path, &req, sizeof(req), &rep, sizeof(rep), true);
+	if (r < 0)
+		return -1;
+	if (rep.hdr.status == -ENOENT)
+		return -1;
+	if (rep.hdr.status) {
+		fprintf(stderr, "kcollctl: kcolld refused %s=%s: %.*s\n", key, value,
+			(int)sizeof(rep.error), rep.error);
+		return 1;
+	}
+	return 0;
+}
+
+static int set_sysfs(const char *key, const char *value)
 {
 	char path[128];
 	FILE *f;
@@ -78,43 +109,71 @@ static int set(const char *key, const char *value)
 	return 0;
 }
 
-static int status(const char *path, int json)
+static int set(const char *path, const char *key, const char *value)
+{
+	int r = set_daemon(path, key, value);
+
+	if (r >= 0)
+		return r;
+	if (!strcmp(key, "algo") || !strcmp(key, "streams")) {
+		fprintf(stderr, "kcollctl: cannot reach kcolld at %s to set %s (is it running? pass -s)\n",
+			path, key);
+		return 1;
+	}
+	return set_sysfs(key, value);
+}
+
+/* One request, one reply (at most cap bytes). Returns the reply length or -1. */
+static int ctl_request(const char *path, void *req, size_t len, void *rep, size_t cap, bool quiet)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct kcoll_msg_hdr req = {
-		.magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_STATUS, .flags = json ? 1 : 0,
-		.len = sizeof(req), .seq = 1,
-	};
-	static char buf[KCOLL_MSG_BYTES];
 	struct pollfd p;
 	ssize_t n;
 	int fd, r;
 
 	if (strlen(path) >= sizeof(sa.sun_path)) {
 		fprintf(stderr, "kcollctl: socket path too long\n");
-		return 1;
+		return -1;
 	}
 	strcpy(sa.sun_path, path);
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		fprintf(stderr, "kcollctl: cannot reach kcolld at %s: %s\n"
-			"kcollctl: is it running? start it with 'kcolld' (or pass -s / set KCOLL_SOCKET)\n",
-			path, strerror(errno));
-		return 1;
+		if (!quiet)
+			fprintf(stderr, "kcollctl: cannot reach kcolld at %s: %s\n"
+				"kcollctl: is it running? start it with 'kcolld' (or pass -s / set KCOLL_SOCKET)\n",
+				path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
 	}
-	r = kcoll_msg_send(fd, &req, sizeof(req), -1);
+	r = kcoll_msg_send(fd, req, len, -1);
 	p.fd = fd;
 	p.events = POLLIN;
 	if (r || poll(&p, 1, 5000) != 1) {
 		fprintf(stderr, "kcollctl: kcolld did not answer within 5 s\n");
-		return 1;
+		close(fd);
+		return -1;
 	}
-	n = kcoll_msg_recv(fd, buf, sizeof(buf) - 1, NULL);
+	n = kcoll_msg_recv(fd, rep, cap, NULL);
 	close(fd);
-	if (n < (ssize_t)sizeof(req)) {
+	if (n < (ssize_t)sizeof(struct kcoll_msg_hdr)) {
 		fprintf(stderr, "kcollctl: bad reply from kcolld: %s\n", n < 0 ? strerror(-n) : "short");
-		return 1;
+		return -1;
 	}
+	return (int)n;
+}
+
+static int status(const char *path, int json)
+{
+	struct kcoll_msg_hdr req = {
+		.magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_STATUS, .flags = json ? 1 : 0,
+		.len = sizeof(req), .seq = 1,
+	};
+	static char buf[KCOLL_MSG_BYTES];
+	int n = ctl_request(path, &req, sizeof(req), buf, sizeof(buf) - 1, false);
+
+	if (n < 0)
+		return 1;
 	buf[n] = 0;
 	fputs(buf + sizeof(req), stdout);
 	return 0;
@@ -163,7 +222,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "kcollctl: usage: kcollctl set KEY VALUE\n");
 			return 2;
 		}
-		return set(args[0], args[1]);
+		return set(path, args[0], args[1]);
 	}
 	if (!strcmp(cmd, "gpu")) {
 		int r = kcoll_gpu_doctor(stdout, json);

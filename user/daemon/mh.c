@@ -1,0 +1,700 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A multi-host communicator's net thread: it runs the comm's ops in order,
+ * each in three phases (docs/multihost.md):
+ *
+ *   1. local:  the host's ranks' inputs -> the accumulator (reduced for
+ *              all-reduce and reduce-scatter, placed for all-gather, the
+ *              root's for broadcast)
+ *   2. hosts:  an inter-host algorithm on the accumulators, as steps that
+ *              the transport (mh->xport) runs: ring, recursive doubling or
+ *              Rabenseifner for all-reduce, ring reduce-scatter/all-gather,
+ *              scatter + ring all-gather (or direct, if small) for broadcast,
+ *              dissemination for barrier
+ *   3. local:  the accumulator -> every local rank's receive buffer
+ *
+ * Only one set of flows per host pair carries the op, whatever the number of
+ * local ranks. Failures abort the comm from this op on, here and on every
+ * peer, naming the rank (or a rank of the host) at fault.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <kcoll/kcoll.h>
+
+#include "kcolld.h"
+#include "log.h"
+#include "net.h"
+#include "reduce.h"
+
+#define SMALL_BYTES	(64u << 10)	/* auto: recursive doubling up to here */
+#define MEDIUM_BYTES	(1u << 20)	/* auto: Rabenseifner up to here (2^k hosts) */
+#define BCAST_DIRECT	(256u << 10)	/* broadcast: root sends to all up to here */
+
+struct run {
+	struct kd_mh *mh;
+	struct kd_op *op;
+	uint32_t step;
+	uint32_t bad_host;
+};
+
+static int step(struct run *x, const struct kd_step *st)
+{
+	return x->mh->xport->run_step(x->mh, x->op, st, x->step++, &x->bad_host);
+}
+
+static void xfer(struct kd_xfer *f, uint32_t host, const struct kd_range *r, uint32_t nr)
+{
+	*f = (struct kd_xfer){ .host = host, .nr = nr, .r = r };
+}
+
+/* Elements [h*n/H, (h+1)*n/H) of n, as bytes. */
+static struct kd_range split(uint64_t n, uint32_t h, uint32_t H, size_t esz)
+{
+	uint64_t a = n * h / H, b = n * (h + 1) / H;
+
+	return (struct kd_range){ a * esz, (b - a) * esz };
+}
+
+/* ---- ring ----------------------------------------------------------------- */
+
+struct segs {
+	struct kd_range *r;	/* all ranges */
+	uint32_t *first, *n;	/* [H]: host h's ranges are r[first[h]..+n[h]] */
+};
+
+static void segs_free(struct segs *s)
+{
+	free(s->r);
+	free(s->first);
+	free(s->n);
+}
+
+/* Even split of S bytes (esz elements) into H segments. */
+static int segs_even(struct segs *s, uint64_t bytes, size_t esz, uint32_t H)
+{
+	s->r = calloc(H, sizeof(*s->r));
+	s->first = calloc(H, sizeof(*s->first));
+	s->n = calloc(H, sizeof(*s->n));
+	if (!s->r || !s->first || !s->n)
+		return -ENOMEM;
+	for (uint32_t h = 0; h < H; h++) {
+		s->r[h] = split(bytes / esz, h, H, esz);
+		s->first[h] = h;
+		s->n[h] = 1;
+	}
+	return 0;
+}
+
+/* Host h's segment: the blocks of its ranks (count elements each). */
+static int segs_hosts(struct segs *s, const struct kd_mh *mh, uint32_t nranks, uint64_t block)
+{
+	uint32_t H = mh->nhosts, k = 0;
+
+	s->r = calloc(nranks, sizeof(*s->r));
+	s->first = calloc(H, sizeof(*s->first));
+	s->n = calloc(H, sizeof(*s->n));
+	if (!s->r || !s->first || !s->n)
+		return -ENOMEM;
+	for (uint32_t h = 0; h < H; h++) {
+		s->first[h] = k;
+		for (uint32_t r = 0; r < nranks; r++) {
+			if (mh->rank_host[r] != h)
+				continue;
+			if (s->n[h] && s->r[k - 1].off + s->r[k - 1].len == r * block)
+				s->r[k - 1].len += block;	/* contiguous: one range */
+			else
+				s->r[k++] = (struct kd_range){ r * block, block }, s->n[h]++;
+		}
+	}
+	return 0;
+}
+
+static int ring_phase(struct run *x, const struct segs *sg, bool reduce)
+{
+	struct kd_mh *mh = x->mh;
+	uint32_t H = mh->nhosts, h = mh->self;
+	uint32_t next = (h + 1) % H, prev = (h + H - 1) % H;
+	struct kd_step st = { .nsend = 1, .nrecv = 1, .reduce = reduce };
+
+	for (uint32_t s = 0; s + 1 < H; s++) {
+		/* reduce-scatter: host h ends with segment h reduced; all-gather:
+		 * host h starts with segment h. */
+		uint32_t sb = reduce ? (h + 2 * H - s - 1) % H : (h + H - s) % H;
+		uint32_t rb = reduce ? (h + 2 * H - s - 2) % H : (h + 2 * H - s - 1) % H;
+		int r;
+
+		xfer(&st.send[0], next, &sg->r[sg->first[sb]], sg->n[sb]);
+		xfer(&st.recv[0], prev, &sg->r[sg->first[rb]], sg->n[rb]);
+		r = step(x, &st);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+/* ---- recursive doubling / Rabenseifner, with the non-power-of-two fold ---- */
+
+/* Hosts [0, 2*rem) pair up: the even one hands its data to the odd one and
+ * sits out; the rest form a power of two of virtual hosts. */
+struct fold {
+	uint32_t p, rem;
+	int vh;			/* our virtual index, -1 if we sit out */
+};
+
+static struct fold fold_of(uint32_t H, uint32_t h)
+{
+	struct fold f = { .p = 1 };
+
+	while (f.p * 2 <= H)
+		f.p *= 2;
+	f.rem = H - f.p;
+	f.vh = h < 2 * f.rem ? (h % 2 ? (int)(h / 2) : -1) : (int)(h - f.rem);
+	return f;
+}
+
+static uint32_t real_host(const struct fold *f, uint32_t v)
+{
+	return v < f->rem ? 2 * v + 1 : v + f->rem;
+}
+
+static int fold_in(struct run *x, const struct fold *f, const struct kd_range *all)
+{
+	uint32_t h = x->mh->self;
+	struct kd_step st = { .reduce = true };
+
+	if (h >= 2 * f->rem)
+		return 0;
+	if (h % 2 == 0) {
+		st.nsend = 1;
+		xfer(&st.send[0], h + 1, all, 1);
+	} else {
+		st.nrecv = 1;
+		xfer(&st.recv[0], h - 1, all, 1);
+	}
+	return step(x, &st);
+}
+
+static int fold_out(struct run *x, const struct fold *f, const struct kd_range *all)
+{
+	uint32_t h = x->mh->self;
+	struct kd_step st = { .reduce = false };
+
+	if (h >= 2 * f->rem)
+		return 0;
+	if (h % 2) {
+		st.nsend = 1;
+		xfer(&st.send[0], h - 1, all, 1);
+	} else {
+		st.nrecv = 1;
+		xfer(&st.recv[0], h + 1, all, 1);
+	}
+	return step(x, &st);
+}
+
+static int snap(struct kd_mh *mh, uint64_t bytes)
+{
+	if (mh->snap_size < bytes) {
+		uint8_t *p = realloc(mh->snap, bytes);
+
+		if (!p)
+			return -ENOMEM;
+		mh->snap = p;
+		mh->snap_size = bytes;
+	}
+	memcpy(mh->snap, mh->acc, bytes);
+	return 0;
+}
+
+static int allreduce_rd(struct run *x, uint64_t bytes)
+{
+	struct kd_mh *mh = x->mh;
+	struct fold f = fold_of(mh->nhosts, mh->self);
+	struct kd_range all = { 0, bytes };
+	int r = fold_in(x, &f, &all);
+
+	for (uint32_t d = 1; !r && f.vh >= 0 && d < f.p; d <<= 1) {
+		struct kd_step st = { .nsend = 1, .nrecv = 1, .reduce = true };
+		uint32_t peer = real_host(&f, f.vh ^ d);
+
+		/* Send what we had before this step: the reduction overwrites acc. */
+		r = snap(mh, bytes);
+		if (r)
+			return r;
+		xfer(&st.send[0], peer, &all, 1);
+		st.send[0].base = mh->snap;
+		xfer(&st.recv[0], peer, &all, 1);
+		r = step(x, &st);
+	}
+	return r ? r : fold_out(x, &f, &all);
+}
+
+static int allreduce_rabenseifner(struct run *x, uint64_t bytes, size_t esz)
+{
+	struct kd_mh *mh = x->mh;
+	struct fold f = fold_of(mh->nhosts, mh->self);
+	struct kd_range all = { 0, bytes };
+	uint64_t n = bytes / esz;
+	uint32_t lo = 0, hi = f.p;
+	int r = fold_in(x, &f, &all);
+
+	/* Blocks b of the virtual hosts: elements [b*n/p, (b+1)*n/p). */
+#define BLK(a, b) ((struct kd_range){ n * (a) / f.p * esz, (n * (b) / f.p - n * (a) / f.p) * esz })
+	for (uint32_t d = f.p / 2; !r && f.vh >= 0 && d >= 1; d >>= 1) {
+		struct kd_step st = { .nsend = 1, .nrecv = 1, .reduce = true };
+		uint32_t mid = (lo + hi) / 2, peer = real_host(&f, f.vh ^ d);
+		bool upper = f.vh & d;
+		struct kd_range give = upper ? BLK(lo, mid) : BLK(mid, hi);
+		struct kd_range keep = upper ? BLK(mid, hi) : BLK(lo, mid);
+
+		xfer(&st.send[0], peer, &give, 1);
+		xfer(&st.recv[0], peer, &keep, 1);
+		r = step(x, &st);
+		if (upper)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	for (uint32_t d = 1; !r && f.vh >= 0 && d < f.p; d <<= 1) {
+		struct kd_step st = { .nsend = 1, .nrecv = 1, .reduce = false };
+		uint32_t sz = hi - lo, peer = real_host(&f, f.vh ^ d);
+		bool upper = f.vh & d;
+		struct kd_range mine = BLK(lo, hi);
+		struct kd_range theirs = upper ? BLK(lo - sz, lo) : BLK(hi, hi + sz);
+
+		xfer(&st.send[0], peer, &mine, 1);
+		xfer(&st.recv[0], peer, &theirs, 1);
+		r = step(x, &st);
+		if (upper)
+			lo -= sz;
+		else
+			hi += sz;
+	}
+#undef BLK
+	return r ? r : fold_out(x, &f, &all);
+}
+
+static int allreduce_ring(struct run *x, uint64_t bytes, size_t esz)
+{
+	struct segs sg = { 0 };
+	int r = segs_even(&sg, bytes, esz, x->mh->nhosts);
+
+	if (!r)
+		r = ring_phase(x, &sg, true);
+	if (!r)
+		r = ring_phase(x, &sg, false);
+	segs_free(&sg);
+	return r;
+}
+
+static enum kd_algo choose(const struct kd_mh *mh, uint64_t bytes)
+{
+	enum kd_algo a = kd_net_algo();
+	bool pow2 = !(mh->nhosts & (mh->nhosts - 1));
+
+	if (a != KD_ALGO_AUTO)
+		return a;
+	if (bytes <= SMALL_BYTES)
+		return KD_ALGO_RD;
+	if (pow2 && bytes <= MEDIUM_BYTES)
+		return KD_ALGO_RABENSEIFNER;
+	return KD_ALGO_RING;
+}
+
+static int broadcast(struct run *x, uint64_t bytes, size_t esz, uint32_t root_host)
+{
+	struct kd_mh *mh = x->mh;
+	uint32_t H = mh->nhosts, h = mh->self;
+	struct kd_range all = { 0, bytes };
+	struct kd_step st = { .reduce = false };
+	struct segs sg = { 0 };
+	int r;
+
+	if (bytes <= BCAST_DIRECT || H == 2) {
+		for (uint32_t k = 0; k < H && h == root_host; k++)
+			if (k != root_host)
+				xfer(&st.send[st.nsend++], k, &all, 1);
+		if (h != root_host)
+			xfer(&st.recv[st.nrecv++], root_host, &all, 1);
+		return step(x, &st);
+	}
+	/* Scatter a segment to each host, then all-gather them around the ring. */
+	r = segs_even(&sg, bytes, esz, H);
+	for (uint32_t k = 0; !r && k < H && h == root_host; k++)
+		if (k != root_host)
+			xfer(&st.send[st.nsend++], k, &sg.r[k], 1);
+	if (!r && h != root_host)
+		xfer(&st.recv[st.nrecv++], root_host, &sg.r[h], 1);
+	if (!r)
+		r = step(x, &st);
+	if (!r)
+		r = ring_phase(x, &sg, false);
+	segs_free(&sg);
+	return r;
+}
+
+static int barrier(struct run *x)
+{
+	uint32_t H = x->mh->nhosts, h = x->mh->self;
+	int r = 0;
+
+	for (uint32_t d = 1; !r && d < H; d <<= 1) {
+		struct kd_step st = { .nsend = 1, .nrecv = 1 };
+
+		xfer(&st.send[0], (h + d) % H, NULL, 0);
+		xfer(&st.recv[0], (h + H - d) % H, NULL, 0);
+		r = step(x, &st);
+	}
+	return r;
+}
+
+/* ---- local phases ------------------------------------------------------- */
+
+static int need(uint8_t **p, size_t *have, size_t want)
+{
+	if (*have < want) {
+		uint8_t *n = realloc(*p, want);
+
+		if (!n)
+			return -ENOMEM;
+		*p = n;
+		*have = want;
+	}
+	return 0;
+}
+
+/* acc[0, bytes) = reduction of the local ranks' send buffers (or a copy). */
+static int local_reduce(struct kd_mh *mh, struct kd_op *op, uint64_t bytes, uint32_t *bad)
+{
+	struct kd_comm *comm = op->comm;
+	const uint8_t *ins[KD_MAX_RANKS];
+	size_t chunk = mh->piece;
+	int r = need(&mh->stage, &mh->stage_size, chunk * comm->nlocal);
+
+	if (r)
+		return r;
+	for (uint64_t off = 0; off < bytes; off += chunk) {
+		size_t n = bytes - off < chunk ? bytes - off : chunk;
+		uint32_t k = 0;
+
+		for (uint32_t rk = 0; rk < comm->nranks; rk++) {
+			struct kd_contrib *ct = &op->c[rk];
+
+			if (!ct->present)
+				continue;
+			r = kd_buf_read(ct->client, &ct->sbuf, off, n, mh->stage + k * chunk, &ins[k]);
+			if (r) {
+				*bad = rk;
+				return r;
+			}
+			k++;
+		}
+		if (k == 1)
+			memcpy(mh->acc + off, ins[0], n);
+		else if ((r = kcoll_reduce_n(op->dtype, op->redop, mh->acc + off,
+					     (const void *const *)ins, k, n / op->esz)))
+			return r;
+	}
+	return 0;
+}
+
+/* Copy rank rk's send buffer [0, bytes) to acc + at. */
+static int local_place(struct kd_mh *mh, struct kd_op *op, uint32_t rk, uint64_t at, uint64_t bytes)
+{
+	struct kd_contrib *ct = &op->c[rk];
+	size_t chunk = mh->piece;
+	int r = need(&mh->stage, &mh->stage_size, chunk);
+
+	for (uint64_t off = 0; !r && off < bytes; off += chunk) {
+		size_t n = bytes - off < chunk ? bytes - off : chunk;
+		const uint8_t *p;
+
+		r = kd_buf_read(ct->client, &ct->sbuf, off, n, mh->stage, &p);
+		if (!r)
+			memcpy(mh->acc + at + off, p, n);
+	}
+	return r;
+}
+
+static uint32_t op_sig(const struct kd_op *op)
+{
+	uint64_t v = op->count * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)op->opcode << 48) ^
+		     ((uint64_t)op->dtype << 40) ^ ((uint64_t)op->redop << 32) ^ op->root;
+
+	return (uint32_t)(v ^ v >> 32) | 1;
+}
+
+/* Fail op (and the comm from it on, everywhere) for a network error. */
+static void net_fail(struct kd_mh *mh, struct kd_op *op, int err, uint32_t bad_host)
+{
+	struct kd_comm *comm = op->comm;
+
+	if (err == -ECANCELED) {
+		/* The comm was aborted under us: its verdict is the op's. */
+		pthread_mutex_lock(&comm->lock);
+		kd_op_fail(op, comm->abort_err ? comm->abort_err : -ECONNRESET, comm->abort_rank,
+			   comm->abort_flags);
+		pthread_mutex_unlock(&comm->lock);
+		return;
+	}
+	uint32_t rank = bad_host < mh->nhosts ? mh->hosts[bad_host].first_rank : KCOLL_RANK_NONE;
+
+	kd_op_fail(op, err, rank, 0);
+	if (kd_comm_abort(comm, err, rank, 0, op->seq)) {
+		kc_warn("comm %s: op %llu failed with host %u (%s): %s", comm->name,
+			(unsigned long long)op->seq, bad_host,
+			bad_host < mh->nhosts ? mh->hosts[bad_host].info.name : "?", kcoll_strerror(err));
+		kd_net_abort_peers(comm, err, rank, 0, op->seq);
+	}
+}
+
+static void run_op(struct kd_mh *mh, struct kd_op *op)
+{
+	struct kd_comm *comm = op->comm;
+	struct run x = { .mh = mh, .op = op, .bad_host = KCOLL_RANK_NONE };
+	uint64_t bytes = 0, block = 0;
+	uint32_t bad = KCOLL_RANK_NONE, root_host = 0;
+	int r = 0;
+
+	atomic_store(&mh->running_since, kd_now_ns());
+	atomic_store(&mh->running_seq, op->seq);
+	op->esz = kcoll_dtype_size(op->dtype);
+	mh->sig = op_sig(op);
+	mh->piece = __atomic_load_n(&kd.chunk_bytes, __ATOMIC_RELAXED) / op->esz * op->esz;
+	if (atomic_load(&op->err)) {
+		/* A local rank's SQE was invalid: the op cannot run anywhere. */
+		uint32_t rk = atomic_load(&op->err_rank);
+		int err = atomic_load(&op->err);
+
+		if (kd_comm_abort(comm, err, rk, 0, op->seq))
+			kd_net_abort_peers(comm, err, rk, 0, op->seq);
+		goto done;
+	}
+	if (op->seq >= __atomic_load_n(&comm->limit_seq, __ATOMIC_RELAXED)) {
+		net_fail(mh, op, -ECANCELED, KCOLL_RANK_NONE);
+		goto done;
+	}
+	if (op->redop == KCOLL_AVG && (op->opcode == KCOLL_OP_ALLREDUCE ||
+				       op->opcode == KCOLL_OP_REDUCE_SCATTER)) {
+		/* Every host sees the same op and fails it the same way. */
+		kd_op_fail(op, -EOPNOTSUPP, KCOLL_RANK_NONE, 0);
+		goto done;
+	}
+	block = op->count * op->esz;
+	switch (op->opcode) {
+	case KCOLL_OP_ALLREDUCE:
+	case KCOLL_OP_BROADCAST:
+		bytes = block;
+		break;
+	case KCOLL_OP_REDUCE_SCATTER:
+	case KCOLL_OP_ALLGATHER:
+		bytes = block * comm->nranks;
+		break;
+	}
+	r = need(&mh->acc, &mh->acc_size, bytes ? bytes : 1);
+	if (r) {
+		kd_op_fail(op, r, KCOLL_RANK_NONE, 0);
+		net_fail(mh, op, r, KCOLL_RANK_NONE);
+		goto done;
+	}
+	for (uint32_t rk = 0; rk < comm->nranks; rk++) {
+		struct kd_contrib *ct = &op->c[rk];
+
+		if (!ct->present)
+			continue;
+		kd_buf_resolve(ct->client, ct->send, ct->sbuf.len, &ct->sbuf);
+		kd_buf_resolve(ct->client, ct->recv, ct->rbuf.len, &ct->rbuf);
+	}
+
+	/* 1. local inputs */
+	switch (op->opcode) {
+	case KCOLL_OP_ALLREDUCE:
+	case KCOLL_OP_REDUCE_SCATTER:
+		r = local_reduce(mh, op, bytes, &bad);
+		break;
+	case KCOLL_OP_ALLGATHER:
+		for (uint32_t rk = 0; !r && rk < comm->nranks; rk++)
+			if (op->c[rk].present && (r = local_place(mh, op, rk, rk * block, block)))
+				bad = rk;
+		break;
+	case KCOLL_OP_BROADCAST:
+		root_host = mh->rank_host[op->root];
+		if (root_host == mh->self && (r = local_place(mh, op, op->root, 0, bytes)))
+			bad = op->root;
+		break;
+	}
+	if (r) {
+		/* Our input is unreadable: the peers cannot complete either. */
+		kd_op_fail(op, r, bad, 0);
+		if (kd_comm_abort(comm, r, bad, 0, op->seq))
+			kd_net_abort_peers(comm, r, bad, 0, op->seq);
+		goto done;
+	}
+
+	/* 2. between hosts */
+	switch (op->opcode) {
+	case KCOLL_OP_ALLREDUCE:
+		if (!bytes)
+			break;
+		switch (choose(mh, bytes)) {
+		case KD_ALGO_RD:
+			r = allreduce_rd(&x, bytes);
+			break;
+		case KD_ALGO_RABENSEIFNER:
+			r = allreduce_rabenseifner(&x, bytes, op->esz);
+			break;
+		default:
+			r = allreduce_ring(&x, bytes, op->esz);
+			break;
+		}
+		break;
+	case KCOLL_OP_REDUCE_SCATTER:
+	case KCOLL_OP_ALLGATHER: {
+		struct segs sg = { 0 };
+
+		if (!bytes)
+			break;
+		r = segs_hosts(&sg, mh, comm->nranks, block);
+		if (!r)
+			r = ring_phase(&x, &sg, op->opcode == KCOLL_OP_REDUCE_SCATTER);
+		segs_free(&sg);
+		break;
+	}
+	case KCOLL_OP_BROADCAST:
+		if (bytes)
+			r = broadcast(&x, bytes, op->esz, root_host);
+		break;
+	case KCOLL_OP_BARRIER:
+		r = barrier(&x);
+		break;
+	}
+	if (!r && op->seq >= __atomic_load_n(&comm->limit_seq, __ATOMIC_RELAXED))
+		r = -ECANCELED;	/* aborted while we finished: fail it like the peers do */
+	if (r) {
+		net_fail(mh, op, r, x.bad_host);
+		goto done;
+	}
+
+	/* 3. local outputs */
+	for (uint32_t rk = 0; rk < comm->nranks && bytes; rk++) {
+		struct kd_contrib *ct = &op->c[rk];
+
+		if (!ct->present)
+			continue;
+		switch (op->opcode) {
+		case KCOLL_OP_ALLREDUCE:
+		case KCOLL_OP_ALLGATHER:
+			r = kd_buf_write(ct->client, &ct->rbuf, 0, mh->acc, bytes);
+			break;
+		case KCOLL_OP_REDUCE_SCATTER:
+			r = kd_buf_write(ct->client, &ct->rbuf, 0, mh->acc + rk * block, block);
+			break;
+		case KCOLL_OP_BROADCAST:
+			r = rk == op->root ? 0 : kd_buf_write(ct->client, &ct->rbuf, 0, mh->acc, bytes);
+			break;
+		}
+		if (r)
+			kd_op_fail(op, r, rk, 0);	/* that rank's problem alone */
+	}
+done:
+	atomic_store(&mh->running_seq, UINT64_MAX);
+}
+
+static void *net_thread(void *arg)
+{
+	struct kd_mh *mh = arg;
+
+	for (;;) {
+		struct kd_op *op;
+
+		pthread_mutex_lock(&mh->qlock);
+		while (!mh->queue && !mh->stop)
+			pthread_cond_wait(&mh->qcond, &mh->qlock);
+		op = mh->queue;
+		if (op)
+			mh->queue = op->next;
+		pthread_mutex_unlock(&mh->qlock);
+		if (!op)
+			break;
+		op->next = NULL;
+		while (op) {
+			run_op(mh, op);
+			op = kd_comm_op_done(op);
+		}
+	}
+	kd_exec_thread_done();
+	return NULL;
+}
+
+int kd_mh_start(struct kd_mh *mh)
+{
+	sigset_t all, old;
+	int r;
+
+	mh->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (mh->abort_fd < 0)
+		return -errno;
+	pthread_mutex_init(&mh->qlock, NULL);
+	pthread_cond_init(&mh->qcond, NULL);
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	r = pthread_create(&mh->thread, NULL, net_thread, mh);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (r) {
+		close(mh->abort_fd);
+		mh->abort_fd = -1;
+		return -r;
+	}
+	mh->thread_started = true;
+	return 0;
+}
+
+void kd_mh_wake(struct kd_mh *mh)
+{
+	uint64_t one = 1;
+
+	if (mh->abort_fd >= 0 && write(mh->abort_fd, &one, sizeof(one)) < 0)
+		kc_dbg("abort eventfd: %m");
+}
+
+void kd_mh_queue(struct kd_op *op)
+{
+	struct kd_mh *mh = op->comm->mh;
+	struct kd_op **pp;
+
+	pthread_mutex_lock(&mh->qlock);
+	for (pp = &mh->queue; *pp; pp = &(*pp)->next)
+		;
+	op->next = NULL;
+	*pp = op;
+	pthread_cond_signal(&mh->qcond);
+	pthread_mutex_unlock(&mh->qlock);
+}
+
+void kd_mh_stop(struct kd_mh *mh)
+{
+	if (mh->thread_started) {
+		pthread_mutex_lock(&mh->qlock);
+		mh->stop = true;
+		pthread_cond_signal(&mh->qcond);
+		pthread_mutex_unlock(&mh->qlock);
+		kd_mh_wake(mh);
+		pthread_join(mh->thread, NULL);
+		mh->thread_started = false;
+		pthread_mutex_destroy(&mh->qlock);
+		pthread_cond_destroy(&mh->qcond);
+	}
+	if (mh->abort_fd >= 0)
+		close(mh->abort_fd);
+	mh->abort_fd = -1;
+	free(mh->acc);
+	free(mh->snap);
+	free(mh->stage);
+	for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++)
+		free(mh->rx[i]);
+	mh->acc = mh->snap = mh->stage = NULL;
+}

@@ -1,0 +1,250 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Daemon-to-daemon: the peer protocol, a communicator's multi-host state,
+ * and the transport ops table (docs/multihost.md has the long form).
+ *
+ *   net.c        TCP listener, connections between daemons, bootstrap
+ *                (root and member side), control messages (abort, query);
+ *                runs on the control thread
+ *   mh.c         a multi-host communicator's net thread: the hierarchical
+ *                algorithms (local reduce -> inter-host steps -> local write)
+ *   xport_tcp.c  the TCP transport: one step's sends and receives over
+ *                several non-blocking streams per peer, reductions as pieces
+ *                arrive
+ *
+ * Every connection starts with a HELLO carrying the communicator's token; a
+ * daemon accepts it only for a token it issued (bootstrap) or a communicator
+ * it is forming with that peer (control, data): the token is the key.
+ */
+#ifndef KCOLLD_NET_H
+#define KCOLLD_NET_H
+
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <kcoll/proto.h>
+
+#define KD_MAX_HOSTS		64
+#define KD_MAX_STREAMS		8
+#define KD_PEER_MAGIC		0x6b63706eU	/* "kcpn" */
+#define KD_PEER_VERSION		1
+#define KD_PMSG_MAX		16384
+
+enum kd_pmsg_type {
+	KD_P_HELLO = 1,		/* first message of every connection */
+	KD_P_REJECT = 2,	/* why, then the sender closes */
+	KD_P_REGISTER = 3,	/* member -> root: a rank of the communicator lives on me */
+	KD_P_TABLE = 4,		/* root -> members: hosts, placement of ranks */
+	KD_P_READY = 5,		/* member -> root: table installed, accepting peers */
+	KD_P_GO = 6,		/* root -> members: connect to the hosts after you */
+	KD_P_ABORT = 7,		/* control: the communicator fails from op from_seq on */
+	KD_P_QUERY = 8,		/* control: which of your ranks submitted op seq? */
+	KD_P_ANSWER = 9,
+	KD_P_DATA = 10,		/* data stream: one piece of one step */
+};
+
+enum kd_conn_kind { KD_CONN_BOOT = 1, KD_CONN_CTRL = 2, KD_CONN_DATA = 3 };
+
+struct kd_phdr {
+	uint32_t magic;
+	uint16_t type;
+	uint16_t flags;
+	uint32_t len;		/* whole message, header included */
+	uint32_t reserved;
+};
+
+struct kd_p_hello {
+	struct kd_phdr hdr;
+	uint32_t version;
+	uint32_t kind;		/* enum kd_conn_kind */
+	uint8_t token[KCOLL_ID_TOKEN_BYTES];
+	uint32_t from_host;	/* ctrl/data: the sender's host index */
+	uint32_t stream;	/* data: stream index */
+	uint64_t nonce;		/* the sender daemon's instance */
+};
+
+struct kd_p_reject {
+	struct kd_phdr hdr;
+	char why[128];
+};
+
+/* Where a daemon can be reached. */
+struct kd_p_hostinfo {
+	uint64_t nonce;
+	uint16_t port;
+	uint16_t naddrs;
+	uint32_t addrs[KCOLL_ID_MAX_ADDRS];	/* network order */
+	char name[48];
+};
+
+struct kd_p_register {
+	struct kd_phdr hdr;
+	uint8_t token[KCOLL_ID_TOKEN_BYTES];
+	uint32_t nranks;
+	uint32_t rank;
+	struct kd_p_hostinfo me;
+};
+
+/* Followed by uint16_t rank_host[nranks]. */
+struct kd_p_table {
+	struct kd_phdr hdr;
+	uint8_t token[KCOLL_ID_TOKEN_BYTES];
+	uint32_t nranks;
+	uint32_t nhosts;
+	uint32_t you;		/* the receiver's host index */
+	uint32_t nstreams;
+	struct kd_p_hostinfo hosts[];
+};
+
+struct kd_p_token {		/* READY, GO */
+	struct kd_phdr hdr;
+	uint8_t token[KCOLL_ID_TOKEN_BYTES];
+};
+
+struct kd_p_abort {
+	struct kd_phdr hdr;
+	int32_t err;
+	uint32_t rank;		/* the culprit, KCOLL_RANK_NONE if unknown */
+	uint32_t flags;		/* KCOLL_CQE_F_* */
+	uint32_t reserved;
+	uint64_t from_seq;	/* ops before this one are not affected */
+};
+
+struct kd_p_query {
+	struct kd_phdr hdr;
+	uint64_t seq;
+};
+
+struct kd_p_answer {
+	struct kd_phdr hdr;
+	uint64_t seq;
+	uint64_t submitted[4];	/* bitmap over ranks: submitted op seq (only the sender's) */
+};
+
+struct kd_p_data {
+	struct kd_phdr hdr;	/* len = header + payload */
+	uint64_t seq;
+	uint32_t step;
+	uint32_t piece;
+};
+
+/* ---- a multi-host communicator ---------------------------------------- */
+
+struct kd_comm;
+struct kd_op;
+struct kd_pconn;
+
+struct kd_range {
+	uint64_t off, len;	/* bytes of the op's accumulator */
+};
+
+/* Move ranges to or from one host. */
+struct kd_xfer {
+	uint32_t host;
+	uint32_t nr;
+	const struct kd_range *r;
+	const uint8_t *base;	/* sends: where the ranges are (NULL: the accumulator) */
+};
+
+/* One step of an inter-host algorithm: every send and receive at once;
+ * received pieces are reduced into the accumulator or stored in it. */
+struct kd_step {
+	uint32_t nsend, nrecv;
+	bool reduce;
+	struct kd_xfer send[KD_MAX_HOSTS];
+	struct kd_xfer recv[KD_MAX_HOSTS];
+};
+
+struct kd_mh;
+
+/*
+ * The transport ops table: how a step moves bytes between daemons. TCP
+ * (xport_tcp.c) today; RDMA verbs plug in here. run_step returns 0 or a
+ * negative errno with *bad_host the host it failed on (or waited for).
+ */
+struct kd_xport_ops {
+	const char *name;
+	int (*run_step)(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st,
+			uint32_t stepno, uint32_t *bad_host);
+};
+
+extern const struct kd_xport_ops kd_xport_tcp;
+
+enum kd_algo { KD_ALGO_AUTO, KD_ALGO_RING, KD_ALGO_RD, KD_ALGO_RABENSEIFNER };
+
+struct kd_mh_host {
+	struct kd_p_hostinfo info;
+	uint32_t first_rank;
+	uint32_t nranks;
+	struct kd_pconn *ctrl;		/* control connection (control thread) */
+	int data[KD_MAX_STREAMS];	/* data streams, -1 until connected */
+	bool answered;			/* query round */
+	uint64_t submitted[4];
+	bool dead;
+};
+
+struct kd_mh {
+	struct kd_comm *comm;
+	uint32_t nhosts, self, nstreams;
+	struct kd_mh_host *hosts;
+	uint16_t *rank_host;		/* [nranks] */
+	uint32_t conns_needed, conns_up;
+	const struct kd_xport_ops *xport;
+
+	/* net thread */
+	pthread_t thread;
+	bool thread_started;
+	pthread_mutex_t qlock;
+	pthread_cond_t qcond;
+	struct kd_op *queue;
+	bool stop;
+	int abort_fd;			/* eventfd: wakes the net thread on abort */
+	uint8_t *acc;			/* the op's accumulator, kept between ops */
+	size_t acc_size;
+	uint8_t *snap;			/* recursive doubling: what we send this step */
+	size_t snap_size;
+	uint8_t *stage;			/* local phase: one chunk per local rank */
+	size_t stage_size;
+	uint8_t *rx[KD_MAX_HOSTS * KD_MAX_STREAMS];	/* reduce staging per receive stream */
+	size_t rx_size;
+	size_t piece;			/* bytes per piece (this op) */
+	uint32_t sig;			/* this op's parameters, checked on every piece */
+
+	/* what the net thread runs now, for the watchdog */
+	_Atomic uint64_t running_seq;	/* UINT64_MAX: none */
+	_Atomic int64_t running_since;
+	int64_t query_deadline;		/* control thread: a query round is open */
+	uint64_t query_seq;
+	uint32_t wait_host;		/* the host the net thread waits for */
+
+	_Atomic uint64_t bytes_sent, bytes_recv;
+};
+
+/* net.c (control thread) */
+int kd_net_start(const char *listen_spec, const char *addrs_spec);
+void kd_net_stop(void);
+void kd_net_event(struct kd_pconn *pc, uint32_t events);
+void kd_net_fill_id(struct kcoll_id *id);
+/* A local rank joined comm (FORMING): register it with the id's root. */
+int kd_net_join(struct kd_comm *comm, const struct kcoll_id *id, uint32_t rank, const char **why);
+/* Abort comm from op from_seq on and tell every peer (control thread or any). */
+void kd_net_abort_peers(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags, uint64_t from_seq);
+/* Control thread, periodically: bootstrap deadlines, query rounds. */
+void kd_net_watchdog(int64_t now);
+/* Tear a comm's multi-host state down (control thread; the comm is aborted). */
+void kd_net_comm_close(struct kd_comm *comm);
+size_t kd_net_render(char *buf, size_t cap, int json);
+const char *kd_algo_name(enum kd_algo a);
+int kd_algo_parse(const char *s, enum kd_algo *a);
+enum kd_algo kd_net_algo(void);
+/* kcollctl set KEY VALUE for the keys net.c owns (algo, streams). */
+int kd_net_set(const char *key, const char *value, char *err, size_t errlen);
+
+/* mh.c */
+int kd_mh_start(struct kd_mh *mh);
+void kd_mh_stop(struct kd_mh *mh);
+void kd_mh_queue(struct kd_op *op);
+void kd_mh_wake(struct kd_mh *mh);
+
+#endif /* KCOLLD_NET_H */

@@ -1,0 +1,321 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The TCP transport: one step of an inter-host algorithm over non-blocking
+ * streams. Each transfer is cut into pieces (ranges cut at mh->piece
+ * bytes); piece i of a transfer travels on stream i % nstreams of that peer,
+ * so the receiver knows what comes next on every stream without asking.
+ * Every piece carries a header (op seq, step, piece, the op's parameter
+ * signature): a peer out of step or disagreeing about the op is caught on
+ * the first piece, not by corrupt results.
+ *
+ * All sends and receives of the step progress together in one loop, and a
+ * received piece is reduced as soon as it is complete, while the kernel
+ * keeps moving the following pieces: network transfer, reduction and the
+ * next send overlap. The loop sleeps in poll() on the streams and the
+ * comm's abort eventfd.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "kcolld.h"
+#include "log.h"
+#include "net.h"
+#include "reduce.h"
+
+struct piece {
+	uint64_t off, len;
+};
+
+struct cursor {
+	int fd;
+	uint32_t host;
+	bool send;
+	const uint8_t *base;	/* send: source */
+	struct piece *pieces;	/* this transfer's, all streams */
+	uint32_t npieces;
+	uint32_t next;		/* next piece index (this stream's: s, s + S, ...) */
+	uint32_t stride;
+	size_t hdone, pdone;	/* bytes of header / payload done for piece 'next' */
+	struct kd_p_data hdr;
+	uint8_t *rx;		/* receive with reduction: staging */
+	bool done;
+};
+
+/* Cut a transfer's ranges into pieces; at least one (empty) piece. */
+static struct piece *cut(const struct kd_xfer *x, size_t piece, uint32_t *n)
+{
+	uint32_t cnt = 0, i = 0;
+	struct piece *p;
+
+	for (uint32_t k = 0; k < x->nr; k++)
+		cnt += (x->r[k].len + piece - 1) / piece;
+	p = malloc((cnt ? cnt : 1) * sizeof(*p));
+	if (!p)
+		return NULL;
+	for (uint32_t k = 0; k < x->nr; k++)
+		for (uint64_t o = 0; o < x->r[k].len; o += piece)
+			p[i++] = (struct piece){ x->r[k].off + o,
+						 x->r[k].len - o < piece ? x->r[k].len - o : piece };
+	if (!cnt)
+		p[0] = (struct piece){ 0, 0 };
+	*n = cnt ? cnt : 1;
+	return p;
+}
+
+static void hdr_fill(struct kd_p_data *h, const struct kd_op *op, uint32_t sig, uint32_t step,
+		     uint32_t idx, uint64_t len)
+{
+	h->hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_DATA,
+				   .len = (uint32_t)(sizeof(*h) + len), .reserved = sig };
+	h->seq = op->seq;
+	h->step = step;
+	h->piece = idx;
+}
+
+static int try_send(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32_t step, bool *progress)
+{
+	while (c->next < c->npieces) {
+		const struct piece *p = &c->pieces[c->next];
+		struct iovec iov[2];
+		int nio = 0;
+		ssize_t n;
+
+		if (!c->hdone && !c->pdone)
+			hdr_fill(&c->hdr, op, mh->sig, step, c->next, p->len);
+		if (c->hdone < sizeof(c->hdr))
+			iov[nio++] = (struct iovec){ (uint8_t *)&c->hdr + c->hdone, sizeof(c->hdr) - c->hdone };
+		if (p->len > c->pdone)
+			iov[nio++] = (struct iovec){ (void *)(c->base + p->off + c->pdone), p->len - c->pdone };
+		struct msghdr mhdr = { .msg_iov = iov, .msg_iovlen = nio };
+
+		n = sendmsg(c->fd, &mhdr, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN)
+				return 0;
+			return -ECONNRESET;
+		}
+		*progress = true;
+		if (c->hdone < sizeof(c->hdr)) {
+			size_t h = sizeof(c->hdr) - c->hdone < (size_t)n ? sizeof(c->hdr) - c->hdone : (size_t)n;
+
+			c->hdone += h;
+			n -= h;
+		}
+		c->pdone += n;
+		if (c->hdone == sizeof(c->hdr) && c->pdone == p->len) {
+			atomic_fetch_add(&mh->bytes_sent, p->len + sizeof(c->hdr));
+			c->next += c->stride;
+			c->hdone = c->pdone = 0;
+		}
+	}
+	c->done = true;
+	return 0;
+}
+
+static int piece_done(struct kd_mh *mh, struct kd_op *op, struct cursor *c, const struct piece *p)
+{
+	if (c->rx && p->len) {
+		/* The same order on every host: the lower host's data first. */
+		const void *in[2];
+		uint8_t *acc = mh->acc + p->off;
+
+		in[0] = c->host < mh->self ? (const void *)c->rx : acc;
+		in[1] = c->host < mh->self ? (const void *)acc : c->rx;
+		return kcoll_reduce_n(op->dtype, op->redop, acc, in, 2, p->len / op->esz);
+	}
+	return 0;
+}
+
+static int try_recv(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32_t step, bool *progress)
+{
+	while (c->next < c->npieces) {
+		const struct piece *p = &c->pieces[c->next];
+		ssize_t n;
+
+		if (c->hdone < sizeof(c->hdr)) {
+			n = recv(c->fd, (uint8_t *)&c->hdr + c->hdone, sizeof(c->hdr) - c->hdone, MSG_DONTWAIT);
+			if (n > 0) {
+				*progress = true;
+				c->hdone += n;
+				if (c->hdone < sizeof(c->hdr))
+					continue;
+				if (c->hdr.hdr.magic != KD_PEER_MAGIC || c->hdr.hdr.type != KD_P_DATA) {
+					kc_warn("comm %s: host %u sent garbage on a data stream", op->comm->name,
+						c->host);
+					return -EPROTO;
+				}
+				if (c->hdr.hdr.reserved != mh->sig) {
+					kc_warn("comm %s: op %llu: host %u runs a different operation (type, "
+						"count, dtype, op or root differ)", op->comm->name,
+						(unsigned long long)op->seq, c->host);
+					return -EBADMSG;
+				}
+				if (c->hdr.seq != op->seq || c->hdr.step != step || c->hdr.piece != c->next ||
+				    c->hdr.hdr.len != sizeof(c->hdr) + p->len) {
+					kc_warn("comm %s: host %u is out of step (op %llu step %u piece %u, "
+						"expected op %llu step %u piece %u)", op->comm->name, c->host,
+						(unsigned long long)c->hdr.seq, c->hdr.step, c->hdr.piece,
+						(unsigned long long)op->seq, step, c->next);
+					return -EPROTO;
+				}
+				continue;
+			}
+		} else {
+			uint8_t *dst = c->rx ? c->rx : mh->acc + p->off;
+
+			n = p->len > c->pdone ? recv(c->fd, dst + c->pdone, p->len - c->pdone, MSG_DONTWAIT) : 0;
+			if (n >= 0 && c->pdone + n == p->len) {
+				int r;
+
+				c->pdone += n;
+				*progress = true;
+				r = piece_done(mh, op, c, p);
+				if (r)
+					return r;
+				atomic_fetch_add(&mh->bytes_recv, p->len + sizeof(c->hdr));
+				c->next += c->stride;
+				c->hdone = c->pdone = 0;
+				continue;
+			}
+			if (n > 0) {
+				*progress = true;
+				c->pdone += n;
+				continue;
+			}
+		}
+		if (n == 0)
+			return -ECONNRESET;	/* the peer closed the stream mid-op */
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN)
+			return 0;
+		return -ECONNRESET;
+	}
+	c->done = true;
+	return 0;
+}
+
+static int tcp_run_step(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st,
+			uint32_t stepno, uint32_t *bad_host)
+{
+	struct kd_comm *comm = op->comm;
+	uint32_t S = mh->nstreams, nc = (st->nsend + st->nrecv) * S, k = 0;
+	struct cursor *cs = calloc(nc ? nc : 1, sizeof(*cs));
+	struct piece *lists[2 * KD_MAX_HOSTS] = { 0 };
+	struct pollfd *pfd = calloc(nc + 1, sizeof(*pfd));
+	int64_t deadline = atomic_load(&mh->running_since) + comm->timeout_ns + 2000000000LL;
+	int r = 0;
+
+	*bad_host = KCOLL_RANK_NONE;
+	if (!cs || !pfd) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if (mh->rx_size < mh->piece) {
+		for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++) {
+			free(mh->rx[i]);
+			mh->rx[i] = NULL;
+		}
+		mh->rx_size = mh->piece;
+	}
+	for (uint32_t x = 0; x < st->nsend + st->nrecv; x++) {
+		bool send = x < st->nsend;
+		const struct kd_xfer *xf = send ? &st->send[x] : &st->recv[x - st->nsend];
+		uint32_t np;
+
+		lists[x] = cut(xf, mh->piece, &np);
+		if (!lists[x]) {
+			r = -ENOMEM;
+			goto out;
+		}
+		for (uint32_t s = 0; s < S; s++, k++) {
+			struct cursor *c = &cs[k];
+
+			c->fd = mh->hosts[xf->host].data[s];
+			c->host = xf->host;
+			c->send = send;
+			c->base = xf->base ? xf->base : mh->acc;
+			c->pieces = lists[x];
+			c->npieces = np;
+			c->next = s;
+			c->stride = S;
+			c->done = s >= np;
+			if (!send && st->reduce) {
+				uint32_t slot = xf->host * KD_MAX_STREAMS + s;
+
+				if (!mh->rx[slot])
+					mh->rx[slot] = malloc(mh->rx_size);
+				if (!mh->rx[slot]) {
+					r = -ENOMEM;
+					goto out;
+				}
+				c->rx = mh->rx[slot];
+			}
+		}
+	}
+	for (;;) {
+		bool progress = false;
+		uint32_t pending = 0, np = 0;
+
+		for (uint32_t i = 0; i < nc; i++) {
+			struct cursor *c = &cs[i];
+
+			if (c->done)
+				continue;
+			r = c->send ? try_send(mh, op, c, stepno, &progress) :
+				      try_recv(mh, op, c, stepno, &progress);
+			if (r) {
+				*bad_host = c->host;
+				goto out;
+			}
+			pending += !c->done;
+		}
+		if (!pending)
+			break;
+		if (op->seq >= __atomic_load_n(&comm->limit_seq, __ATOMIC_RELAXED)) {
+			r = -ECANCELED;	/* the comm was aborted: its error is the op's */
+			goto out;
+		}
+		if (progress)
+			continue;
+		for (uint32_t i = 0; i < nc; i++) {
+			if (cs[i].done)
+				continue;
+			pfd[np++] = (struct pollfd){ .fd = cs[i].fd, .events = cs[i].send ? POLLOUT : POLLIN };
+			if (*bad_host == KCOLL_RANK_NONE || !cs[i].send)
+				mh->wait_host = cs[i].host;
+		}
+		pfd[np++] = (struct pollfd){ .fd = mh->abort_fd, .events = POLLIN };
+		int64_t left = (deadline - kd_now_ns()) / 1000000;
+
+		if (left <= 0) {
+			*bad_host = mh->wait_host;
+			r = -ETIMEDOUT;
+			goto out;
+		}
+		if (poll(pfd, np, left < 100 ? (int)left : 100) > 0 && (pfd[np - 1].revents & POLLIN)) {
+			uint64_t v;
+
+			if (read(mh->abort_fd, &v, sizeof(v)) < 0)
+				v = 0;
+		}
+	}
+out:
+	for (uint32_t x = 0; x < 2 * KD_MAX_HOSTS; x++)
+		free(lists[x]);
+	free(cs);
+	free(pfd);
+	return r;
+}
+
+const struct kd_xport_ops kd_xport_tcp = {
+	.name = "tcp",
+	.run_step = tcp_run_step,
+};
