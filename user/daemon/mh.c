@@ -167,8 +167,11 @@ static int fold_in(struct run *x, const struct fold *f, const struct kd_range *a
 	uint32_t h = x->mh->self;
 	struct kd_step st = { .reduce = true };
 
-	if (h >= 2 * f->rem)
+	/* Step numbers are the same on every host: the data headers carry them. */
+	if (h >= 2 * f->rem) {
+		x->step++;
 		return 0;
+	}
 	if (h % 2 == 0) {
 		st.nsend = 1;
 		xfer(&st.send[0], h + 1, all, 1);
@@ -184,8 +187,10 @@ static int fold_out(struct run *x, const struct fold *f, const struct kd_range *
 	uint32_t h = x->mh->self;
 	struct kd_step st = { .reduce = false };
 
-	if (h >= 2 * f->rem)
+	if (h >= 2 * f->rem) {
+		x->step++;
 		return 0;
+	}
 	if (h % 2) {
 		st.nsend = 1;
 		xfer(&st.send[0], h - 1, all, 1);
@@ -217,10 +222,14 @@ static int allreduce_rd(struct run *x, uint64_t bytes)
 	struct kd_range all = { 0, bytes };
 	int r = fold_in(x, &f, &all);
 
-	for (uint32_t d = 1; !r && f.vh >= 0 && d < f.p; d <<= 1) {
+	for (uint32_t d = 1; !r && d < f.p; d <<= 1) {
 		struct kd_step st = { .nsend = 1, .nrecv = 1, .reduce = true };
 		uint32_t peer = real_host(&f, f.vh ^ d);
 
+		if (f.vh < 0) {
+			x->step++;	/* folded away: sit this step out */
+			continue;
+		}
 		/* Send what we had before this step: the reduction overwrites acc. */
 		r = snap(mh, bytes);
 		if (r)
@@ -244,8 +253,13 @@ static int allreduce_rabenseifner(struct run *x, uint64_t bytes, size_t esz)
 
 	/* Blocks b of the virtual hosts: elements [b*n/p, (b+1)*n/p). */
 #define BLK(a, b) ((struct kd_range){ n * (a) / f.p * esz, (n * (b) / f.p - n * (a) / f.p) * esz })
-	for (uint32_t d = f.p / 2; !r && f.vh >= 0 && d >= 1; d >>= 1) {
+	for (uint32_t d = f.p / 2; !r && d >= 1; d >>= 1) {
 		struct kd_step st = { .nsend = 1, .nrecv = 1, .reduce = true };
+
+		if (f.vh < 0) {
+			x->step++;
+			continue;
+		}
 		uint32_t mid = (lo + hi) / 2, peer = real_host(&f, f.vh ^ d);
 		bool upper = f.vh & d;
 		struct kd_range give = upper ? BLK(lo, mid) : BLK(mid, hi);
@@ -259,8 +273,13 @@ static int allreduce_rabenseifner(struct run *x, uint64_t bytes, size_t esz)
 		else
 			hi = mid;
 	}
-	for (uint32_t d = 1; !r && f.vh >= 0 && d < f.p; d <<= 1) {
+	for (uint32_t d = 1; !r && d < f.p; d <<= 1) {
 		struct kd_step st = { .nsend = 1, .nrecv = 1, .reduce = false };
+
+		if (f.vh < 0) {
+			x->step++;
+			continue;
+		}
 		uint32_t sz = hi - lo, peer = real_host(&f, f.vh ^ d);
 		bool upper = f.vh & d;
 		struct kd_range mine = BLK(lo, hi);
@@ -395,7 +414,7 @@ static int local_reduce(struct kd_mh *mh, struct kd_op *op, uint64_t bytes, uint
 		}
 		if (k == 1)
 			memcpy(mh->acc + off, ins[0], n);
-		else if ((r = kcoll_reduce_n(op->dtype, op->redop, mh->acc + off,
+		else if ((r = kcoll_reduce_n(op->dtype, mh->redop, mh->acc + off,
 					     (const void *const *)ins, k, n / op->esz)))
 			return r;
 	}
@@ -418,6 +437,32 @@ static int local_place(struct kd_mh *mh, struct kd_op *op, uint32_t rk, uint64_t
 			memcpy(mh->acc + at + off, p, n);
 	}
 	return r;
+}
+
+static bool is_float(uint8_t dt)
+{
+	return dt == KCOLL_F32 || dt == KCOLL_F64 || dt == KCOLL_F16 || dt == KCOLL_BF16;
+}
+
+/* avg: x / n, as one rank's reduction divides its sum (f16/bf16 in f32). */
+static void scale(uint8_t dt, void *p, uint64_t n, uint32_t div)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		switch (dt) {
+		case KCOLL_F32:
+			((float *)p)[i] /= (float)div;
+			break;
+		case KCOLL_F64:
+			((double *)p)[i] /= (double)div;
+			break;
+		case KCOLL_F16:
+			((uint16_t *)p)[i] = kcoll_f32_to_f16(kcoll_f16_to_f32(((uint16_t *)p)[i]) / (float)div);
+			break;
+		case KCOLL_BF16:
+			((uint16_t *)p)[i] = kcoll_f32_to_bf16(kcoll_bf16_to_f32(((uint16_t *)p)[i]) / (float)div);
+			break;
+		}
+	}
 }
 
 static uint32_t op_sig(const struct kd_op *op)
@@ -478,9 +523,13 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		net_fail(mh, op, -ECANCELED, KCOLL_RANK_NONE);
 		goto done;
 	}
-	if (op->redop == KCOLL_AVG && (op->opcode == KCOLL_OP_ALLREDUCE ||
-				       op->opcode == KCOLL_OP_REDUCE_SCATTER)) {
+	/* avg: sum everywhere, divide once at the end. */
+	mh->redop = op->redop == KCOLL_AVG ? KCOLL_SUM : op->redop;
+	if (op->redop == KCOLL_AVG && !is_float(op->dtype) &&
+	    (op->opcode == KCOLL_OP_ALLREDUCE || op->opcode == KCOLL_OP_REDUCE_SCATTER)) {
 		/* Every host sees the same op and fails it the same way. */
+		kc_info("comm %s: op %llu: integer avg across hosts is not supported (use sum and "
+			"divide)", comm->name, (unsigned long long)op->seq);
 		kd_op_fail(op, -EOPNOTSUPP, KCOLL_RANK_NONE, 0);
 		goto done;
 	}
@@ -578,6 +627,9 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		net_fail(mh, op, r, x.bad_host);
 		goto done;
 	}
+	if (op->redop == KCOLL_AVG && (op->opcode == KCOLL_OP_ALLREDUCE ||
+				       op->opcode == KCOLL_OP_REDUCE_SCATTER))
+		scale(op->dtype, mh->acc, bytes / op->esz, comm->nranks);
 
 	/* 3. local outputs */
 	for (uint32_t rk = 0; rk < comm->nranks && bytes; rk++) {

@@ -446,8 +446,15 @@ int kd_net_start(const char *listen_spec, const char *addrs_spec)
 	getsockname(fd, (struct sockaddr *)&sa, &sl);
 	net.me.port = ntohs(sa.sin_port);
 	net.me.nonce = kd.nonce;
-	gethostname(net.me.name, sizeof(net.me.name) - 1);
 	find_addrs(addrs_spec);
+	{
+		/* "host/first address": containers and namespaces often share a name. */
+		char hn[32] = "?";
+		struct in_addr in = { .s_addr = net.me.addrs[0] };
+
+		gethostname(hn, sizeof(hn) - 1);
+		snprintf(net.me.name, sizeof(net.me.name), "%s/%s", hn, inet_ntoa(in));
+	}
 	net.listen.fd = fd;
 	net.listen.role = PC_LISTEN;
 	pthread_mutex_init(&net.listen.send_lock, NULL);

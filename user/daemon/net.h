@@ -210,6 +210,7 @@ struct kd_mh {
 	size_t rx_size;
 	size_t piece;			/* bytes per piece (this op) */
 	uint32_t sig;			/* this op's parameters, checked on every piece */
+	uint8_t redop;			/* this op's reduction between hosts (avg: sum) */
 
 	/* what the net thread runs now, for the watchdog */
 	_Atomic uint64_t running_seq;	/* UINT64_MAX: none */
