@@ -412,7 +412,7 @@ static int local_reduce(struct kd_mh *mh, struct kd_op *op, uint64_t bytes, uint
 			}
 			k++;
 		}
-		if (k == 1)
+		if (k == 1 && ins[0] != mh->acc + off)
 			memcpy(mh->acc + off, ins[0], n);
 		else if ((r = kcoll_reduce_n(op->dtype, mh->redop, mh->acc + off,
 					     (const void *const *)ins, k, n / op->esz)))
@@ -433,10 +433,31 @@ static int local_place(struct kd_mh *mh, struct kd_op *op, uint32_t rk, uint64_t
 		const uint8_t *p;
 
 		r = kd_buf_read(ct->client, &ct->sbuf, off, n, mh->stage, &p);
-		if (!r)
+		if (!r && p != mh->acc + at + off)
 			memcpy(mh->acc + at + off, p, n);
 	}
 	return r;
+}
+
+/*
+ * A local rank's receive buffer that kcolld maps (shared memory, or pinned
+ * through kcoll.ko) can be the accumulator itself: the rank does not look at
+ * it until the op completes. Saves a copy in and a copy out of the whole
+ * message. Reduce-scatter's accumulator is larger than any receive buffer.
+ */
+static uint8_t *pick_acc(struct kd_op *op, uint64_t bytes)
+{
+	if (op->opcode == KCOLL_OP_REDUCE_SCATTER || !bytes)
+		return NULL;
+	for (uint32_t rk = 0; rk < op->comm->nranks; rk++) {
+		struct kd_contrib *ct = &op->c[rk];
+
+		/* Broadcast leaves the root's receive buffer alone. */
+		if (ct->present && ct->rbuf.direct && ct->rbuf.len >= bytes &&
+		    !(op->opcode == KCOLL_OP_BROADCAST && rk == op->root))
+			return ct->rbuf.direct;
+	}
+	return NULL;
 }
 
 static bool is_float(uint8_t dt)
@@ -461,6 +482,72 @@ static void scale(uint8_t dt, void *p, uint64_t n, uint32_t div)
 		case KCOLL_BF16:
 			((uint16_t *)p)[i] = kcoll_f32_to_bf16(kcoll_bf16_to_f32(((uint16_t *)p)[i]) / (float)div);
 			break;
+		}
+	}
+}
+
+static bool is_signed(uint8_t dt)
+{
+	return dt == KCOLL_I8 || dt == KCOLL_I32 || dt == KCOLL_I64;
+}
+
+static int64_t load_int(uint8_t dt, const uint8_t *p, uint64_t i)
+{
+	switch (dt) {
+	case KCOLL_I8: return ((const int8_t *)p)[i];
+	case KCOLL_U8: return ((const uint8_t *)p)[i];
+	case KCOLL_I32: return ((const int32_t *)p)[i];
+	case KCOLL_U32: return ((const uint32_t *)p)[i];
+	default: return ((const int64_t *)p)[i];
+	}
+}
+
+/* Integer avg, phase 1: acc (64-bit) = sum of the local ranks' inputs. */
+static int local_widen(struct kd_mh *mh, struct kd_op *op, uint64_t n, uint32_t *bad)
+{
+	size_t chunk = mh->piece / 8;	/* elements */
+	int64_t *acc = (int64_t *)mh->acc;
+	int r = need(&mh->stage, &mh->stage_size, chunk * op->esz);
+
+	for (uint64_t e = 0; !r && e < n; e += chunk) {
+		uint64_t m = n - e < chunk ? n - e : chunk;
+		bool first = true;
+
+		for (uint32_t rk = 0; rk < op->comm->nranks; rk++) {
+			struct kd_contrib *ct = &op->c[rk];
+			const uint8_t *p;
+
+			if (!ct->present)
+				continue;
+			r = kd_buf_read(ct->client, &ct->sbuf, e * op->esz, m * op->esz, mh->stage, &p);
+			if (r) {
+				*bad = rk;
+				return r;
+			}
+			/* unsigned: the 64-bit pattern of the wrapping u64 sum is the same */
+			for (uint64_t i = 0; i < m; i++)
+				acc[e + i] = (first ? 0 : acc[e + i]) + (uint64_t)load_int(op->dtype, p, i);
+			first = false;
+		}
+	}
+	return r;
+}
+
+/* Integer avg, phase 3: 64-bit sums / n, truncated toward zero, packed
+ * back to the element type at the start of acc. */
+static void narrow_avg(uint8_t dt, uint8_t *acc, uint64_t n, uint32_t div)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		int64_t s = ((int64_t *)acc)[i];
+		uint64_t u = ((uint64_t *)acc)[i];
+
+		switch (dt) {
+		case KCOLL_I8: ((int8_t *)acc)[i] = (int8_t)(s / div); break;
+		case KCOLL_U8: ((uint8_t *)acc)[i] = (uint8_t)(u / div); break;
+		case KCOLL_I32: ((int32_t *)acc)[i] = (int32_t)(s / div); break;
+		case KCOLL_U32: ((uint32_t *)acc)[i] = (uint32_t)(u / div); break;
+		case KCOLL_I64: ((int64_t *)acc)[i] = s / (int64_t)div; break;
+		case KCOLL_U64: ((uint64_t *)acc)[i] = u / div; break;
 		}
 	}
 }
@@ -501,8 +588,9 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 {
 	struct kd_comm *comm = op->comm;
 	struct run x = { .mh = mh, .op = op, .bad_host = KCOLL_RANK_NONE };
-	uint64_t bytes = 0, block = 0;
+	uint64_t bytes = 0, block = 0, wbytes, wblock;
 	uint32_t bad = KCOLL_RANK_NONE, root_host = 0;
+	bool wide;
 	int r = 0;
 
 	atomic_store(&mh->running_since, kd_now_ns());
@@ -523,16 +611,14 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		net_fail(mh, op, -ECANCELED, KCOLL_RANK_NONE);
 		goto done;
 	}
-	/* avg: sum everywhere, divide once at the end. */
+	/* avg: sum everywhere, divide once at the end; integers are summed in
+	 * 64 bits (as on one host), so the wire and accumulator are 64-bit. */
 	mh->redop = op->redop == KCOLL_AVG ? KCOLL_SUM : op->redop;
-	if (op->redop == KCOLL_AVG && !is_float(op->dtype) &&
-	    (op->opcode == KCOLL_OP_ALLREDUCE || op->opcode == KCOLL_OP_REDUCE_SCATTER)) {
-		/* Every host sees the same op and fails it the same way. */
-		kc_info("comm %s: op %llu: integer avg across hosts is not supported (use sum and "
-			"divide)", comm->name, (unsigned long long)op->seq);
-		kd_op_fail(op, -EOPNOTSUPP, KCOLL_RANK_NONE, 0);
-		goto done;
-	}
+	wide = op->redop == KCOLL_AVG && !is_float(op->dtype) &&
+	       (op->opcode == KCOLL_OP_ALLREDUCE || op->opcode == KCOLL_OP_REDUCE_SCATTER);
+	mh->dtype = wide ? (is_signed(op->dtype) ? KCOLL_I64 : KCOLL_U64) : op->dtype;
+	mh->esz = kcoll_dtype_size(mh->dtype);
+	mh->piece = mh->piece / 8 * 8;
 	block = op->count * op->esz;
 	switch (op->opcode) {
 	case KCOLL_OP_ALLREDUCE:
@@ -544,12 +630,9 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		bytes = block * comm->nranks;
 		break;
 	}
-	r = need(&mh->acc, &mh->acc_size, bytes ? bytes : 1);
-	if (r) {
-		kd_op_fail(op, r, KCOLL_RANK_NONE, 0);
-		net_fail(mh, op, r, KCOLL_RANK_NONE);
-		goto done;
-	}
+	/* wbytes: what the accumulator holds and the hosts exchange */
+	wbytes = bytes / op->esz * mh->esz;
+	wblock = block / op->esz * mh->esz;
 	for (uint32_t rk = 0; rk < comm->nranks; rk++) {
 		struct kd_contrib *ct = &op->c[rk];
 
@@ -558,12 +641,21 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		kd_buf_resolve(ct->client, ct->send, ct->sbuf.len, &ct->sbuf);
 		kd_buf_resolve(ct->client, ct->recv, ct->rbuf.len, &ct->rbuf);
 	}
+	mh->acc = wide ? NULL : pick_acc(op, bytes);
+	if (!mh->acc) {
+		r = need(&mh->own, &mh->acc_size, wbytes ? wbytes : 1);
+		if (r) {
+			net_fail(mh, op, r, KCOLL_RANK_NONE);
+			goto done;
+		}
+		mh->acc = mh->own;
+	}
 
 	/* 1. local inputs */
 	switch (op->opcode) {
 	case KCOLL_OP_ALLREDUCE:
 	case KCOLL_OP_REDUCE_SCATTER:
-		r = local_reduce(mh, op, bytes, &bad);
+		r = wide ? local_widen(mh, op, bytes / op->esz, &bad) : local_reduce(mh, op, bytes, &bad);
 		break;
 	case KCOLL_OP_ALLGATHER:
 		for (uint32_t rk = 0; !r && rk < comm->nranks; rk++)
@@ -589,15 +681,15 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	case KCOLL_OP_ALLREDUCE:
 		if (!bytes)
 			break;
-		switch (choose(mh, bytes)) {
+		switch (choose(mh, wbytes)) {
 		case KD_ALGO_RD:
-			r = allreduce_rd(&x, bytes);
+			r = allreduce_rd(&x, wbytes);
 			break;
 		case KD_ALGO_RABENSEIFNER:
-			r = allreduce_rabenseifner(&x, bytes, op->esz);
+			r = allreduce_rabenseifner(&x, wbytes, mh->esz);
 			break;
 		default:
-			r = allreduce_ring(&x, bytes, op->esz);
+			r = allreduce_ring(&x, wbytes, mh->esz);
 			break;
 		}
 		break;
@@ -607,7 +699,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 
 		if (!bytes)
 			break;
-		r = segs_hosts(&sg, mh, comm->nranks, block);
+		r = segs_hosts(&sg, mh, comm->nranks, wblock);
 		if (!r)
 			r = ring_phase(&x, &sg, op->opcode == KCOLL_OP_REDUCE_SCATTER);
 		segs_free(&sg);
@@ -627,8 +719,10 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		net_fail(mh, op, r, x.bad_host);
 		goto done;
 	}
-	if (op->redop == KCOLL_AVG && (op->opcode == KCOLL_OP_ALLREDUCE ||
-				       op->opcode == KCOLL_OP_REDUCE_SCATTER))
+	if (wide)
+		narrow_avg(op->dtype, mh->acc, bytes / op->esz, comm->nranks);
+	else if (op->redop == KCOLL_AVG && (op->opcode == KCOLL_OP_ALLREDUCE ||
+					    op->opcode == KCOLL_OP_REDUCE_SCATTER))
 		scale(op->dtype, mh->acc, bytes / op->esz, comm->nranks);
 
 	/* 3. local outputs */
@@ -743,10 +837,10 @@ void kd_mh_stop(struct kd_mh *mh)
 	if (mh->abort_fd >= 0)
 		close(mh->abort_fd);
 	mh->abort_fd = -1;
-	free(mh->acc);
+	free(mh->own);
 	free(mh->snap);
 	free(mh->stage);
 	for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++)
 		free(mh->rx[i]);
-	mh->acc = mh->snap = mh->stage = NULL;
+	mh->acc = mh->own = mh->snap = mh->stage = NULL;
 }

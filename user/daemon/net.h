@@ -200,7 +200,8 @@ struct kd_mh {
 	struct kd_op *queue;
 	bool stop;
 	int abort_fd;			/* eventfd: wakes the net thread on abort */
-	uint8_t *acc;			/* the op's accumulator, kept between ops */
+	uint8_t *acc;			/* the op's accumulator: own, or a local rank's buffer */
+	uint8_t *own;			/* ours, kept between ops */
 	size_t acc_size;
 	uint8_t *snap;			/* recursive doubling: what we send this step */
 	size_t snap_size;
@@ -211,6 +212,8 @@ struct kd_mh {
 	size_t piece;			/* bytes per piece (this op) */
 	uint32_t sig;			/* this op's parameters, checked on every piece */
 	uint8_t redop;			/* this op's reduction between hosts (avg: sum) */
+	uint8_t dtype;			/* ... and its element type (integer avg: 64-bit) */
+	size_t esz;
 
 	/* what the net thread runs now, for the watchdog */
 	_Atomic uint64_t running_seq;	/* UINT64_MAX: none */

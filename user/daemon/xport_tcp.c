@@ -128,7 +128,7 @@ static int piece_done(struct kd_mh *mh, struct kd_op *op, struct cursor *c, cons
 
 		in[0] = c->host < mh->self ? (const void *)c->rx : acc;
 		in[1] = c->host < mh->self ? (const void *)acc : c->rx;
-		return kcoll_reduce_n(op->dtype, mh->redop, acc, in, 2, p->len / op->esz);
+		return kcoll_reduce_n(mh->dtype, mh->redop, acc, in, 2, p->len / mh->esz);
 	}
 	return 0;
 }
