@@ -44,7 +44,7 @@ struct run {
 
 static int step(struct run *x, const struct kd_step *st)
 {
-	return x->mh->xport->run_step(x->mh, x->op, st, x->step++, &x->bad_host);
+	return x->mh->xport->run_steps(x->mh, x->op, st, 1, x->step++, false, &x->bad_host);
 }
 
 static void xfer(struct kd_xfer *f, uint32_t host, const struct kd_range *r, uint32_t nr)
@@ -114,27 +114,39 @@ static int segs_hosts(struct segs *s, const struct kd_mh *mh, uint32_t nranks, u
 	return 0;
 }
 
-static int ring_phase(struct run *x, const struct segs *sg, bool reduce)
+/*
+ * Ring phases as one chain of steps: reduce-scatter (host h ends with
+ * segment h reduced), all-gather (host h starts with segment h), or both.
+ */
+static int ring(struct run *x, const struct segs *sg, bool rs, bool ag)
 {
 	struct kd_mh *mh = x->mh;
-	uint32_t H = mh->nhosts, h = mh->self;
+	uint32_t H = mh->nhosts, h = mh->self, n = 0;
 	uint32_t next = (h + 1) % H, prev = (h + H - 1) % H;
-	struct kd_step st = { .nsend = 1, .nrecv = 1, .reduce = reduce };
+	struct kd_step *st = calloc(2 * H, sizeof(*st));
+	int r;
 
-	for (uint32_t s = 0; s + 1 < H; s++) {
-		/* reduce-scatter: host h ends with segment h reduced; all-gather:
-		 * host h starts with segment h. */
-		uint32_t sb = reduce ? (h + 2 * H - s - 1) % H : (h + H - s) % H;
-		uint32_t rb = reduce ? (h + 2 * H - s - 2) % H : (h + 2 * H - s - 1) % H;
-		int r;
+	if (!st)
+		return -ENOMEM;
+	for (int phase = 0; phase < 2; phase++) {
+		bool reduce = phase == 0;
 
-		xfer(&st.send[0], next, &sg->r[sg->first[sb]], sg->n[sb]);
-		xfer(&st.recv[0], prev, &sg->r[sg->first[rb]], sg->n[rb]);
-		r = step(x, &st);
-		if (r)
-			return r;
+		if ((reduce && !rs) || (!reduce && !ag))
+			continue;
+		for (uint32_t s = 0; s + 1 < H; s++, n++) {
+			uint32_t sb = reduce ? (h + 2 * H - s - 1) % H : (h + H - s) % H;
+			uint32_t rb = reduce ? (h + 2 * H - s - 2) % H : (h + 2 * H - s - 1) % H;
+
+			st[n].nsend = st[n].nrecv = 1;
+			st[n].reduce = reduce;
+			xfer(&st[n].send[0], next, &sg->r[sg->first[sb]], sg->n[sb]);
+			xfer(&st[n].recv[0], prev, &sg->r[sg->first[rb]], sg->n[rb]);
+		}
 	}
-	return 0;
+	r = n ? mh->xport->run_steps(mh, x->op, st, n, x->step, true, &x->bad_host) : 0;
+	x->step += n;
+	free(st);
+	return r;
 }
 
 /* ---- recursive doubling / Rabenseifner, with the non-power-of-two fold ---- */
@@ -303,9 +315,7 @@ static int allreduce_ring(struct run *x, uint64_t bytes, size_t esz)
 	int r = segs_even(&sg, bytes, esz, x->mh->nhosts);
 
 	if (!r)
-		r = ring_phase(x, &sg, true);
-	if (!r)
-		r = ring_phase(x, &sg, false);
+		r = ring(x, &sg, true, true);
 	segs_free(&sg);
 	return r;
 }
@@ -351,7 +361,7 @@ static int broadcast(struct run *x, uint64_t bytes, size_t esz, uint32_t root_ho
 	if (!r)
 		r = step(x, &st);
 	if (!r)
-		r = ring_phase(x, &sg, false);
+		r = ring(x, &sg, false, true);
 	segs_free(&sg);
 	return r;
 }
@@ -701,7 +711,8 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 			break;
 		r = segs_hosts(&sg, mh, comm->nranks, wblock);
 		if (!r)
-			r = ring_phase(&x, &sg, op->opcode == KCOLL_OP_REDUCE_SCATTER);
+			r = ring(&x, &sg, op->opcode == KCOLL_OP_REDUCE_SCATTER,
+				 op->opcode == KCOLL_OP_ALLGATHER);
 		segs_free(&sg);
 		break;
 	}

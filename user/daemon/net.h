@@ -159,14 +159,17 @@ struct kd_step {
 struct kd_mh;
 
 /*
- * The transport ops table: how a step moves bytes between daemons. TCP
- * (xport_tcp.c) today; RDMA verbs plug in here. run_step returns 0 or a
- * negative errno with *bad_host the host it failed on (or waited for).
+ * The transport ops table: how steps move bytes between daemons. TCP
+ * (xport_tcp.c) today; RDMA verbs plug in here. run_steps runs n steps
+ * numbered first.. in order; chained (one send and one receive per step, the
+ * send of step t being what step t - 1 received) lets piece j of step t go
+ * once piece j of step t - 1 is in. Returns 0 or a negative errno with
+ * *bad_host the host it failed on (or waited for).
  */
 struct kd_xport_ops {
 	const char *name;
-	int (*run_step)(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st,
-			uint32_t stepno, uint32_t *bad_host);
+	int (*run_steps)(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
+			 uint32_t first, bool chain, uint32_t *bad_host);
 };
 
 extern const struct kd_xport_ops kd_xport_tcp;

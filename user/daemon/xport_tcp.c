@@ -43,6 +43,9 @@ struct cursor {
 	size_t hdone, pdone;	/* bytes of header / payload done for piece 'next' */
 	struct kd_p_data hdr;
 	uint8_t *rx;		/* receive with reduction: staging */
+	uint32_t step;
+	struct cursor *prev;	/* same stream, previous step: finishes first */
+	struct cursor *dep;	/* chained send: piece j waits for dep's piece j */
 	bool done;
 };
 
@@ -79,7 +82,12 @@ static void hdr_fill(struct kd_p_data *h, const struct kd_op *op, uint32_t sig, 
 
 static int try_send(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32_t step, bool *progress)
 {
-	while (c->next < c->npieces) {
+	for (;;) {
+		if (c->next >= c->npieces)
+			break;
+		/* Chained: piece j goes out once the previous step's piece j is in. */
+		if (c->dep && !c->dep->done && c->dep->next <= c->next)
+			return 0;
 		const struct piece *p = &c->pieces[c->next];
 		struct iovec iov[2];
 		int nio = 0;
@@ -202,19 +210,37 @@ static int try_recv(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 	return 0;
 }
 
-static int tcp_run_step(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st,
-			uint32_t stepno, uint32_t *bad_host)
+static bool gated(const struct cursor *c)
+{
+	return c->prev && !c->prev->done;
+}
+
+/*
+ * Run n steps. Unchained (n == 1 in practice): every transfer of the step at
+ * once. Chained (ring phases: one send and one receive per step, the send of
+ * step t being the segment received in step t - 1): piece j of step t leaves
+ * as soon as piece j of step t - 1 has arrived and been reduced, so the
+ * steps overlap instead of draining the pipeline between them.
+ */
+static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
+			 uint32_t first, bool chain, uint32_t *bad_host)
 {
 	struct kd_comm *comm = op->comm;
-	uint32_t S = mh->nstreams, nc = (st->nsend + st->nrecv) * S, k = 0;
-	struct cursor *cs = calloc(nc ? nc : 1, sizeof(*cs));
-	struct piece *lists[2 * KD_MAX_HOSTS] = { 0 };
-	struct pollfd *pfd = calloc(nc + 1, sizeof(*pfd));
+	uint32_t S = mh->nstreams, nc = 0, k = 0, nl = 0;
+	struct cursor *cs;
+	struct piece **lists;
+	struct pollfd *pfd;
 	int64_t deadline = atomic_load(&mh->running_since) + comm->timeout_ns + 2000000000LL;
+	int64_t t0 = kd_now_ns();
 	int r = 0;
 
 	*bad_host = KCOLL_RANK_NONE;
-	if (!cs || !pfd) {
+	for (uint32_t t = 0; t < n; t++)
+		nc += (st[t].nsend + st[t].nrecv) * S;
+	cs = calloc(nc ? nc : 1, sizeof(*cs));
+	lists = calloc(nc ? nc : 1, sizeof(*lists));
+	pfd = calloc(nc + 1, sizeof(*pfd));
+	if (!cs || !pfd || !lists) {
 		r = -ENOMEM;
 		goto out;
 	}
@@ -225,39 +251,49 @@ static int tcp_run_step(struct kd_mh *mh, struct kd_op *op, const struct kd_step
 		}
 		mh->rx_size = mh->piece;
 	}
-	for (uint32_t x = 0; x < st->nsend + st->nrecv; x++) {
-		bool send = x < st->nsend;
-		const struct kd_xfer *xf = send ? &st->send[x] : &st->recv[x - st->nsend];
-		uint32_t np;
+	for (uint32_t t = 0; t < n; t++) {
+		for (uint32_t x = 0; x < st[t].nsend + st[t].nrecv; x++) {
+			bool send = x < st[t].nsend;
+			const struct kd_xfer *xf = send ? &st[t].send[x] : &st[t].recv[x - st[t].nsend];
+			uint32_t np;
 
-		lists[x] = cut(xf, mh->piece, &np);
-		if (!lists[x]) {
-			r = -ENOMEM;
-			goto out;
-		}
-		for (uint32_t s = 0; s < S; s++, k++) {
-			struct cursor *c = &cs[k];
-
-			c->fd = mh->hosts[xf->host].data[s];
-			c->host = xf->host;
-			c->send = send;
-			c->base = xf->base ? xf->base : mh->acc;
-			c->pieces = lists[x];
-			c->npieces = np;
-			c->next = s;
-			c->stride = S;
-			c->done = s >= np;
-			if (!send && st->reduce) {
-				uint32_t slot = xf->host * KD_MAX_STREAMS + s;
-
-				if (!mh->rx[slot])
-					mh->rx[slot] = malloc(mh->rx_size);
-				if (!mh->rx[slot]) {
-					r = -ENOMEM;
-					goto out;
-				}
-				c->rx = mh->rx[slot];
+			lists[nl] = cut(xf, mh->piece, &np);
+			if (!lists[nl]) {
+				r = -ENOMEM;
+				goto out;
 			}
+			for (uint32_t s = 0; s < S; s++, k++) {
+				struct cursor *c = &cs[k];
+
+				c->fd = mh->hosts[xf->host].data[s];
+				c->host = xf->host;
+				c->send = send;
+				c->base = xf->base ? xf->base : mh->acc;
+				c->pieces = lists[nl];
+				c->npieces = np;
+				c->next = s;
+				c->stride = S;
+				c->step = first + t;
+				c->done = s >= np;
+				if (t && chain) {
+					/* cursors of a chained step: send s, recv s (2S each) */
+					c->prev = &cs[k - 2 * S];
+					if (send)
+						c->dep = &cs[k - 2 * S + S];
+				}
+				if (!send && st[t].reduce) {
+					uint32_t slot = xf->host * KD_MAX_STREAMS + s;
+
+					if (!mh->rx[slot])
+						mh->rx[slot] = malloc(mh->rx_size);
+					if (!mh->rx[slot]) {
+						r = -ENOMEM;
+						goto out;
+					}
+					c->rx = mh->rx[slot];
+				}
+			}
+			nl++;
 		}
 	}
 	for (;;) {
@@ -269,13 +305,15 @@ static int tcp_run_step(struct kd_mh *mh, struct kd_op *op, const struct kd_step
 
 			if (c->done)
 				continue;
-			r = c->send ? try_send(mh, op, c, stepno, &progress) :
-				      try_recv(mh, op, c, stepno, &progress);
+			pending++;
+			if (gated(c))
+				continue;
+			r = c->send ? try_send(mh, op, c, c->step, &progress) :
+				      try_recv(mh, op, c, c->step, &progress);
 			if (r) {
 				*bad_host = c->host;
 				goto out;
 			}
-			pending += !c->done;
 		}
 		if (!pending)
 			break;
@@ -286,11 +324,14 @@ static int tcp_run_step(struct kd_mh *mh, struct kd_op *op, const struct kd_step
 		if (progress)
 			continue;
 		for (uint32_t i = 0; i < nc; i++) {
-			if (cs[i].done)
+			struct cursor *c = &cs[i];
+
+			/* Sleep on what can move: not gated, not waiting for a dependency. */
+			if (c->done || gated(c) || (c->dep && !c->dep->done && c->dep->next <= c->next))
 				continue;
-			pfd[np++] = (struct pollfd){ .fd = cs[i].fd, .events = cs[i].send ? POLLOUT : POLLIN };
-			if (*bad_host == KCOLL_RANK_NONE || !cs[i].send)
-				mh->wait_host = cs[i].host;
+			pfd[np++] = (struct pollfd){ .fd = c->fd, .events = c->send ? POLLOUT : POLLIN };
+			if (!c->send)
+				mh->wait_host = c->host;
 		}
 		pfd[np++] = (struct pollfd){ .fd = mh->abort_fd, .events = POLLIN };
 		int64_t left = (deadline - kd_now_ns()) / 1000000;
@@ -308,8 +349,10 @@ static int tcp_run_step(struct kd_mh *mh, struct kd_op *op, const struct kd_step
 		}
 	}
 out:
-	for (uint32_t x = 0; x < 2 * KD_MAX_HOSTS; x++)
+	(void)t0;
+	for (uint32_t x = 0; lists && x < nl; x++)
 		free(lists[x]);
+	free(lists);
 	free(cs);
 	free(pfd);
 	return r;
@@ -317,5 +360,5 @@ out:
 
 const struct kd_xport_ops kd_xport_tcp = {
 	.name = "tcp",
-	.run_step = tcp_run_step,
+	.run_steps = tcp_run_steps,
 };
