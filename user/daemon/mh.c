@@ -761,6 +761,30 @@ done:
 	atomic_store(&mh->running_seq, UINT64_MAX);
 }
 
+/* Small ops run on the ring thread that made them ready, when the comm's
+ * net thread is idle: a thread handoff costs more than they do. */
+static bool small(const struct kd_op *op)
+{
+	uint64_t bytes = op->count * kcoll_dtype_size(op->dtype);
+
+	if (op->opcode == KCOLL_OP_REDUCE_SCATTER || op->opcode == KCOLL_OP_ALLGATHER)
+		bytes *= op->comm->nranks;
+	return bytes <= SMALL_BYTES;
+}
+
+/* Run op and the comm's ops that become runnable after it; inline: stop at
+ * (and return) the first that is not small. */
+static struct kd_op *run_chain(struct kd_mh *mh, struct kd_op *op, bool inline_only)
+{
+	while (op) {
+		run_op(mh, op);
+		op = kd_comm_op_done(op);
+		if (op && inline_only && !small(op))
+			return op;
+	}
+	return NULL;
+}
+
 static void *net_thread(void *arg)
 {
 	struct kd_mh *mh = arg;
@@ -769,19 +793,21 @@ static void *net_thread(void *arg)
 		struct kd_op *op;
 
 		pthread_mutex_lock(&mh->qlock);
-		while (!mh->queue && !mh->stop)
+		while ((!mh->queue || mh->busy) && !mh->stop)
 			pthread_cond_wait(&mh->qcond, &mh->qlock);
-		op = mh->queue;
-		if (op)
+		op = mh->busy ? NULL : mh->queue;
+		if (op) {
 			mh->queue = op->next;
+			mh->busy = true;
+		}
 		pthread_mutex_unlock(&mh->qlock);
 		if (!op)
-			break;
+			break;	/* stopping; the comm is aborted and its ranks are gone */
 		op->next = NULL;
-		while (op) {
-			run_op(mh, op);
-			op = kd_comm_op_done(op);
-		}
+		run_chain(mh, op, false);
+		pthread_mutex_lock(&mh->qlock);
+		mh->busy = false;
+		pthread_mutex_unlock(&mh->qlock);
 	}
 	kd_exec_thread_done();
 	return NULL;
@@ -818,17 +844,36 @@ void kd_mh_wake(struct kd_mh *mh)
 		kc_dbg("abort eventfd: %m");
 }
 
-void kd_mh_queue(struct kd_op *op)
+static void push(struct kd_mh *mh, struct kd_op *op)
 {
-	struct kd_mh *mh = op->comm->mh;
 	struct kd_op **pp;
 
-	pthread_mutex_lock(&mh->qlock);
 	for (pp = &mh->queue; *pp; pp = &(*pp)->next)
 		;
 	op->next = NULL;
 	*pp = op;
 	pthread_cond_signal(&mh->qcond);
+}
+
+void kd_mh_queue(struct kd_op *op)
+{
+	struct kd_mh *mh = op->comm->mh;
+
+	pthread_mutex_lock(&mh->qlock);
+	if (!mh->busy && !mh->queue && !mh->stop && small(op)) {
+		mh->busy = true;
+		pthread_mutex_unlock(&mh->qlock);
+		op = run_chain(mh, op, true);
+		pthread_mutex_lock(&mh->qlock);
+		mh->busy = false;
+		if (op)
+			push(mh, op);
+		else if (mh->queue)
+			pthread_cond_signal(&mh->qcond);
+		pthread_mutex_unlock(&mh->qlock);
+		return;
+	}
+	push(mh, op);
 	pthread_mutex_unlock(&mh->qlock);
 }
 

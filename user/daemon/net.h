@@ -201,6 +201,7 @@ struct kd_mh {
 	pthread_mutex_t qlock;
 	pthread_cond_t qcond;
 	struct kd_op *queue;
+	bool busy;			/* an op of this comm runs (net thread or inline) */
 	bool stop;
 	int abort_fd;			/* eventfd: wakes the net thread on abort */
 	uint8_t *acc;			/* the op's accumulator: own, or a local rank's buffer */
