@@ -2,11 +2,22 @@
 # Multi-host anchors on the netns cluster (scripts/netns-cluster.sh): what the
 # established libraries reach over TCP between "hosts", and what the network
 # itself can carry, for kcolld's multi-host collectives to be measured against.
-#   scripts/cluster-anchors.sh [BUILD]        (BUILD defaults to build)
+#   scripts/cluster-anchors.sh [--kcoll] [BUILD]   (BUILD defaults to build)
 # Brings up its own cluster (prefix $KCOLL_CLUSTER_PREFIX, default "kca", so a
 # cluster of yours under "kc" is left alone; no kcolld), measures, tears it
 # down (also on failure or Ctrl-C), writes docs/perf/cluster-anchors-<date>.json
 # and prints a markdown table. Needs root.
+#
+# --kcoll (what scripts/bench-cluster.sh runs): kcoll too, in the same run and
+# rotation: the cluster comes up with a kcolld per host (KCOLL_LOG_LEVEL=warn)
+# and `kcoll-bench allreduce --hosts HOSTS -N 1` runs from the root namespace,
+# one rank per host started through `netns-cluster.sh exec %h` (zero-copy
+# kcoll_mem_alloc buffers; the anchors use malloc'ed ones). The daemons
+# advertise only their eth0 address (KCOLL_ADDRS, set by restarting each one),
+# so that kcoll, the anchors and the capacity measure share one network. Writes
+# docs/perf/allreduce-cluster-<date>.json and .md (the table: busbw per
+# library, kcoll / best anchor, kcoll / ring bound) and draws
+# docs/perf/allreduce-cluster.png (gnuplot, as scripts/plot-perf.sh).
 #
 # What runs, one process per host, every transfer on eth0 (10.10.0.0/24):
 #  - kcoll-tcpcap ring: every host streams to its ring neighbour at once for
@@ -24,8 +35,9 @@
 # f32 sum, 1 KiB..256 MiB x4, results checked. Each library runs the sweep in
 # two parts, SMALL_ITERS iterations up to 1 MiB and LARGE_ITERS from 4 MiB (a
 # 256 MiB all-reduce takes about a second here). ROUNDS rounds, the libraries'
-# order alternating; the summary keeps the best round per point (other load
-# only slows a point down) and the median; the JSON keeps every raw run.
+# order rotating by one each round (with two: alternating); the summary keeps
+# the best round per point (other load only slows a point down) and the
+# median; the JSON keeps every raw run.
 #
 # The bound: in a ring all-reduce of S bytes over n hosts every host sends
 # 2(n-1)/n * S bytes to its neighbour, all links at once, each step waiting
@@ -36,10 +48,21 @@
 # comes on top: the bound is not reachable, it is the ceiling.
 #
 # Environment: ROUNDS (3), HOSTS (4), CAP_SECONDS (3), SMALL_ITERS (20),
-# LARGE_ITERS (5), BENCH_OUT (docs/perf), KCOLL_CLUSTER_PREFIX (kca).
-# Bounded: about 2-3 minutes with the defaults; every command under a timeout.
+# LARGE_ITERS (5), BENCH_OUT (docs/perf), KCOLL_CLUSTER_PREFIX (kca);
+# with --kcoll also KCOLL_MEM (shm; host: malloc'ed buffers, one copy),
+# KCOLL_NETS (eth0; all: kcolld's default, every interface: eth0 and eth1,
+# which the ring bound does not cover) and KCOLL_BENCH_EXTRA (more kcoll-bench
+# options; "-s /run/kcoll-kca/h0/kcolld.sock" puts every rank on host 0's
+# daemon: only to test the launcher).
+# Bounded: about 2-3 minutes with the defaults (4-5 with --kcoll); every
+# command under a timeout.
 set -euo pipefail
 
+with_kcoll=0
+if [ "${1:-}" = --kcoll ]; then
+	with_kcoll=1
+	shift
+fi
 BUILD=${1:-build}
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -54,6 +77,14 @@ large_iters=${LARGE_ITERS:-5}
 outdir=${BENCH_OUT:-docs/perf}
 stamp=$(date +%Y-%m-%d-%H%M)
 json="$outdir/cluster-anchors-$stamp.json"
+if [ "$with_kcoll" -eq 1 ]; then
+	json="$outdir/allreduce-cluster-$stamp.json"
+	table="$outdir/allreduce-cluster-$stamp.md"
+	png="$outdir/allreduce-cluster.png"
+fi
+kcoll_mem=${KCOLL_MEM:-shm}
+kcoll_nets=${KCOLL_NETS:-eth0}
+read -r -a kcoll_extra <<<"${KCOLL_BENCH_EXTRA:-}"
 cluster="$top/scripts/netns-cluster.sh"
 rsh="$top/scripts/netns-rsh.sh"
 port=17660
@@ -75,6 +106,11 @@ if [ -x "$bin/gloo-allreduce-bench" ]; then
 else
 	note "no $bin/gloo-allreduce-bench (needs libgloo-dev: scripts/deps.sh --bench, then make): Gloo skipped"
 fi
+if [ "$with_kcoll" -eq 1 ]; then
+	for b in kcoll-bench kcolld; do [ -x "$bin/$b" ] || die "$bin/$b missing: run make"; done
+	case "$kcoll_nets" in eth0 | all) ;; *) die "KCOLL_NETS is eth0 or all, not '$kcoll_nets'" ;; esac
+	command -v gnuplot >/dev/null || note "no gnuplot (scripts/deps.sh --bench): no plot"
+fi
 
 tmp=$(mktemp -d /tmp/kcoll-cluster-anchors.XXXXXX)
 chmod 755 "$tmp"
@@ -86,7 +122,18 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 "$cluster" down >/dev/null 2>&1 || true
-"$cluster" up -H "$hosts" --no-daemon >&2
+if [ "$with_kcoll" -eq 1 ]; then
+	export KCOLL_LOG_LEVEL=warn
+	"$cluster" up -H "$hosts" >&2
+	if [ "$kcoll_nets" = eth0 ]; then
+		for ((i = 0; i < hosts; i++)); do
+			KCOLL_ADDRS=10.10.0.$((i + 1)) "$cluster" restart "$i" >&2
+		done
+	fi
+	unset KCOLL_LOG_LEVEL
+else
+	"$cluster" up -H "$hosts" --no-daemon >&2
+fi
 
 addrs=()
 for ((i = 0; i < hosts; i++)); do addrs+=("10.10.0.$((i + 1))"); done
@@ -147,13 +194,44 @@ gloo() {	# round part args...
 	record "$1" gloo "$out"
 }
 
+# kcoll-bench's parent runs here, in the root namespace: it asks host 0's
+# daemon for the id and starts each rank on its host through the launcher.
+kcoll_cmd=("$bin/kcoll-bench" --hosts "$hosts" -N 1 --mem "$kcoll_mem"
+	   --launch "$cluster exec %h" "${kcoll_extra[@]}")
+kcoll() {	# round part args...
+	local out="$tmp/kcoll.json" i
+	if ! timeout -k 10 240 "${kcoll_cmd[@]}" "${@:3}" >"$out" 2>"$tmp/kcoll.err"; then
+		cat "$tmp/kcoll.err" >&2
+		for ((i = 0; i < hosts; i++)); do
+			tail -n 5 "/run/kcoll-$KCOLL_CLUSTER_PREFIX/h$i/kcolld.log" 2>/dev/null |
+				sed "s/^/kcolld h$i: /" >&2 || true
+		done
+		die "kcoll $2 sweep failed"
+	fi
+	record "$1" kcoll "$out"
+}
+
+kcoll_desc=
+if [ "$with_kcoll" -eq 1 ]; then
+	kcoll_desc="$(printf '%q ' "${kcoll_cmd[@]}")allreduce ..."
+fi
+
+systems=()
+[ "$with_kcoll" -eq 1 ] && systems+=(kcoll)
+[ "$have_mpi" -eq 1 ] && systems+=(openmpi)
+[ "$have_gloo" -eq 1 ] && systems+=(gloo)
+[ ${#systems[@]} -gt 0 ] || note "no library to measure: capacity only"
 start=$SECONDS
 for r in $(seq "$rounds"); do
-	note "round $r/$rounds: capacity ($cap_seconds s), then $( ((r % 2)) && echo "Open MPI, Gloo" || echo "Gloo, Open MPI")"
+	# Round r starts one further along the list: every library takes every
+	# place in the order once per ${#systems[@]} rounds.
+	order=()
+	for ((i = 0; i < ${#systems[@]}; i++)); do
+		order+=("${systems[$(((r - 1 + i) % ${#systems[@]}))]}")
+	done
+	note "round $r/$rounds: capacity ($cap_seconds s), then ${order[*]:-nothing}"
 	capacity "$r"
-	for sys in $( ((r % 2)) && echo "openmpi gloo" || echo "gloo openmpi"); do
-		[ "$sys" = openmpi ] && [ "$have_mpi" -eq 0 ] && continue
-		[ "$sys" = gloo ] && [ "$have_gloo" -eq 0 ] && continue
+	for sys in "${order[@]}"; do
 		"$sys" "$r" small "${sweep_small[@]}"
 		"$sys" "$r" large "${sweep_large[@]}"
 	done
@@ -163,11 +241,12 @@ note "measured in $((SECONDS - start)) s"
 mkdir -p "$outdir"
 python3 - "$tmp" "$json" "$rounds" "$hosts" "${mpirun_args[*]} $bin/mpi-coll-bench" \
 	"gloo-allreduce-bench allreduce -N $hosts --rank R --store DIR --host 10.10.0.(R+1)" \
-	"kcoll-tcpcap ring -r R $addr_list -t $cap_seconds" <<'EOF'
+	"kcoll-tcpcap ring -r R $addr_list -t $cap_seconds" \
+	"$kcoll_desc" "$kcoll_mem" "$kcoll_nets" <<'EOF'
 import glob, json, os, platform, statistics, sys, time
 
 tmp, out, rounds, hosts = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-cmd_mpi, cmd_gloo, cmd_cap = sys.argv[5], sys.argv[6], sys.argv[7]
+cmd_mpi, cmd_gloo, cmd_cap, cmd_kcoll, kcoll_mem, kcoll_nets = sys.argv[5:11]
 runs = []
 for f in sorted(glob.glob(os.path.join(tmp, "run-*.json")),
                 key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0])):
@@ -199,8 +278,9 @@ def best_med(key):
     v = [c[key] for c in caps]
     return {"best": max(v), "median": statistics.median(v)} if v else None
 
+commands = {"openmpi": cmd_mpi, "gloo": cmd_gloo, "capacity": cmd_cap}
 doc = {
-    "tool": "scripts/cluster-anchors.sh",
+    "tool": "scripts/cluster-anchors.sh" + (" --kcoll" if cmd_kcoll else ""),
     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     "host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
     "hosts": hosts,
@@ -208,7 +288,7 @@ doc = {
                "eth0 10.10.0.0/24, no qdisc",
     "collective": "allreduce", "dtype": "f32", "op": "sum", "mem": "host",
     "rounds": rounds,
-    "commands": {"openmpi": cmd_mpi, "gloo": cmd_gloo, "capacity": cmd_cap},
+    "commands": commands,
     "capacity": {
         "aggregate_GBps": best_med("aggregate_GBps"),
         "min_link_GBps": best_med("min_link_GBps"),
@@ -216,16 +296,25 @@ doc = {
         "bound_formula": "busbw = 2(n-1)/n * S / t <= B, B = slowest link while all links "
                          "stream at once (each ring step waits for the slowest link)",
     },
-    "note": "summary: best round (and median) per point; libraries alternate round by round",
+    "note": "summary: best round (and median) per point; the libraries' order rotates "
+            "round by round",
     "summary": summary, "runs": runs,
 }
+if cmd_kcoll:
+    commands["kcoll"] = cmd_kcoll
+    versions = {r["result"].get("version") for r in runs if r["system"] == "kcoll"}
+    doc["kcoll"] = {"mem": kcoll_mem, "daemons": "one kcolld per host, KCOLL_LOG_LEVEL=warn",
+                    "networks": "eth0 (KCOLL_ADDRS=10.10.0.(i+1))" if kcoll_nets == "eth0"
+                                else "every interface (eth0 and eth1)",
+                    "version": sorted(v for v in versions if v)}
 with open(out, "w") as fh:
     json.dump(doc, fh, indent=1)
     fh.write("\n")
 EOF
 note "wrote $json"
 
-python3 - "$json" <<'EOF'
+# The markdown table: the anchors alone, or (--kcoll) kcoll beside them.
+python3 - "$json" <<'EOF' | if [ "$with_kcoll" -eq 1 ]; then tee "$table"; else cat; fi
 import json, sys
 
 doc = json.load(open(sys.argv[1]))
@@ -233,6 +322,8 @@ pt = {(s["system"], s["size"]): s for s in doc["summary"]}
 sizes = sorted({s["size"] for s in doc["summary"]})
 cap = doc["capacity"]
 bound = cap["ring_allreduce_busbw_bound_GBps"]
+agg = cap["aggregate_GBps"]
+anchors = {"openmpi": "Open MPI", "gloo": "Gloo"}
 
 def human(b):
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -244,28 +335,107 @@ def cell(system, size, key, fmt):
     s = pt.get((system, size))
     return fmt % s[key] if s else "-"
 
+def row(cells):
+    print("| " + " | ".join(cells) + " |")
+
 print("All-reduce f32 sum across %d netns hosts over TCP (eth0), best of %d rounds, %s, "
       "%d CPUs, %s" % (doc["hosts"], doc["rounds"], doc["host"], doc["cpus"], doc["date"]))
 print()
-head = ["size", "Open MPI busbw", "Open MPI time (us)", "Gloo busbw", "Gloo time (us)",
-        "raw aggregate", "ring bound"]
-agg = cap["aggregate_GBps"]
-print("| " + " | ".join(head) + " |")
-print("|" + "|".join(["---:"] * len(head)) + "|")
-for size in sizes:
-    print("| " + " | ".join([
-        human(size),
-        cell("openmpi", size, "busbw", "%.3f"), cell("openmpi", size, "time_us", "%.1f"),
-        cell("gloo", size, "busbw", "%.3f"), cell("gloo", size, "time_us", "%.1f"),
-        "%.3f" % agg["best"] if agg else "-",
-        "%.3f" % bound["best"] if bound else "-"]) + " |")
-print()
+if "kcoll" in doc:
+    head = ["size", "kcoll busbw", "Open MPI busbw", "Gloo busbw", "kcoll time (us)",
+            "best anchor time (us)", "kcoll / best anchor", "kcoll / ring bound"]
+    row(head)
+    print("|" + "|".join(["---:"] * len(head)) + "|")
+    for size in sizes:
+        k = pt.get(("kcoll", size))
+        best = max((pt[(a, size)] for a in anchors if (a, size) in pt),
+                   key=lambda s: s["busbw"], default=None)
+        ratio = "-"
+        if k and best and best["busbw"] > 0:
+            ratio = "%.2f (%s)" % (k["busbw"] / best["busbw"], anchors[best["system"]])
+        row([human(size), cell("kcoll", size, "busbw", "%.3f"),
+             cell("openmpi", size, "busbw", "%.3f"), cell("gloo", size, "busbw", "%.3f"),
+             cell("kcoll", size, "time_us", "%.1f"),
+             "%.1f" % best["time_us"] if best else "-", ratio,
+             "%.2f" % (k["busbw"] / bound["best"]) if k and bound else "-"])
+    print()
+    print("busbw in GB/s. kcoll: kcoll-bench --hosts %d -N 1, one kcolld per host on %s, %s "
+          "buffers (%s); the anchors: malloc'ed buffers, eth0. Ratios of busbw (above 1: kcoll "
+          "faster)." % (doc["hosts"], doc["kcoll"]["networks"], doc["kcoll"]["mem"],
+                        "kcoll_mem_alloc, zero-copy" if doc["kcoll"]["mem"] == "shm"
+                        else "one copy"))
+else:
+    head = ["size", "Open MPI busbw", "Open MPI time (us)", "Gloo busbw", "Gloo time (us)",
+            "raw aggregate", "ring bound"]
+    row(head)
+    print("|" + "|".join(["---:"] * len(head)) + "|")
+    for size in sizes:
+        row([human(size),
+             cell("openmpi", size, "busbw", "%.3f"), cell("openmpi", size, "time_us", "%.1f"),
+             cell("gloo", size, "busbw", "%.3f"), cell("gloo", size, "time_us", "%.1f"),
+             "%.3f" % agg["best"] if agg else "-",
+             "%.3f" % bound["best"] if bound else "-"])
+    print()
 if bound:
     print("GB/s throughout. Raw TCP capacity (kcoll-tcpcap ring, every host streaming "
           "to its neighbour at once): aggregate %.3f GB/s (median %.3f), slowest link %.3f GB/s "
           "(median %.3f) = ring all-reduce busbw bound: busbw = 2(n-1)/n * S / t <= B."
-          % (cap["aggregate_GBps"]["best"], cap["aggregate_GBps"]["median"], bound["best"],
-             bound["median"]))
+          % (agg["best"], agg["median"], bound["best"], bound["median"]))
 wrong = sum(s["wrong"] for s in doc["summary"])
 print("Results checked: %s." % ("all correct" if not wrong else "%d WRONG elements" % wrong))
 EOF
+[ "$with_kcoll" -eq 1 ] && note "wrote $table"
+
+# The plot (--kcoll): busbw vs size per library, the ring bound dashed; gnuplot
+# as in scripts/plot-perf.sh.
+if [ "$with_kcoll" -eq 1 ] && command -v gnuplot >/dev/null; then
+	python3 - "$json" "$tmp" >"$tmp/plot.gp" <<'EOF'
+import json, os, sys
+
+doc = json.load(open(sys.argv[1]))
+tmp = sys.argv[2]
+names = {"kcoll": "kcoll", "openmpi": "Open MPI", "gloo": "Gloo"}
+colors = {"kcoll": "#1f77b4", "openmpi": "#d62728", "gloo": "#2ca02c"}
+clauses = []
+for system in ("kcoll", "openmpi", "gloo"):
+    pts = sorted((s["size"], s["busbw"]) for s in doc["summary"] if s["system"] == system)
+    if not pts:
+        continue
+    path = os.path.join(tmp, "%s.dat" % system)
+    with open(path, "w") as fh:
+        for size, bw in pts:
+            fh.write("%d %g\n" % (size, bw))
+    clauses.append("'%s' using 1:2 with linespoints lw 2 pt 7 ps 0.6 lc rgb '%s' title '%s'"
+                   % (path, colors[system], names[system]))
+bound = doc["capacity"]["ring_allreduce_busbw_bound_GBps"]
+if bound:
+    clauses.append("%g with lines dt 2 lw 2 lc rgb '#555555' title 'ring bound (kcoll-tcpcap: "
+                   "slowest link while all stream)'" % bound["best"])
+sizes = sorted({s["size"] for s in doc["summary"]})
+def label(b):
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return "%d%s" % (b >> shift, unit)
+    return str(b)
+ymax = max([s["busbw"] for s in doc["summary"]] + [bound["best"] if bound else 0, 0.1]) * 1.15
+print("set yrange [0:%g]" % ymax)
+print("set xtics (" + ", ".join("'%s' %d" % (label(b), b) for b in sizes) + ")")
+print("set xrange [%g:%g]" % (sizes[0] / 1.25, sizes[-1] * 1.25))
+print("set title 'All-reduce %s %s across %d netns hosts over TCP, busbw vs size, best of %d "
+      "rounds (%s, %s CPUs, %s)' noenhanced"
+      % (doc["dtype"], doc["op"], doc["hosts"], doc["rounds"], doc["host"], doc["cpus"],
+         doc["date"][:10]))
+print("plot " + ", \\\n     ".join(clauses))
+EOF
+	gnuplot <<EOF
+set terminal pngcairo size 1000,620 font 'sans,10'
+set output '$png'
+set logscale x 2
+set xlabel 'size (bytes)'
+set ylabel 'bus bandwidth (GB/s)'
+set grid
+set key top left
+load '$tmp/plot.gp'
+EOF
+	note "drew $png"
+fi

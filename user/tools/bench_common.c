@@ -487,6 +487,44 @@ static void json_col(const struct bench_row *row, int c)
 		printf("%lld", row->wrong[c]);
 }
 
+/* A JSON string, or null for NULL. */
+static void json_str(const char *s)
+{
+	if (!s) {
+		printf("null");
+		return;
+	}
+	putchar('"');
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			printf("\\%c", ch);
+		else if (ch < 0x20)
+			printf("\\u%04x", ch);
+		else
+			putchar(ch);
+	}
+	putchar('"');
+}
+
+static void json_topology(const struct bench_opts *o, const struct bench_env *env)
+{
+	if (env->hosts <= 0)
+		return;
+	printf("  \"hosts\": %d, \"ranks_per_host\": ", env->hosts);
+	if (env->ranks_per_host > 0)
+		printf("%d", env->ranks_per_host);
+	else
+		printf("null");
+	printf(", \"rank_hosts\": [");
+	for (int r = 0; r < o->nranks; r++) {
+		printf("%s", r ? ", " : "");
+		json_str(env->rank_hosts ? env->rank_hosts[r] : NULL);
+	}
+	printf("],\n");
+}
+
 void bench_print_json(const struct bench_opts *o, const struct bench_env *env,
 		      const struct bench_row *rows, int nrows, bool complete)
 {
@@ -503,6 +541,7 @@ void bench_print_json(const struct bench_opts *o, const struct bench_env *env,
 	       env->mem, o->inplace ? "true" : "false", o->check, o->iters, o->warmup);
 	printf("  \"host\": \"%s\", \"date\": \"%s\", \"complete\": %s,\n", env->host, date,
 	       complete ? "true" : "false");
+	json_topology(o, env);
 	printf("  \"rows\": [");
 	for (int k = 0; k < nrows; k++) {
 		const struct bench_row *row = &rows[k];

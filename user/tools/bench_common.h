@@ -188,6 +188,10 @@ struct bench_env {
 	const char *version;	/* of that library */
 	const char *mem;	/* where the buffers live: "shm", "host" */
 	const char *host;
+	/* Where the ranks ran; all zero: the JSON leaves these out. */
+	int hosts;			/* > 0: "hosts", "ranks_per_host", "rank_hosts" */
+	int ranks_per_host;		/* 0: not the same on every host (null) */
+	const char *const *rank_hosts;	/* nranks names (NULL entries: unknown), or NULL */
 };
 
 /* about: the second header line, e.g. "<library> on <host>". */
