@@ -21,6 +21,7 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_ADDRS", "", "kcolld: IPv4 addresses to advertise to other daemons, comma separated (empty: every up interface)" },
 	{ "KCOLL_ALGO", "auto", "multi-host all-reduce: auto, ring, rd (recursive doubling), rabenseifner" },
 	{ "KCOLL_NET_STREAMS", "2", "TCP streams per peer daemon, spread over the interfaces (1..8)" },
+	{ "KCOLL_BENCH_LAUNCH", "", "kcoll-bench --hosts: command template starting a rank on host %h (empty: scripts/netns-cluster.sh exec %h)" },
 	{ "KCOLL_REDUCE_IMPL", "", "force a reduction implementation (generic, avx2, avx512); empty: best" },
 };
 

@@ -1336,7 +1336,7 @@ static void av_bench(struct argv_buf *a, const struct kbench_opts *o)
  */
 static char *launch_template(const struct kbench_opts *o, const char *self)
 {
-	const char *t = o->launch ? o->launch : getenv("KCOLL_BENCH_LAUNCH");
+	const char *t = o->launch ? o->launch : kcoll_knob_str("KCOLL_BENCH_LAUNCH");
 	char path[PATH_MAX + 64], *real, *out;
 
 	if (t && *t)
