@@ -5,6 +5,7 @@
 #   scripts/netns-cluster.sh up [-H HOSTS] [--no-daemon]   create (default 4 hosts)
 #   scripts/netns-cluster.sh down                          delete everything (idempotent)
 #   scripts/netns-cluster.sh exec HOST CMD...              run CMD on HOST
+#   scripts/netns-cluster.sh restart HOST                  (re)start HOST's kcolld
 #   scripts/netns-cluster.sh degrade HOST IFACE RATE [--egress-only] [--burst B] [--latency L]
 #   scripts/netns-cluster.sh heal HOST [IFACE]             remove what degrade set
 #   scripts/netns-cluster.sh status [--json]
@@ -34,7 +35,9 @@
 # /run/kcoll-P/hN/). down stops them, kills whatever else still runs in the
 # cluster's namespaces (only those), deletes the namespaces (their veths and
 # bridges go with them) and the run dir; it is safe after a partial up and
-# when nothing is up. Needs root.
+# when nothing is up. restart stops HOST's kcolld if it still runs (TERM, then
+# KILL after 3 s) and starts a fresh one on the same socket, log and pid
+# file; a killed daemon (a fault test) is simply started again. Needs root.
 set -euo pipefail
 
 prog=netns-cluster
@@ -251,6 +254,29 @@ cmd_exec() {
 		'echo "$0" >/proc/sys/kernel/hostname && exec "$@"' "$ns" "$@"
 }
 
+# ---- restart --------------------------------------------------------------------
+
+cmd_restart() {
+	[ $# -eq 1 ] || die "usage: $0 restart HOST"
+	need_root
+	check_prefix
+	local i p pidfile
+	i=$(resolve_host "$1")
+	[ -x "$BUILD_DIR/bin/kcolld" ] || die "$BUILD_DIR/bin/kcolld missing: run make"
+	pidfile=$RUNDIR/h$i/kcolld.pid
+	p=$(cat "$pidfile" 2>/dev/null || true)
+	if [[ "$p" =~ ^[0-9]+$ ]] && grep -q kcolld "/proc/$p/cmdline" 2>/dev/null; then
+		stop_pids "$p"
+		# After a KILL: gone before the new one probes the socket.
+		for _ in $(seq 20); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+	fi
+	# wait_daemon waits for the new pid file (written once the socket listens).
+	rm -f "$pidfile"
+	start_daemon "$i"
+	wait_daemon "$i"
+	echo "$prog: $(host_ns "$i") kcolld $(sock_of "$i") (pid $(cat "$pidfile"))"
+}
+
 # ---- degrade / heal -------------------------------------------------------------
 
 # tc rate -> bytes per second (integers with tc's unit names).
@@ -411,6 +437,7 @@ case "$cmd" in
 up) cmd_up "$@" ;;
 down) cmd_down ;;
 exec) cmd_exec "$@" ;;
+restart) cmd_restart "$@" ;;
 degrade) cmd_degrade "$@" ;;
 heal) cmd_heal "$@" ;;
 status) cmd_status "$@" ;;

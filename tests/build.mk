@@ -10,3 +10,13 @@ $(TBIN)/%: $(OBJ)/tests/%.o $(LIB)/libkcoll.a $(COMMON_LIB) $(TEST_DAEMON_OBJS)
 	$(Q)$(CC) $(CFLAGS) -o $@ $< $(TEST_DAEMON_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -lm
 
 CHECK_TARGETS += $(TEST_BINS)
+
+# One rank of the multi-host tests (tests/t_multihost.sh starts one per rank in
+# each host's namespace): not a test_* program, run.sh does not run it alone.
+$(TBIN)/mh_rank: $(OBJ)/tests/mh_rank.o $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -lm
+
+ALL_TARGETS += $(TBIN)/mh_rank
+CHECK_TARGETS += $(TBIN)/mh_rank

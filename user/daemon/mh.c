@@ -322,7 +322,7 @@ static int allreduce_ring(struct run *x, uint64_t bytes, size_t esz)
 
 static enum kd_algo choose(const struct kd_mh *mh, uint64_t bytes)
 {
-	enum kd_algo a = kd_net_algo();
+	enum kd_algo a = mh->algo;
 	bool pow2 = !(mh->nhosts & (mh->nhosts - 1));
 
 	if (a != KD_ALGO_AUTO)

@@ -638,6 +638,7 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 	mh->nhosts = t->nhosts;
 	mh->self = t->you;
 	mh->nstreams = t->nstreams;
+	mh->algo = t->algo <= KD_ALGO_RABENSEIFNER ? t->algo : KD_ALGO_AUTO;
 	mh->xport = &kd_xport_tcp;
 	mh->abort_fd = -1;
 	mh->running_seq = UINT64_MAX;
@@ -876,6 +877,7 @@ static void boot_send_tables(struct kd_boot *b)
 	t->nranks = b->nranks;
 	t->nhosts = b->nd;
 	t->nstreams = atomic_load(&net.nstreams);
+	t->algo = atomic_load(&net.algo);	/* the root's, for every host alike */
 	kc_info("comm %02x%02x%02x%02x...: all %u ranks registered on %u host(s)", b->token[0],
 		b->token[1], b->token[2], b->token[3], b->nranks, b->nd);
 	for (uint32_t i = 0; i < b->nd; i++) {
@@ -1167,8 +1169,9 @@ static bool on_pmsg(struct kd_pconn *pc, const struct kd_phdr *h)
 
 			snprintf(msg, sizeof(msg), "the root daemon refused: %.*s", (int)sizeof(m->why),
 				 m->why);
+			pc->go = true;	/* its EOF is expected now */
 			member_fail(comm, -ECONNREFUSED, msg);
-			return true;
+			return false;	/* done with this connection */
 		}
 		break;
 	}
@@ -1219,12 +1222,8 @@ static void on_eof(struct kd_pconn *pc)
 		host_lost(pc->comm, pc->host);
 		return;	/* freed with the comm */
 	case PC_BOOT_MEMBER:
-		if (!pc->go && pc->comm->state == KD_COMM_FORMING) {
+		if (pc->comm->boot == pc)
 			pc->comm->boot = NULL;
-			pc_close(pc);
-			/* pc->comm still valid: the comm outlives this call */
-			return;
-		}
 		break;
 	case PC_BOOT_ROOT:
 		if (pc->boot) {
@@ -1471,9 +1470,9 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 
 			if (!mh)
 				continue;
-			PUT("%s{\"name\":\"%s\",\"hosts\":%u,\"self\":%u,\"bytes_sent\":%lu,"
+			PUT("%s{\"name\":\"%s\",\"hosts\":%u,\"self\":%u,\"algo\":\"%s\",\"bytes_sent\":%lu,"
 			    "\"bytes_recv\":%lu,\"peers\":[", first ? "" : ",", c->name, mh->nhosts,
-			    mh->self, (unsigned long)atomic_load(&mh->bytes_sent),
+			    mh->self, kd_algo_name(mh->algo), (unsigned long)atomic_load(&mh->bytes_sent),
 			    (unsigned long)atomic_load(&mh->bytes_recv));
 			first = false;
 			for (uint32_t h = 0; h < mh->nhosts; h++)

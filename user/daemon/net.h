@@ -94,6 +94,8 @@ struct kd_p_table {
 	uint32_t nhosts;
 	uint32_t you;		/* the receiver's host index */
 	uint32_t nstreams;
+	uint32_t algo;		/* enum kd_algo: one choice for every host */
+	uint32_t reserved;
 	struct kd_p_hostinfo hosts[];
 };
 
@@ -190,6 +192,7 @@ struct kd_mh_host {
 struct kd_mh {
 	struct kd_comm *comm;
 	uint32_t nhosts, self, nstreams;
+	uint32_t algo;			/* enum kd_algo, fixed when the comm formed */
 	struct kd_mh_host *hosts;
 	uint16_t *rank_host;		/* [nranks] */
 	uint32_t conns_needed, conns_up;

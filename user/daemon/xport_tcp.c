@@ -210,9 +210,14 @@ static int try_recv(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 	return 0;
 }
 
+/* Every earlier cursor on the same stream must be done first (a step may
+ * have no piece on a stream: look past it). */
 static bool gated(const struct cursor *c)
 {
-	return c->prev && !c->prev->done;
+	for (const struct cursor *p = c->prev; p; p = p->prev)
+		if (!p->done)
+			return true;
+	return false;
 }
 
 /*
