@@ -122,7 +122,7 @@ struct kcoll_msg_comm_init {
 struct kcoll_msg_comm_init_reply {
 	struct kcoll_msg_hdr hdr;
 	uint32_t comm_id;	/* the client's handle, used in sqe->coll.comm_id */
-	uint32_t reserved;
+	uint32_t nhosts;	/* hosts the communicator spans */
 	char error[128];
 };
 

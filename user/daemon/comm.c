@@ -65,12 +65,14 @@ static struct kd_comm *comm_new(const struct kcoll_id *id, uint32_t nranks, uid_
 	return comm;
 }
 
-static void reply_init(struct kd_client *c, uint32_t seq, int status, uint32_t handle, const char *err)
+static void reply_init(struct kd_client *c, uint32_t seq, int status, uint32_t handle, const char *err,
+		       uint32_t nhosts)
 {
 	struct kcoll_msg_comm_init_reply rep = {
 		.hdr = { .magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_COMM_INIT,
 			 .len = sizeof(rep), .seq = seq, .status = status },
 		.comm_id = handle,
+		.nhosts = nhosts,
 	};
 
 	if (err)
@@ -116,7 +118,7 @@ void kd_comm_form_fail(struct kd_comm *comm, int err, const char *msg)
 
 		if (!c)
 			continue;
-		reply_init(c, seq[r], err, 0, msg);
+		reply_init(c, seq[r], err, 0, msg, 0);
 		pthread_mutex_lock(&c->lock);
 		if (c->members[handle[r] - 1].comm == comm) {
 			c->members[handle[r] - 1].comm = NULL;
@@ -223,7 +225,8 @@ void kd_comm_activate(struct kd_comm *comm)
 		kc_info("comm %s: formed with %u ranks", comm->name, comm->nranks);
 	for (uint32_t r = 0; r < comm->nranks; r++)
 		if (comm->clients[r])
-			reply_init(comm->clients[r], comm->init_seq[r], 0, comm->handles[r], NULL);
+			reply_init(comm->clients[r], comm->init_seq[r], 0, comm->handles[r], NULL,
+				   comm->mh ? comm->mh->nhosts : 1);
 }
 
 void kd_op_fail(struct kd_op *op, int err, uint32_t err_rank, uint32_t flags)

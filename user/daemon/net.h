@@ -147,6 +147,7 @@ struct kd_xfer {
 	uint32_t nr;
 	const struct kd_range *r;
 	const uint8_t *base;	/* sends: where the ranges are (NULL: the accumulator) */
+	uint8_t *dst;		/* receives, unreduced: where they go (NULL: the accumulator) */
 };
 
 /* One step of an inter-host algorithm: every send and receive at once;

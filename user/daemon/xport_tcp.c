@@ -16,6 +16,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -36,6 +37,7 @@ struct cursor {
 	uint32_t host;
 	bool send;
 	const uint8_t *base;	/* send: source */
+	uint8_t *dst;		/* receive without reduction: destination */
 	struct piece *pieces;	/* this transfer's, all streams */
 	uint32_t npieces;
 	uint32_t next;		/* next piece index (this stream's: s, s + S, ...) */
@@ -176,7 +178,7 @@ static int try_recv(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 				continue;
 			}
 		} else {
-			uint8_t *dst = c->rx ? c->rx : mh->acc + p->off;
+			uint8_t *dst = c->rx ? c->rx : c->dst + p->off;
 
 			n = p->len > c->pdone ? recv(c->fd, dst + c->pdone, p->len - c->pdone, MSG_DONTWAIT) : 0;
 			if (n >= 0 && c->pdone + n == p->len) {
@@ -236,7 +238,7 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 	struct piece **lists;
 	struct pollfd *pfd;
 	int64_t deadline = atomic_load(&mh->running_since) + comm->timeout_ns + 2000000000LL;
-	int64_t t0 = kd_now_ns();
+	int64_t idle_since = 0;
 	int r = 0;
 
 	*bad_host = KCOLL_RANK_NONE;
@@ -274,6 +276,7 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 				c->host = xf->host;
 				c->send = send;
 				c->base = xf->base ? xf->base : mh->acc;
+				c->dst = xf->dst ? xf->dst : mh->acc;
 				c->pieces = lists[nl];
 				c->npieces = np;
 				c->next = s;
@@ -326,8 +329,18 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 			r = -ECANCELED;	/* the comm was aborted: its error is the op's */
 			goto out;
 		}
-		if (progress)
+		if (progress) {
+			idle_since = 0;
 			continue;
+		}
+		/* Poll a little before sleeping, yielding the CPU to whoever has
+		 * work (KCOLL_SPIN_US, as the ring threads do). */
+		if (!idle_since)
+			idle_since = kd_now_ns();
+		if (kd_now_ns() - idle_since < kd.spin_ns) {
+			sched_yield();
+			continue;
+		}
 		for (uint32_t i = 0; i < nc; i++) {
 			struct cursor *c = &cs[i];
 
@@ -354,7 +367,6 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 		}
 	}
 out:
-	(void)t0;
 	for (uint32_t x = 0; lists && x < nl; x++)
 		free(lists[x]);
 	free(lists);

@@ -37,6 +37,7 @@ struct kcoll_req {
 	enum req_state state;
 	int res;
 	uint32_t err_rank;
+	int64_t spin_ns;	/* how long kcoll_wait polls before sleeping */
 	struct kcoll_req *next_free;
 };
 
@@ -64,6 +65,7 @@ struct kcoll {
 	struct kcoll_req *free_reqs;
 	int dead;		/* daemon gone: everything fails with -ENOTCONN */
 	int64_t spin_ns;
+	bool spin_set;		/* KCOLL_SPIN_US given in the environment */
 
 	pthread_mutex_t mem_lock;
 	struct kcoll_region *regions;
@@ -77,6 +79,7 @@ struct kcoll_comm {
 	uint32_t comm_id;
 	int rank;
 	int nranks;
+	uint32_t nhosts;	/* hosts the communicator spans */
 };
 
 static int64_t now_ns(void)
@@ -222,6 +225,7 @@ int kcoll_connect(const struct kcoll_connect_opts *opts, struct kcoll **out)
 	k->timeout_ms = kcoll_knob_ll("KCOLL_TIMEOUT_MS");
 	k->timeout_set = kcoll_knob_is_set("KCOLL_TIMEOUT_MS");
 	k->spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
+	k->spin_set = kcoll_knob_is_set("KCOLL_SPIN_US");
 
 	k->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (k->sock < 0) {
@@ -351,7 +355,8 @@ static int daemon_alive(struct kcoll *k)
  * requests failed). Spin briefly, then sleep on the CQ doorbell in slices so
  * a dead daemon is noticed within a slice.
  */
-static int cq_wait(struct kcoll *k, int (*done)(struct kcoll *, void *), void *arg, int timeout_ms)
+static int cq_wait(struct kcoll *k, int (*done)(struct kcoll *, void *), void *arg, int timeout_ms,
+		   int64_t spin_ns)
 {
 	const int64_t slice_ns = 100 * 1000000LL;
 	int64_t start = now_ns();
@@ -380,7 +385,7 @@ static int cq_wait(struct kcoll *k, int (*done)(struct kcoll *, void *), void *a
 		t = now_ns();
 		if (t >= deadline)
 			return -ETIMEDOUT;
-		if (t - start < k->spin_ns) {
+		if (t - start < spin_ns) {
 			kcoll_spin_yield();
 			continue;
 		}
@@ -407,7 +412,7 @@ static int have_free_req(struct kcoll *k, void *arg)
 }
 
 /* Queue one SQE; on success *req is the pending request. */
-static int submit(struct kcoll *k, struct kcoll_sqe *sqe, struct kcoll_req **req)
+static int submit(struct kcoll *k, struct kcoll_sqe *sqe, struct kcoll_req **req, int64_t spin_ns)
 {
 	struct kcoll_req *rq;
 	int r;
@@ -424,7 +429,7 @@ static int submit(struct kcoll *k, struct kcoll_sqe *sqe, struct kcoll_req **req
 			break;
 		pthread_mutex_unlock(&k->ring_lock);
 		/* Every slot in flight: wait for one to complete (and be freed). */
-		r = cq_wait(k, have_free_req, NULL, k->timeout_ms);
+		r = cq_wait(k, have_free_req, NULL, k->timeout_ms, k->spin_ns);
 		if (r)
 			return r == -ETIMEDOUT ? -EBUSY : r;
 	}
@@ -433,6 +438,7 @@ static int submit(struct kcoll *k, struct kcoll_sqe *sqe, struct kcoll_req **req
 	k->free_reqs = rq->next_free;
 	rq->gen++;
 	rq->state = REQ_PENDING;
+	rq->spin_ns = spin_ns;
 	sqe->user_data = (uint64_t)rq->gen << 32 | rq->idx;
 	if (kcoll_queue_space(&k->sq) <= 0) {
 		rq->state = REQ_FREE;
@@ -495,7 +501,7 @@ int kcoll_wait(struct kcoll_req *rq, int timeout_ms)
 	if (!rq || rq->state == REQ_FREE)
 		return -EINVAL;
 	k = rq->k;
-	r = cq_wait(k, req_is_done, rq, timeout_ms);
+	r = cq_wait(k, req_is_done, rq, timeout_ms, rq->spin_ns);
 	if (r)
 		return r;
 	pthread_mutex_lock(&k->ring_lock);
@@ -562,6 +568,7 @@ int kcoll_comm_init_rank(struct kcoll *k, const kcoll_unique_id_t *id, int nrank
 	}
 	c->k = k;
 	c->comm_id = rep.comm_id;
+	c->nhosts = rep.nhosts ? rep.nhosts : 1;
 	c->rank = rank;
 	c->nranks = nranks;
 	*out = c;
@@ -616,7 +623,13 @@ static int coll_submit(struct kcoll_comm *c, uint8_t opcode, const void *send, v
 	sqe.coll.root = root;
 	sqe.coll.dtype = dtype;
 	sqe.coll.redop = op;
-	return submit(c->k, &sqe, req);
+	/*
+	 * An op across hosts takes tens of microseconds at best; polling for
+	 * it would take the CPU from the daemons doing it (on a shared or
+	 * oversubscribed machine that costs more than a futex wake-up). Unless
+	 * KCOLL_SPIN_US is set, such waits sleep at once.
+	 */
+	return submit(c->k, &sqe, req, c->nhosts > 1 && !c->k->spin_set ? 0 : c->k->spin_ns);
 }
 
 int kcoll_allreduce(struct kcoll_comm *c, const void *send, void *recv, size_t count,
