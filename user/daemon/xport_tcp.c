@@ -239,6 +239,7 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 	struct pollfd *pfd;
 	int64_t deadline = atomic_load(&mh->running_since) + comm->timeout_ns + 2000000000LL;
 	int64_t idle_since = 0;
+	bool spin = true;
 	int r = 0;
 
 	*bad_host = KCOLL_RANK_NONE;
@@ -265,6 +266,8 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 			uint32_t np;
 
 			lists[nl] = cut(xf, mh->piece, &np);
+			if (np > S)
+				spin = false;	/* more than one piece per stream: large */
 			if (!lists[nl]) {
 				r = -ENOMEM;
 				goto out;
@@ -333,11 +336,13 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 			idle_since = 0;
 			continue;
 		}
-		/* Poll a little before sleeping, yielding the CPU to whoever has
-		 * work (KCOLL_SPIN_US, as the ring threads do). */
+		/* Small transfers: poll a little before sleeping, yielding the CPU
+		 * to whoever has work (KCOLL_SPIN_US, as the ring threads do). Large
+		 * ones keep the pipes full anyway, and polling would only take CPU
+		 * from the peers' copies on a shared machine. */
 		if (!idle_since)
 			idle_since = kd_now_ns();
-		if (kd_now_ns() - idle_since < kd.spin_ns) {
+		if (spin && kd_now_ns() - idle_since < kd.spin_ns) {
 			sched_yield();
 			continue;
 		}
