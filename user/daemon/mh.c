@@ -40,6 +40,9 @@ struct run {
 	struct kd_op *op;
 	uint32_t step;
 	uint32_t bad_host;
+	/* The single local rank's input, used in place by the first step that
+	 * touches each byte (no copy into the accumulator); NULL: acc has it. */
+	const uint8_t *in0;
 };
 
 static int step(struct run *x, const struct kd_step *st)
@@ -141,6 +144,13 @@ static int ring(struct run *x, const struct segs *sg, bool rs, bool ag)
 			st[n].reduce = reduce;
 			xfer(&st[n].send[0], next, &sg->r[sg->first[sb]], sg->n[sb]);
 			xfer(&st[n].recv[0], prev, &sg->r[sg->first[rb]], sg->n[rb]);
+			/* Reduce-scatter touches every segment once from the input:
+			 * segment h-1 is sent first, each other is received once. */
+			if (reduce && x->in0) {
+				st[n].recv[0].src = x->in0;
+				if (s == 0)
+					st[n].send[0].base = x->in0;
+			}
 		}
 	}
 	r = n ? mh->xport->run_steps(mh, x->op, st, n, x->step, true, &x->bad_host) : 0;
@@ -279,6 +289,11 @@ static int allreduce_rabenseifner(struct run *x, uint64_t bytes, size_t esz)
 
 		xfer(&st.send[0], peer, &give, 1);
 		xfer(&st.recv[0], peer, &keep, 1);
+		if (d == f.p / 2 && x->in0) {
+			/* First step: the whole input is either given or kept. */
+			st.send[0].base = x->in0;
+			st.recv[0].src = x->in0;
+		}
 		r = step(x, &st);
 		if (upper)
 			lo = mid;
@@ -468,6 +483,27 @@ static uint8_t *pick_acc(struct kd_op *op, uint64_t bytes)
 			return ct->rbuf.direct;
 	}
 	return NULL;
+}
+
+/*
+ * One local rank whose input kcolld maps: the ring and power-of-two
+ * Rabenseifner all-reduce (and ring reduce-scatter) read it in place in
+ * their first step instead of copying it into the accumulator first.
+ */
+static const uint8_t *fused_input(struct kd_mh *mh, struct kd_op *op, uint64_t bytes)
+{
+	struct kd_contrib *ct = NULL;
+	enum kd_algo a = op->opcode == KCOLL_OP_REDUCE_SCATTER ? KD_ALGO_RING : choose(mh, bytes);
+	bool pow2 = !(mh->nhosts & (mh->nhosts - 1));
+
+	if (op->comm->nlocal != 1 || !bytes || !(a == KD_ALGO_RING || (a == KD_ALGO_RABENSEIFNER && pow2)))
+		return NULL;
+	for (uint32_t rk = 0; rk < op->comm->nranks && !ct; rk++)
+		if (op->c[rk].present)
+			ct = &op->c[rk];
+	if (!ct || !ct->sbuf.direct || ct->sbuf.len < bytes)
+		return NULL;
+	return ct->sbuf.direct;
 }
 
 static bool is_float(uint8_t dt)
@@ -665,7 +701,10 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	switch (op->opcode) {
 	case KCOLL_OP_ALLREDUCE:
 	case KCOLL_OP_REDUCE_SCATTER:
-		r = wide ? local_widen(mh, op, bytes / op->esz, &bad) : local_reduce(mh, op, bytes, &bad);
+		if (wide)
+			r = local_widen(mh, op, bytes / op->esz, &bad);
+		else if (!(x.in0 = fused_input(mh, op, bytes)))
+			r = local_reduce(mh, op, bytes, &bad);
 		break;
 	case KCOLL_OP_ALLGATHER:
 		for (uint32_t rk = 0; !r && rk < comm->nranks; rk++)

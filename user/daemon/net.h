@@ -148,6 +148,8 @@ struct kd_xfer {
 	const struct kd_range *r;
 	const uint8_t *base;	/* sends: where the ranges are (NULL: the accumulator) */
 	uint8_t *dst;		/* receives, unreduced: where they go (NULL: the accumulator) */
+	const uint8_t *src;	/* receives, reduced: our operand (NULL: the accumulator);
+				 * the result always goes to the accumulator */
 };
 
 /* One step of an inter-host algorithm: every send and receive at once;

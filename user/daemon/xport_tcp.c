@@ -38,6 +38,7 @@ struct cursor {
 	bool send;
 	const uint8_t *base;	/* send: source */
 	uint8_t *dst;		/* receive without reduction: destination */
+	const uint8_t *src;	/* receive with reduction: our operand (result: acc) */
 	struct piece *pieces;	/* this transfer's, all streams */
 	uint32_t npieces;
 	uint32_t next;		/* next piece index (this stream's: s, s + S, ...) */
@@ -135,9 +136,10 @@ static int piece_done(struct kd_mh *mh, struct kd_op *op, struct cursor *c, cons
 		/* The same order on every host: the lower host's data first. */
 		const void *in[2];
 		uint8_t *acc = mh->acc + p->off;
+		const uint8_t *mine = c->src + p->off;
 
-		in[0] = c->host < mh->self ? (const void *)c->rx : acc;
-		in[1] = c->host < mh->self ? (const void *)acc : c->rx;
+		in[0] = c->host < mh->self ? (const void *)c->rx : mine;
+		in[1] = c->host < mh->self ? (const void *)mine : c->rx;
 		return kcoll_reduce_n(mh->dtype, mh->redop, acc, in, 2, p->len / mh->esz);
 	}
 	return 0;
@@ -280,6 +282,7 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 				c->send = send;
 				c->base = xf->base ? xf->base : mh->acc;
 				c->dst = xf->dst ? xf->dst : mh->acc;
+				c->src = xf->src ? xf->src : mh->acc;
 				c->pieces = lists[nl];
 				c->npieces = np;
 				c->next = s;
