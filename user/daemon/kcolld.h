@@ -195,6 +195,7 @@ struct kd_daemon {
 	int epfd;
 	int nworkers;
 	size_t chunk_bytes;
+	size_t net_chunk_bytes;	/* pieces between daemons */
 	int64_t spin_ns;
 	int64_t timeout_ns;
 	int64_t start_ns;

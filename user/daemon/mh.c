@@ -643,7 +643,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	atomic_store(&mh->running_seq, op->seq);
 	op->esz = kcoll_dtype_size(op->dtype);
 	mh->sig = op_sig(op);
-	mh->piece = __atomic_load_n(&kd.chunk_bytes, __ATOMIC_RELAXED) / op->esz * op->esz;
+	mh->piece = __atomic_load_n(&kd.net_chunk_bytes, __ATOMIC_RELAXED) / op->esz * op->esz;
 	if (atomic_load(&op->err)) {
 		/* A local rank's SQE was invalid: the op cannot run anywhere. */
 		uint32_t rk = atomic_load(&op->err_rank);

@@ -141,8 +141,9 @@ int kd_net_set(const char *key, const char *value, char *err, size_t errlen)
 		char *end;
 		long n = strtol(value, &end, 0);
 
-		if (*end || n < 1 || n > KD_MAX_STREAMS) {
-			snprintf(err, errlen, "streams must be 1..%d", KD_MAX_STREAMS);
+		if (*end || n < 0 || n > KD_MAX_STREAMS) {
+			snprintf(err, errlen, "streams must be 1..%d, or 0: one per shared network",
+				 KD_MAX_STREAMS);
 			return -EINVAL;
 		}
 		atomic_store(&net.nstreams, n);
@@ -409,6 +410,8 @@ static void find_addrs(const char *spec)
 		net.masks[n++] = htonl(0xff000000);
 	}
 	net.me.naddrs = n;
+	for (uint16_t k = 0; k < n; k++)
+		net.me.prefix[k] = __builtin_popcount(net.masks[k]);
 	freeifaddrs(ifa);
 }
 
@@ -424,7 +427,7 @@ int kd_net_start(const char *listen_spec, const char *addrs_spec)
 		kc_warn("KCOLL_ALGO=%s is unknown (auto, ring, rd, rabenseifner); using auto",
 			kcoll_knob_str("KCOLL_ALGO"));
 	atomic_store(&net.algo, a);
-	atomic_store(&net.nstreams, ns < 1 ? 1 : ns > KD_MAX_STREAMS ? KD_MAX_STREAMS : ns);
+	atomic_store(&net.nstreams, ns > KD_MAX_STREAMS ? KD_MAX_STREAMS : ns);
 	if (getrandom(&kd.nonce, sizeof(kd.nonce), 0) != sizeof(kd.nonce))
 		return -EIO;
 	if (parse_listen(listen_spec, &sa)) {
@@ -465,8 +468,8 @@ int kd_net_start(const char *listen_spec, const char *addrs_spec)
 		addr_str(net.me.addrs[0], net.me.port, a0, sizeof(a0));
 		if (net.me.naddrs > 1)
 			addr_str(net.me.addrs[1], net.me.port, a1, sizeof(a1));
-		kc_info("peers: listening on port %u, reachable at %s%s%s%s (algo %s, %u streams per peer)",
-			net.me.port, a0, net.me.naddrs > 1 ? ", " : "", a1,
+		kc_info("peers: listening on port %u, reachable at %s%s%s%s (algo %s, streams per peer: %u, "
+			"0 = one per shared network)", net.me.port, a0, net.me.naddrs > 1 ? ", " : "", a1,
 			net.me.naddrs > 2 ? ", ..." : "", kd_algo_name(a), atomic_load(&net.nstreams));
 	}
 	return 0;
@@ -843,6 +846,29 @@ static void boot_fail(struct kd_boot *b, int err, const char *msg)
 		member_fail(comm, err, msg);
 }
 
+/* Streams "auto": one per network every host of the comm is on (at least 1). */
+static uint32_t shared_networks(const struct kd_boot *b)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < b->d[0].info.naddrs && i < KCOLL_ID_MAX_ADDRS; i++) {
+		uint32_t a = b->d[0].info.addrs[i];
+		uint8_t len = b->d[0].info.prefix[i];
+		uint32_t m = len ? htonl(~0u << (32 - (len > 32 ? 32 : len))) : 0;
+		bool all = true;
+
+		for (uint32_t d = 1; d < b->nd && all; d++) {
+			bool found = false;
+
+			for (uint32_t j = 0; j < b->d[d].info.naddrs && j < KCOLL_ID_MAX_ADDRS; j++)
+				found |= (b->d[d].info.addrs[j] & m) == (a & m);
+			all = found;
+		}
+		n += all;
+	}
+	return n ? (n > KD_MAX_STREAMS ? KD_MAX_STREAMS : n) : 1;
+}
+
 static void boot_send_tables(struct kd_boot *b)
 {
 	uint32_t order[KD_MAX_HOSTS], host_of[KD_MAX_HOSTS];
@@ -877,6 +903,8 @@ static void boot_send_tables(struct kd_boot *b)
 	t->nranks = b->nranks;
 	t->nhosts = b->nd;
 	t->nstreams = atomic_load(&net.nstreams);
+	if (!t->nstreams)
+		t->nstreams = shared_networks(b);
 	t->algo = atomic_load(&net.algo);	/* the root's, for every host alike */
 	kc_info("comm %02x%02x%02x%02x...: all %u ranks registered on %u host(s)", b->token[0],
 		b->token[1], b->token[2], b->token[3], b->nranks, b->nd);
@@ -1470,9 +1498,11 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 
 			if (!mh)
 				continue;
-			PUT("%s{\"name\":\"%s\",\"hosts\":%u,\"self\":%u,\"algo\":\"%s\",\"bytes_sent\":%lu,"
+			PUT("%s{\"name\":\"%s\",\"hosts\":%u,\"self\":%u,\"algo\":\"%s\",\"streams\":%u,"
+			    "\"bytes_sent\":%lu,"
 			    "\"bytes_recv\":%lu,\"peers\":[", first ? "" : ",", c->name, mh->nhosts,
-			    mh->self, kd_algo_name(mh->algo), (unsigned long)atomic_load(&mh->bytes_sent),
+			    mh->self, kd_algo_name(mh->algo), mh->nstreams,
+			    (unsigned long)atomic_load(&mh->bytes_sent),
 			    (unsigned long)atomic_load(&mh->bytes_recv));
 			first = false;
 			for (uint32_t h = 0; h < mh->nhosts; h++)
@@ -1491,7 +1521,7 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 
 			PUT(", %s", inet_ntoa(in));
 		}
-		PUT("; algo %s, %u streams per peer; %lu peers rejected\n",
+		PUT("; algo %s, streams per peer %u (0: one per shared network); %lu peers rejected\n",
 		    kd_algo_name(atomic_load(&net.algo)), atomic_load(&net.nstreams),
 		    atomic_load(&net.rejected));
 		for (struct kd_comm *c = kd.comms; c; c = c->next) {
@@ -1499,8 +1529,8 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 
 			if (!mh)
 				continue;
-			PUT("  comm %s: host %u of %u, %lu B sent, %lu B received\n", c->name, mh->self,
-			    mh->nhosts, (unsigned long)atomic_load(&mh->bytes_sent),
+			PUT("  comm %s: host %u of %u, %s, %u streams, %lu B sent, %lu B received\n", c->name,
+			    mh->self, mh->nhosts, kd_algo_name(mh->algo), mh->nstreams, (unsigned long)atomic_load(&mh->bytes_sent),
 			    (unsigned long)atomic_load(&mh->bytes_recv));
 		}
 	}

@@ -75,6 +75,7 @@ struct kd_p_hostinfo {
 	uint16_t port;
 	uint16_t naddrs;
 	uint32_t addrs[KCOLL_ID_MAX_ADDRS];	/* network order */
+	uint8_t prefix[KCOLL_ID_MAX_ADDRS];	/* netmask length of each */
 	char name[48];
 };
 

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
- * Tunables kcolld honours while it runs: chunk_bytes (data-path task size)
- * and timeout_ms (hang timeout of an operation, for communicators whose
- * ranks did not set KCOLL_TIMEOUT_MS themselves).
+ * Tunables kcolld honours while it runs: chunk_bytes (data-path task size),
+ * net_chunk_bytes (piece size between daemons) and timeout_ms (hang timeout
+ * of an operation, for communicators whose ranks did not set
+ * KCOLL_TIMEOUT_MS themselves). `kcollctl set` changes them too.
  *
  * At start a value comes from kcolld's environment if set there, else from
  * /sys/kernel/kcoll/ when kcoll.ko is loaded, else the built-in default.
@@ -34,6 +35,7 @@ struct tunable {
 static struct tunable tunables[] = {
 	{ "chunk_bytes", "KCOLL_CHUNK_BYTES", 1, 4096, KD_STAGE_MAX, &kd.chunk_bytes, true, -1, "default" },
 	{ "timeout_ms", "KCOLL_TIMEOUT_MS", 1000000, 1, 86400000, &kd.timeout_ns, false, -1, "default" },
+	{ "net_chunk_bytes", "KCOLL_NET_CHUNK_BYTES", 1, 4096, 64 << 20, &kd.net_chunk_bytes, true, -1, "default" },
 };
 
 static long long sysfs_read(const char *name)
@@ -135,6 +137,7 @@ int kd_tunable_set(const char *key, const char *value, char *err, size_t errlen)
 		apply(t, v, "kcollctl set");
 		return 0;
 	}
-	snprintf(err, errlen, "unknown key '%s' (algo, streams, chunk_bytes, timeout_ms)", key);
+	snprintf(err, errlen, "unknown key '%s' (algo, streams, chunk_bytes, net_chunk_bytes, timeout_ms)",
+		 key);
 	return -ENOENT;
 }
