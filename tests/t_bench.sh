@@ -102,4 +102,22 @@ rc=$?
 [ $rc -ne 0 ] && grep -q "cannot reach kcolld at $tmp/no-daemon.sock" "$tmp/err"
 ok $? "no daemon at the socket: a clear error and exit $rc"
 
+# The launcher path of --hosts without a cluster: "env" starts every rank
+# here, all on the test daemon (two "hosts" of two ranks).
+"$bench" allreduce --hosts 2 -N 2 --launch env -b 8 -e 64K -f 64 -n 2 -w 1 --json \
+	>"$tmp/json" 2>"$tmp/err"
+ok $? "--hosts 2 -N 2 --launch env exits 0"
+python3 - "$tmp/json" <<'EOF2'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["hosts"] == 2 and d["ranks_per_host"] == 2 and len(d["rank_hosts"]) == 4
+assert [r["size"] for r in d["rows"]] == [8, 512, 32768]
+assert all(r["wrong"] == 0 for r in d["rows"])
+EOF2
+ok $? "--hosts JSON: hosts, ranks per host, every rank's host, rows checked"
+"$bench" allreduce --hosts 2 --launch false -b 8 -e 8 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -ne 0 ] && [ -s "$tmp/err" ]
+ok $? "--hosts with a launcher that fails: exit $rc with a message"
+
 echo "1..$n"
