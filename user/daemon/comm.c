@@ -390,9 +390,11 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 			comm->abort_err = op_err;
 			comm->abort_rank = rank;
 			comm->abort_flags = 0;
-			if (first)
-				kc_info("comm %s: rank %u %s; failing its pending operations", comm->name,
-					rank, err == -ECANCELED ? "left" : "died");
+			if (first && err == -ECANCELED)
+				kc_dbg("comm %s: rank %u left; the communicator ends here", comm->name, rank);
+			else if (first)
+				kc_info("comm %s: rank %u died; failing its pending operations", comm->name,
+					rank);
 		}
 		failed = fail_pending(comm, 0, op_err, rank, 0, false);
 	}
@@ -408,7 +410,8 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 	if (comm->mh) {
 		kd_mh_wake(comm->mh);
 		if (first)
-			kd_net_abort_peers(comm, op_err, rank, 0, from);
+			kd_net_abort_peers(comm, op_err, rank, err == -ECANCELED ? KD_ABORT_F_LEFT : 0,
+					   from);
 	}
 }
 

@@ -1062,7 +1062,12 @@ static void on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 		if (h->len < sizeof(*m))
 			break;
 		hh->answered = true;
-		if (kd_comm_abort(comm, m->err, m->rank, m->flags, m->from_seq))
+		if (!kd_comm_abort(comm, m->err, m->rank, m->flags & ~KD_ABORT_F_LEFT, m->from_seq))
+			;	/* already aborted from an earlier op */
+		else if (m->flags & KD_ABORT_F_LEFT)
+			kc_dbg("comm %s: rank %d on host %u (%s) left; ops from %llu on fail", comm->name,
+			       (int)m->rank, pc->host, hh->info.name, (unsigned long long)m->from_seq);
+		else
 			kc_info("comm %s: host %u (%s) aborted it from op %llu: %s, rank %d", comm->name,
 				pc->host, hh->info.name, (unsigned long long)m->from_seq,
 				kcoll_strerror(m->err), (int)m->rank);

@@ -105,6 +105,8 @@ struct kd_p_token {		/* READY, GO */
 	uint8_t token[KCOLL_ID_TOKEN_BYTES];
 };
 
+#define KD_ABORT_F_LEFT	(1u << 31)	/* flags: the rank left (destroy), not died */
+
 struct kd_p_abort {
 	struct kd_phdr hdr;
 	int32_t err;
