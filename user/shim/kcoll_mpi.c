@@ -1,0 +1,551 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libkcoll_mpi.so: an LD_PRELOAD (PMPI) shim that hands an unmodified MPI
+ * program's large collectives to kcolld.
+ *
+ *	LD_PRELOAD=build/lib/libkcoll_mpi.so mpirun -np 4 ./app
+ *
+ * Rules (docs/shim.md has the reasoning):
+ *  - A call goes to kcoll only when its arguments say so on every rank alike:
+ *    a predefined datatype (and op) kcoll has, a message of at least
+ *    KCOLL_MPI_MIN_BYTES, an intracommunicator of two or more ranks. Nothing
+ *    local (daemon reachable, buffer kind) enters that decision, so every
+ *    rank of a communicator takes the same path for the same call.
+ *  - MPI_Init connects to kcolld and the ranks agree over MPI_COMM_WORLD
+ *    (one PMPI_Allreduce) on the threshold and on whether every rank could
+ *    connect; unless all could, the whole job stays on PMPI.
+ *  - The kcoll communicator of an MPI communicator is made on its first such
+ *    call, collectively: rank 0 makes the id (PMPI_Bcast shares it), and
+ *    PMPI_Allreduces settle that every rank got and joined it, else the
+ *    communicator stays on PMPI for good. It hangs off the MPI communicator
+ *    as an attribute, so MPI_Comm_free (or MPI_Finalize) destroys it,
+ *    whichever call created the MPI communicator.
+ *  - After each kcoll operation the ranks agree on its outcome (PMPI_Allreduce
+ *    of one int). If any rank failed, the communicator goes back to PMPI for
+ *    good and the call is redone there when its input is intact (every case
+ *    but in-place all-reduce / reduce-scatter, which return MPI_ERR_OTHER
+ *    through the communicator's error handler).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include <kcoll/kcoll.h>
+
+#define KCOLL_MPI_EXPORT __attribute__((visibility("default")))
+/* Measured break-even with Open MPI's shared-memory all-reduce on the 2-core
+ * test VM (docs/perf.md section 5): 16 MiB. Set it lower on larger hosts. */
+#define KCOLL_MPI_DEFAULT_MIN_BYTES (16 * 1024 * 1024)
+
+enum kcoll_mpi_call {
+	KCOLL_MPI_ALLREDUCE,
+	KCOLL_MPI_REDUCE_SCATTER_BLOCK,
+	KCOLL_MPI_ALLGATHER,
+	KCOLL_MPI_BCAST,
+	KCOLL_MPI_BARRIER,
+	KCOLL_MPI_NCALLS
+};
+
+static const char *const kcoll_mpi_call_names[KCOLL_MPI_NCALLS] = {
+	"MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Allgather", "MPI_Bcast", "MPI_Barrier",
+};
+
+/* Per MPI communicator, as the value of attribute kcoll_mpi.keyval. */
+struct kcoll_mpi_comm {
+	struct kcoll_comm *kc;	/* NULL: this communicator stays on PMPI */
+	int rank;
+	int size;
+};
+
+static struct {
+	int keyval;		/* MPI_KEYVAL_INVALID until MPI_Init */
+	size_t min_bytes;
+	int debug;		/* 0 off, 1 summary at MPI_Finalize, 2 also every call */
+	bool disabled;		/* KCOLL_MPI_DISABLE=1: pass everything through */
+	struct kcoll *k;	/* NULL: disabled */
+	atomic_bool logged;
+	atomic_ulong count[KCOLL_MPI_NCALLS][2];	/* [call][0 PMPI, 1 kcoll] */
+	atomic_ulong fallbacks;
+} kcoll_mpi = {
+	.keyval = MPI_KEYVAL_INVALID,
+};
+
+/* The one line the shim prints when something makes it step aside. */
+static void kcoll_mpi_log_once(const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+
+	if (atomic_exchange(&kcoll_mpi.logged, true) && kcoll_mpi.debug == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	/* one write: lines of several ranks sharing a terminal stay whole */
+	fprintf(stderr, "kcoll_mpi: %s\n", line);
+}
+
+static long long kcoll_mpi_env_ll(const char *name, long long def, long long min)
+{
+	const char *s = getenv(name);
+	char *end;
+	long long v;
+
+	if (!s || !*s)
+		return def;
+	errno = 0;
+	v = strtoll(s, &end, 0);
+	if (*end == 'K' || *end == 'k')
+		v *= 1024, end++;
+	else if (*end == 'M' || *end == 'm')
+		v *= 1024 * 1024, end++;
+	if (errno || *end || v < min) {
+		fprintf(stderr, "kcoll_mpi: ignoring %s=%s (want an integer >= %lld)\n", name, s,
+			min);
+		return def;
+	}
+	return v;
+}
+
+static void kcoll_mpi_count(enum kcoll_mpi_call call, bool kcoll, MPI_Comm comm, size_t bytes)
+{
+	atomic_fetch_add_explicit(&kcoll_mpi.count[call][kcoll], 1, memory_order_relaxed);
+	if (kcoll_mpi.debug >= 2) {
+		int rank = -1;
+
+		PMPI_Comm_rank(comm, &rank);
+		fprintf(stderr, "kcoll_mpi: comm rank %d: %s %zu bytes -> %s\n", rank,
+			kcoll_mpi_call_names[call], bytes, kcoll ? "kcoll" : "PMPI");
+	}
+}
+
+static int kcoll_mpi_comm_delete(MPI_Comm comm, int keyval, void *attr, void *extra)
+{
+	struct kcoll_mpi_comm *c = attr;
+
+	if (c->kc)
+		kcoll_comm_destroy(c->kc);
+	free(c);
+	return MPI_SUCCESS;
+}
+
+/*
+ * At MPI_Init: read the knobs, connect, and agree over MPI_COMM_WORLD, so
+ * that a knob set differently on some ranks or a daemon missing on some host
+ * cannot make ranks decide differently later: every rank takes the largest
+ * threshold, and unless every rank could connect (and none has
+ * KCOLL_MPI_DISABLE=1) the whole job stays on PMPI.
+ */
+static void kcoll_mpi_setup(void)
+{
+	/* MAX over ranks: -(lowest failing rank), threshold, disable */
+	long long agree[3];
+	int rank = 0, err = 0;
+
+	kcoll_mpi.disabled = kcoll_mpi_env_ll("KCOLL_MPI_DISABLE", 0, 0) != 0;
+	kcoll_mpi.min_bytes = kcoll_mpi_env_ll("KCOLL_MPI_MIN_BYTES", KCOLL_MPI_DEFAULT_MIN_BYTES, 1);
+	kcoll_mpi.debug = (int)kcoll_mpi_env_ll("KCOLL_MPI_DEBUG", 0, 0);
+	if (PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, kcoll_mpi_comm_delete,
+				    &kcoll_mpi.keyval, NULL) != MPI_SUCCESS)
+		kcoll_mpi.keyval = MPI_KEYVAL_INVALID;
+	if (!kcoll_mpi.disabled && kcoll_mpi.keyval != MPI_KEYVAL_INVALID)
+		err = kcoll_connect(NULL, &kcoll_mpi.k);
+	PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	agree[0] = err ? -(long long)rank : -(long long)INT_MAX;
+	agree[1] = (long long)kcoll_mpi.min_bytes;
+	agree[2] = kcoll_mpi.disabled || kcoll_mpi.keyval == MPI_KEYVAL_INVALID;
+	PMPI_Allreduce(MPI_IN_PLACE, agree, 3, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+	kcoll_mpi.min_bytes = (size_t)agree[1];
+	if (agree[0] != -(long long)INT_MAX && -agree[0] == rank)
+		kcoll_mpi_log_once("cannot connect to kcolld (%s) on rank %d; every collective goes "
+				   "to MPI", kcoll_strerror(err), rank);
+	if (agree[0] != -(long long)INT_MAX || agree[2]) {
+		kcoll_mpi.disabled = true;
+		if (kcoll_mpi.k)
+			kcoll_disconnect(kcoll_mpi.k);
+		kcoll_mpi.k = NULL;
+	}
+}
+
+KCOLL_MPI_EXPORT int MPI_Init(int *argc, char ***argv)
+{
+	int r = PMPI_Init(argc, argv);
+
+	if (r == MPI_SUCCESS)
+		kcoll_mpi_setup();
+	return r;
+}
+
+KCOLL_MPI_EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
+{
+	int r = PMPI_Init_thread(argc, argv, required, provided);
+
+	if (r == MPI_SUCCESS)
+		kcoll_mpi_setup();
+	return r;
+}
+
+static void kcoll_mpi_print_summary(void)
+{
+	int rank = -1;
+	char line[512];
+	size_t len = 0;
+
+	PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	len += snprintf(line + len, sizeof(line) - len, "kcoll_mpi: rank %d:", rank);
+	for (int i = 0; i < KCOLL_MPI_NCALLS && len < sizeof(line); i++)
+		len += snprintf(line + len, sizeof(line) - len, " %s kcoll %lu pmpi %lu;",
+				kcoll_mpi_call_names[i] + 4, atomic_load(&kcoll_mpi.count[i][1]),
+				atomic_load(&kcoll_mpi.count[i][0]));
+	if (len < sizeof(line))
+		snprintf(line + len, sizeof(line) - len, " fallbacks %lu (min bytes %zu)",
+			 atomic_load(&kcoll_mpi.fallbacks), kcoll_mpi.min_bytes);
+	fprintf(stderr, "%s\n", line);
+}
+
+KCOLL_MPI_EXPORT int MPI_Finalize(void)
+{
+	if (kcoll_mpi.keyval != MPI_KEYVAL_INVALID) {
+		/* Destroy our communicators while MPI still works; the rest were
+		 * freed by the program or die with the connection. */
+		void *attr;
+		int found = 0;
+
+		if (PMPI_Comm_get_attr(MPI_COMM_WORLD, kcoll_mpi.keyval, &attr, &found) ==
+			    MPI_SUCCESS && found)
+			PMPI_Comm_delete_attr(MPI_COMM_WORLD, kcoll_mpi.keyval);
+		PMPI_Comm_free_keyval(&kcoll_mpi.keyval);
+	}
+	if (kcoll_mpi.debug)
+		kcoll_mpi_print_summary();
+	if (kcoll_mpi.k) {
+		kcoll_disconnect(kcoll_mpi.k);
+		kcoll_mpi.k = NULL;
+	}
+	return PMPI_Finalize();
+}
+
+/*
+ * Make comm's kcoll communicator, collectively. Every step whose outcome may
+ * differ between ranks ends in an agreement, so all ranks leave with a
+ * communicator or all without one.
+ */
+static struct kcoll_mpi_comm *kcoll_mpi_comm_make(MPI_Comm comm)
+{
+	struct kcoll_mpi_comm *c = calloc(1, sizeof(*c));
+	kcoll_unique_id_t id = { 0 };
+	int ok, all_ok = 0, first_bad, err = 0;
+	const char *what = "";
+
+	/* A rank out of memory would be the one rank to step aside here:
+	 * the agreement below needs everyone, so it aborts instead. */
+	if (!c) {
+		fprintf(stderr, "kcoll_mpi: out of memory\n");
+		PMPI_Abort(comm, 1);
+		return NULL;
+	}
+	PMPI_Comm_rank(comm, &c->rank);
+	PMPI_Comm_size(comm, &c->size);
+	ok = 1;
+	if (c->rank == 0) {
+		err = kcoll_get_unique_id(kcoll_mpi.k, &id);
+		ok = err == 0;
+		what = "cannot get a communicator id from kcolld";
+	}
+	first_bad = ok ? INT_MAX : c->rank;
+	PMPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, comm);
+	if (first_bad != INT_MAX)
+		goto out;
+	PMPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm);
+	err = kcoll_comm_init_rank(kcoll_mpi.k, &id, c->size, c->rank, &c->kc);
+	what = "cannot join the kcoll communicator";
+	ok = err == 0;
+	first_bad = ok ? INT_MAX : c->rank;
+	PMPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, comm);
+	if (first_bad == INT_MAX) {
+		all_ok = 1;
+		goto out;
+	}
+	if (c->kc) {
+		kcoll_comm_destroy(c->kc);
+		c->kc = NULL;
+	}
+out:
+	/* One line for the whole job: from the lowest rank that failed. */
+	if (!all_ok && c->rank == first_bad)
+		kcoll_mpi_log_once("%s (%s) at comm rank %d of %d; using MPI for this communicator",
+				   what, kcoll_strerror(err), c->rank, c->size);
+	if (!all_ok)
+		atomic_fetch_add(&kcoll_mpi.fallbacks, 1);
+	if (PMPI_Comm_set_attr(comm, kcoll_mpi.keyval, c) != MPI_SUCCESS) {
+		/* Cannot happen with a valid keyval; stay on PMPI. Collectively
+		 * so: this communicator then asks again next time, everywhere. */
+		kcoll_mpi_comm_delete(comm, kcoll_mpi.keyval, c, NULL);
+		return NULL;
+	}
+	return c;
+}
+
+/* comm's kcoll communicator, made on first use; NULL: use PMPI. Called only
+ * where every rank of comm calls it (the decision so far is collective). */
+static struct kcoll_mpi_comm *kcoll_mpi_comm_get(MPI_Comm comm)
+{
+	struct kcoll_mpi_comm *c;
+	int found = 0, inter = 0;
+
+	if (kcoll_mpi.disabled || comm == MPI_COMM_NULL)
+		return NULL;
+	if (PMPI_Comm_get_attr(comm, kcoll_mpi.keyval, &c, &found) != MPI_SUCCESS)
+		return NULL;
+	if (!found) {
+		int size = 0;
+
+		if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter)
+			return NULL;
+		if (PMPI_Comm_size(comm, &size) != MPI_SUCCESS || size < 2)
+			return NULL;
+		c = kcoll_mpi_comm_make(comm);
+	}
+	return c && c->kc ? c : NULL;
+}
+
+/*
+ * After an operation: do all ranks agree it worked? If not, the communicator
+ * leaves kcoll for good (on every rank: they all see the same verdict).
+ * Returns 0, or the (first) error to report.
+ */
+static int kcoll_mpi_agree(struct kcoll_mpi_comm *c, MPI_Comm comm, int err,
+			   enum kcoll_mpi_call call)
+{
+	int bad = err ? 1 : 0;
+
+	PMPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, comm);
+	if (!bad)
+		return 0;
+	if (err)
+		kcoll_mpi_log_once("%s failed on comm rank %d (%s); this communicator goes back to MPI",
+				   kcoll_mpi_call_names[call], c->rank, kcoll_strerror(err));
+	kcoll_comm_destroy(c->kc);
+	c->kc = NULL;
+	atomic_fetch_add(&kcoll_mpi.fallbacks, 1);
+	return err ? err : -ECANCELED;
+}
+
+static int kcoll_mpi_wait(int err, struct kcoll_req *req)
+{
+	return err ? err : kcoll_wait(req, -1);
+}
+
+/* The kcoll type of a predefined MPI type used in a reduction, or -1. */
+static int kcoll_mpi_reduce_dtype(MPI_Datatype t)
+{
+	if (t == MPI_FLOAT)
+		return KCOLL_F32;
+	if (t == MPI_DOUBLE)
+		return KCOLL_F64;
+	if (t == MPI_INT || t == MPI_INT32_T)
+		return KCOLL_I32;
+	if (t == MPI_UNSIGNED || t == MPI_UINT32_T)
+		return KCOLL_U32;
+	if (t == MPI_INT8_T || t == MPI_SIGNED_CHAR)
+		return KCOLL_I8;
+	if (t == MPI_UINT8_T || t == MPI_UNSIGNED_CHAR)
+		return KCOLL_U8;
+	if (t == MPI_INT64_T || t == MPI_LONG_LONG || t == MPI_LONG_LONG_INT)
+		return KCOLL_I64;
+	if (t == MPI_UINT64_T || t == MPI_UNSIGNED_LONG_LONG)
+		return KCOLL_U64;
+	if (t == MPI_LONG)
+		return sizeof(long) == 8 ? KCOLL_I64 : KCOLL_I32;
+	if (t == MPI_UNSIGNED_LONG)
+		return sizeof(long) == 8 ? KCOLL_U64 : KCOLL_U32;
+	return -1;
+}
+
+static int kcoll_mpi_redop(MPI_Op op)
+{
+	if (op == MPI_SUM)
+		return KCOLL_SUM;
+	if (op == MPI_PROD)
+		return KCOLL_PROD;
+	if (op == MPI_MIN)
+		return KCOLL_MIN;
+	if (op == MPI_MAX)
+		return KCOLL_MAX;
+	return -1;
+}
+
+/*
+ * Bytes per element of a predefined type without holes (moved as bytes by
+ * all-gather and broadcast), or 0. Predefined only: ranks may pass different
+ * types with one signature (MPI_INT here, MPI_INT32_T there); those still
+ * decide alike, a derived type on one rank and a predefined one on another
+ * would not.
+ */
+static size_t kcoll_mpi_plain_size(MPI_Datatype t)
+{
+	int ni, na, nd, combiner, size;
+	MPI_Aint lb, extent, tlb, textent;
+
+	if (t == MPI_DATATYPE_NULL ||
+	    PMPI_Type_get_envelope(t, &ni, &na, &nd, &combiner) != MPI_SUCCESS ||
+	    combiner != MPI_COMBINER_NAMED || PMPI_Type_size(t, &size) != MPI_SUCCESS ||
+	    PMPI_Type_get_extent(t, &lb, &extent) != MPI_SUCCESS ||
+	    PMPI_Type_get_true_extent(t, &tlb, &textent) != MPI_SUCCESS)
+		return 0;
+	if (size <= 0 || lb != 0 || tlb != 0 || extent != size || textent != size)
+		return 0;
+	return (size_t)size;
+}
+
+/* The kcoll dtype/op for a reduction of count x t, or false (then PMPI). */
+static bool kcoll_mpi_reduce_ok(int count, MPI_Datatype t, MPI_Op op, size_t nblocks, int *dtype,
+				int *redop)
+{
+	*dtype = kcoll_mpi_reduce_dtype(t);
+	*redop = kcoll_mpi_redop(op);
+	if (*dtype < 0 || *redop < 0 || count <= 0)
+		return false;
+	return (size_t)count * nblocks * kcoll_dtype_size(*dtype) >= kcoll_mpi.min_bytes;
+}
+
+KCOLL_MPI_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count,
+				   MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+{
+	enum kcoll_mpi_call call = KCOLL_MPI_ALLREDUCE;
+	struct kcoll_mpi_comm *c = NULL;
+	struct kcoll_req *req = NULL;
+	bool inplace = sendbuf == MPI_IN_PLACE;
+	int dtype, redop, err;
+
+	if (kcoll_mpi_reduce_ok(count, datatype, op, 1, &dtype, &redop))
+		c = kcoll_mpi_comm_get(comm);
+	if (c) {
+		err = kcoll_allreduce(c->kc, inplace ? recvbuf : sendbuf, recvbuf, count, dtype,
+				      redop, &req);
+		err = kcoll_mpi_agree(c, comm, kcoll_mpi_wait(err, req), call);
+		if (!err) {
+			kcoll_mpi_count(call, true, comm, count * kcoll_dtype_size(dtype));
+			return MPI_SUCCESS;
+		}
+		if (inplace)
+			return PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER), MPI_ERR_OTHER;
+	}
+	kcoll_mpi_count(call, false, comm, 0);
+	return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+}
+
+/*
+ * MPI's in place reduce-scatter reads the whole vector from recvbuf and puts
+ * this rank's block at its start; kcoll's puts it at block 'rank' of the
+ * vector, so it is moved down afterwards.
+ */
+KCOLL_MPI_EXPORT int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount,
+					      MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+{
+	enum kcoll_mpi_call call = KCOLL_MPI_REDUCE_SCATTER_BLOCK;
+	struct kcoll_mpi_comm *c = NULL;
+	struct kcoll_req *req = NULL;
+	bool inplace = sendbuf == MPI_IN_PLACE;
+	int dtype, redop, size = 0, err;
+
+	PMPI_Comm_size(comm, &size);
+	if (size > 0 && kcoll_mpi_reduce_ok(recvcount, datatype, op, size, &dtype, &redop))
+		c = kcoll_mpi_comm_get(comm);
+	if (c) {
+		size_t block = (size_t)recvcount * kcoll_dtype_size(dtype);
+		char *dst = inplace ? (char *)recvbuf + c->rank * block : recvbuf;
+
+		err = kcoll_reduce_scatter(c->kc, inplace ? recvbuf : sendbuf, dst, recvcount,
+					   dtype, redop, &req);
+		err = kcoll_mpi_agree(c, comm, kcoll_mpi_wait(err, req), call);
+		if (!err) {
+			if (dst != recvbuf)
+				memmove(recvbuf, dst, block);
+			kcoll_mpi_count(call, true, comm, block * size);
+			return MPI_SUCCESS;
+		}
+		if (inplace)
+			return PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER), MPI_ERR_OTHER;
+	}
+	kcoll_mpi_count(call, false, comm, 0);
+	return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+}
+
+/*
+ * All-gather moves bytes. The decision uses the receive side, which every rank
+ * passes (the send side is ignored in place). A failed kcoll all-gather is
+ * always redone: the input is sendbuf, or in place this rank's own block,
+ * which kcoll only ever rewrites with the same bytes.
+ */
+KCOLL_MPI_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype,
+				   void *recvbuf, int recvcount, MPI_Datatype recvtype,
+				   MPI_Comm comm)
+{
+	enum kcoll_mpi_call call = KCOLL_MPI_ALLGATHER;
+	struct kcoll_mpi_comm *c = NULL;
+	struct kcoll_req *req = NULL;
+	bool inplace = sendbuf == MPI_IN_PLACE;
+	size_t rsize = kcoll_mpi_plain_size(recvtype), block = rsize * (size_t)(recvcount > 0 ? recvcount : 0);
+	int size = 0, err;
+
+	PMPI_Comm_size(comm, &size);
+	if (rsize && recvcount > 0 && size > 0 && block * size >= kcoll_mpi.min_bytes &&
+	    (inplace || kcoll_mpi_plain_size(sendtype) * (size_t)(sendcount > 0 ? sendcount : 0) == block))
+		c = kcoll_mpi_comm_get(comm);
+	if (c) {
+		const void *src = inplace ? (char *)recvbuf + c->rank * block : sendbuf;
+
+		err = kcoll_allgather(c->kc, src, recvbuf, block, KCOLL_U8, &req);
+		err = kcoll_mpi_agree(c, comm, kcoll_mpi_wait(err, req), call);
+		if (!err) {
+			kcoll_mpi_count(call, true, comm, block * size);
+			return MPI_SUCCESS;
+		}
+	}
+	kcoll_mpi_count(call, false, comm, 0);
+	return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+}
+
+/* The root's buffer is only read, so a failed kcoll broadcast is redone. */
+KCOLL_MPI_EXPORT int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root,
+			       MPI_Comm comm)
+{
+	enum kcoll_mpi_call call = KCOLL_MPI_BCAST;
+	struct kcoll_mpi_comm *c = NULL;
+	struct kcoll_req *req = NULL;
+	size_t bytes = kcoll_mpi_plain_size(datatype) * (size_t)(count > 0 ? count : 0);
+	int err;
+
+	if (bytes && bytes >= kcoll_mpi.min_bytes)
+		c = kcoll_mpi_comm_get(comm);
+	if (c && root >= 0 && root < c->size) {
+		err = kcoll_broadcast(c->kc, buffer, bytes, KCOLL_U8, root, &req);
+		err = kcoll_mpi_agree(c, comm, kcoll_mpi_wait(err, req), call);
+		if (!err) {
+			kcoll_mpi_count(call, true, comm, bytes);
+			return MPI_SUCCESS;
+		}
+	}
+	kcoll_mpi_count(call, false, comm, 0);
+	return PMPI_Bcast(buffer, count, datatype, root, comm);
+}
+
+/*
+ * Counted, then always PMPI: a barrier has no size to weigh, MPI's
+ * shared-memory barrier beats a round trip through the daemon, and a kcoll
+ * barrier would need the outcome agreement (a PMPI_Allreduce, itself a
+ * barrier) after it.
+ */
+KCOLL_MPI_EXPORT int MPI_Barrier(MPI_Comm comm)
+{
+	kcoll_mpi_count(KCOLL_MPI_BARRIER, false, comm, 0);
+	return PMPI_Barrier(comm);
+}
