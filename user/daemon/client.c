@@ -265,10 +265,9 @@ void kd_client_close(struct kd_client *c)
 {
 	atomic_store(&c->dead, true);
 	atomic_store(&c->stop, true);
-	if (c->thread_started) {
-		kcoll_futex_wake(&c->ring->sq_tail, INT_MAX);
-		pthread_join(c->ring_thread, NULL);
-	}
+	/* Leave the comms first: that aborts an op the ring thread may be
+	 * running inline across hosts (it returns at once), so the join below
+	 * does not wait for the op's timeout. */
 	for (uint32_t i = 0; i < KD_MAX_COMMS; i++) {
 		struct kd_comm *comm;
 		uint32_t rank;
@@ -282,6 +281,10 @@ void kd_client_close(struct kd_client *c)
 			kd_comm_member_gone(comm, rank, -ECONNRESET);
 			kd_comm_put(comm);
 		}
+	}
+	if (c->thread_started) {
+		kcoll_futex_wake(&c->ring->sq_tail, INT_MAX);
+		pthread_join(c->ring_thread, NULL);
 	}
 	kd_client_put(c);
 }

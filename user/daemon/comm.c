@@ -371,7 +371,7 @@ void kd_comm_submitted(struct kd_comm *comm, uint64_t seq, uint64_t bits[4])
 void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 {
 	struct kd_op *failed = NULL;
-	bool forming, first = false;
+	bool forming, lowered = false;
 	int op_err = err == -ECANCELED ? -ECONNRESET : err;
 	uint64_t from = 0;
 
@@ -384,15 +384,15 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 		 * every peer (they learn from_seq with the abort). */
 		from = comm->mh ? comm->exec_seq : 0;
 		if (comm->limit_seq > from) {
-			first = comm->state == KD_COMM_ACTIVE;
+			lowered = true;	/* the peers hear of every drop */
 			comm->state = KD_COMM_ABORTED;
 			comm->limit_seq = from;
 			comm->abort_err = op_err;
 			comm->abort_rank = rank;
 			comm->abort_flags = 0;
-			if (first && err == -ECANCELED)
+			if (err == -ECANCELED)
 				kc_dbg("comm %s: rank %u left; the communicator ends here", comm->name, rank);
-			else if (first)
+			else
 				kc_info("comm %s: rank %u died; failing its pending operations", comm->name,
 					rank);
 		}
@@ -409,7 +409,7 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 	post_list(failed, err == -ECANCELED ? (int)rank : -1);
 	if (comm->mh) {
 		kd_mh_wake(comm->mh);
-		if (first)
+		if (lowered)
 			kd_net_abort_peers(comm, op_err, rank, err == -ECANCELED ? KD_ABORT_F_LEFT : 0,
 					   from);
 	}
@@ -552,8 +552,8 @@ void kd_comm_watchdog(int64_t now)
 		pthread_mutex_lock(&comm->lock);
 		if (comm->state == KD_COMM_FORMING && now > comm->deadline_ns) {
 			forming_expired = true;
-		} else if (comm->state == KD_COMM_ACTIVE && comm->pending && !comm->pending->ready &&
-			   comm->pending->seq == comm->exec_seq &&
+		} else if (comm->state != KD_COMM_FORMING && comm->pending && !comm->pending->ready &&
+			   comm->pending->seq == comm->exec_seq && comm->pending->seq < comm->limit_seq &&
 			   now - comm->pending->first_ns > comm->timeout_ns) {
 			struct kd_op *op = comm->pending;
 

@@ -640,10 +640,8 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	int r = 0;
 
 	atomic_store(&mh->running_since, kd_now_ns());
+	atomic_store(&mh->last_progress, atomic_load(&mh->running_since));
 	atomic_store(&mh->running_seq, op->seq);
-	op->esz = kcoll_dtype_size(op->dtype);
-	mh->sig = op_sig(op);
-	mh->piece = __atomic_load_n(&kd.net_chunk_bytes, __ATOMIC_RELAXED) / op->esz * op->esz;
 	if (atomic_load(&op->err)) {
 		/* A local rank's SQE was invalid: the op cannot run anywhere. */
 		uint32_t rk = atomic_load(&op->err_rank);
@@ -657,6 +655,10 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		net_fail(mh, op, -ECANCELED, KCOLL_RANK_NONE);
 		goto done;
 	}
+	/* Valid from here (kd_sqe_check passed on every local rank). */
+	op->esz = kcoll_dtype_size(op->dtype);
+	mh->sig = op_sig(op);
+	mh->piece = mh->net_piece / 8 * 8;
 	/* avg: sum everywhere, divide once at the end; integers are summed in
 	 * 64 bits (as on one host), so the wire and accumulator are 64-bit. */
 	mh->redop = op->redop == KCOLL_AVG ? KCOLL_SUM : op->redop;
@@ -664,7 +666,6 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	       (op->opcode == KCOLL_OP_ALLREDUCE || op->opcode == KCOLL_OP_REDUCE_SCATTER);
 	mh->dtype = wide ? (is_signed(op->dtype) ? KCOLL_I64 : KCOLL_U64) : op->dtype;
 	mh->esz = kcoll_dtype_size(mh->dtype);
-	mh->piece = mh->piece / 8 * 8;
 	block = op->count * op->esz;
 	switch (op->opcode) {
 	case KCOLL_OP_ALLREDUCE:
@@ -728,8 +729,10 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	/* 2. between hosts */
 	switch (op->opcode) {
 	case KCOLL_OP_ALLREDUCE:
-		if (!bytes)
+		if (!bytes) {
+			r = barrier(&x);	/* no data, but every host checks the op agrees */
 			break;
+		}
 		switch (choose(mh, wbytes)) {
 		case KD_ALGO_RD:
 			r = allreduce_rd(&x, wbytes);
@@ -746,8 +749,10 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	case KCOLL_OP_ALLGATHER: {
 		struct segs sg = { 0 };
 
-		if (!bytes)
+		if (!bytes) {
+			r = barrier(&x);
 			break;
+		}
 		r = segs_hosts(&sg, mh, comm->nranks, wblock);
 		if (!r)
 			r = ring(&x, &sg, op->opcode == KCOLL_OP_REDUCE_SCATTER,
@@ -756,8 +761,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		break;
 	}
 	case KCOLL_OP_BROADCAST:
-		if (bytes)
-			r = broadcast(&x, bytes, op->esz, root_host);
+		r = bytes ? broadcast(&x, bytes, op->esz, root_host) : barrier(&x);
 		break;
 	case KCOLL_OP_BARRIER:
 		r = barrier(&x);
@@ -846,6 +850,7 @@ static void *net_thread(void *arg)
 		run_chain(mh, op, false);
 		pthread_mutex_lock(&mh->qlock);
 		mh->busy = false;
+		pthread_cond_broadcast(&mh->qcond);
 		pthread_mutex_unlock(&mh->qlock);
 	}
 	kd_exec_thread_done();
@@ -894,22 +899,39 @@ static void push(struct kd_mh *mh, struct kd_op *op)
 	pthread_cond_signal(&mh->qcond);
 }
 
+/* The comm is torn down: fail op and whatever becomes runnable after it. */
+static void fail_chain(struct kd_op *op)
+{
+	while (op) {
+		kd_op_fail(op, -ECONNRESET, KCOLL_RANK_NONE, 0);
+		op = kd_comm_op_done(op);
+	}
+}
+
 void kd_mh_queue(struct kd_op *op)
 {
 	struct kd_mh *mh = op->comm->mh;
 
 	pthread_mutex_lock(&mh->qlock);
+	if (mh->stop) {
+		/* Torn down (every local rank left): nobody will run it. */
+		pthread_mutex_unlock(&mh->qlock);
+		fail_chain(op);
+		return;
+	}
 	if (!mh->busy && !mh->queue && !mh->stop && small(op)) {
 		mh->busy = true;
 		pthread_mutex_unlock(&mh->qlock);
 		op = run_chain(mh, op, true);
 		pthread_mutex_lock(&mh->qlock);
 		mh->busy = false;
-		if (op)
+		if (op && !mh->stop) {
 			push(mh, op);
-		else if (mh->queue)
-			pthread_cond_signal(&mh->qcond);
+			op = NULL;
+		}
+		pthread_cond_broadcast(&mh->qcond);	/* the net thread, kd_mh_stop */
 		pthread_mutex_unlock(&mh->qlock);
+		fail_chain(op);
 		return;
 	}
 	push(mh, op);
@@ -921,10 +943,26 @@ void kd_mh_stop(struct kd_mh *mh)
 	if (mh->thread_started) {
 		pthread_mutex_lock(&mh->qlock);
 		mh->stop = true;
-		pthread_cond_signal(&mh->qcond);
+		pthread_cond_broadcast(&mh->qcond);
 		pthread_mutex_unlock(&mh->qlock);
 		kd_mh_wake(mh);
 		pthread_join(mh->thread, NULL);
+		/* A ring thread may still run an op inline: the comm is aborted,
+		 * so it returns soon; wait for it. */
+		pthread_mutex_lock(&mh->qlock);
+		while (mh->busy)
+			pthread_cond_wait(&mh->qcond, &mh->qlock);
+		struct kd_op *left = mh->queue;
+
+		mh->queue = NULL;
+		pthread_mutex_unlock(&mh->qlock);
+		while (left) {
+			struct kd_op *next = left->next;
+
+			left->next = NULL;
+			fail_chain(left);
+			left = next;
+		}
 		mh->thread_started = false;
 		pthread_mutex_destroy(&mh->qlock);
 		pthread_cond_destroy(&mh->qcond);

@@ -73,6 +73,7 @@ struct kd_boot {
 	uint8_t token[KCOLL_ID_TOKEN_BYTES];
 	int64_t expires;
 	uint32_t nranks, nreg, nd, nready;
+	bool tables_sent;
 	int16_t *rank_daemon;
 	struct kd_boot_daemon d[KD_MAX_HOSTS];
 	struct kd_boot *next;
@@ -602,8 +603,13 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 	struct kd_mh *mh;
 	uint32_t nlocal = 0;
 
+	if (comm->state != KD_COMM_FORMING || comm->mh) {
+		member_fail(comm, -EPROTO, "the root daemon sent a second table");
+		return;
+	}
 	if (t->nranks != comm->nranks || !t->nhosts || t->nhosts > KD_MAX_HOSTS ||
 	    t->you >= t->nhosts || !t->nstreams || t->nstreams > KD_MAX_STREAMS ||
+	    t->piece < 4096 || t->piece > (64u << 20) ||
 	    len < sizeof(*t) + t->nhosts * sizeof(t->hosts[0]) + t->nranks * sizeof(uint16_t)) {
 		member_fail(comm, -EPROTO, "the root daemon sent a malformed table");
 		return;
@@ -642,6 +648,7 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 	mh->self = t->you;
 	mh->nstreams = t->nstreams;
 	mh->algo = t->algo <= KD_ALGO_RABENSEIFNER ? t->algo : KD_ALGO_AUTO;
+	mh->net_piece = t->piece;
 	mh->xport = &kd_xport_tcp;
 	mh->abort_fd = -1;
 	mh->running_seq = UINT64_MAX;
@@ -649,6 +656,11 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 	for (uint32_t h = 0; h < t->nhosts; h++) {
 		mh->hosts[h].info = t->hosts[h];
 		mh->hosts[h].info.name[sizeof(mh->hosts[h].info.name) - 1] = 0;
+		if (mh->hosts[h].info.naddrs > KCOLL_ID_MAX_ADDRS)
+			mh->hosts[h].info.naddrs = KCOLL_ID_MAX_ADDRS;
+		for (char *q = mh->hosts[h].info.name; *q; q++)
+			if (*q == '"' || *q == '\\' || (unsigned char)*q < 0x20)
+				*q = '?';	/* it goes into logs and JSON */
 		mh->hosts[h].first_rank = KCOLL_RANK_NONE;
 		for (int s = 0; s < KD_MAX_STREAMS; s++)
 			mh->hosts[h].data[s] = -1;
@@ -673,12 +685,8 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 		memcpy(m.token, comm->token, sizeof(m.token));
 		if (pc_send(comm->boot, &m, KD_P_READY, sizeof(m)))
 			member_fail(comm, -ECONNRESET, "lost the connection to the root daemon");
-	} else {
-		struct kd_boot *b = boot_find(comm->token);
-
-		if (b)
-			boot_ready(b, NULL);
 	}
+	/* The root's own READY: boot_send_tables counts it once every table is out. */
 }
 
 /* Local address for stream s to host h, and the peer's address on the
@@ -906,8 +914,10 @@ static void boot_send_tables(struct kd_boot *b)
 	if (!t->nstreams)
 		t->nstreams = shared_networks(b);
 	t->algo = atomic_load(&net.algo);	/* the root's, for every host alike */
+	t->piece = __atomic_load_n(&kd.net_chunk_bytes, __ATOMIC_RELAXED);
 	kc_info("comm %02x%02x%02x%02x...: all %u ranks registered on %u host(s)", b->token[0],
 		b->token[1], b->token[2], b->token[3], b->nranks, b->nd);
+	b->tables_sent = true;
 	for (uint32_t i = 0; i < b->nd; i++) {
 		t->you = host_of[i];
 		if (b->d[i].pc) {
@@ -928,6 +938,15 @@ static void boot_send_tables(struct kd_boot *b)
 	if (b->nd == 1) {
 		boot_unlink(b);
 		boot_free(b);
+		return;
+	}
+	for (uint32_t i = 0; i < b->nd; i++) {
+		struct kd_comm *comm = b->d[i].pc ? NULL : comm_find(b->token);
+
+		if (comm && comm->mh) {
+			boot_ready(b, NULL);	/* may free b: last use */
+			return;
+		}
 	}
 }
 
@@ -1061,8 +1080,11 @@ static void on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 
 		if (h->len < sizeof(*m))
 			break;
+		int err = m->err < 0 && m->err >= -4095 ? m->err : -EPROTO;
+		uint32_t rank = m->rank < comm->nranks ? m->rank : KCOLL_RANK_NONE;
+
 		hh->answered = true;
-		if (!kd_comm_abort(comm, m->err, m->rank, m->flags & ~KD_ABORT_F_LEFT, m->from_seq))
+		if (!kd_comm_abort(comm, err, rank, m->flags & KCOLL_CQE_F_MISSING, m->from_seq))
 			;	/* already aborted from an earlier op */
 		else if (m->flags & KD_ABORT_F_LEFT)
 			kc_dbg("comm %s: rank %d on host %u (%s) left; ops from %llu on fail", comm->name,
@@ -1173,13 +1195,15 @@ static bool on_pmsg(struct kd_pconn *pc, const struct kd_phdr *h)
 				return true;
 			}
 			if (memcmp(m->token, b->token, sizeof(b->token))) {
-				reject(pc, "one connection, one communicator");
-				return true;
+				atomic_fetch_add(&net.garbage, 1);
+				kc_warn("peer %s: registered for two communicators on one connection; "
+					"closing", pc->peer);
+				return false;	/* on_eof detaches it from b */
 			}
 			boot_register(b, pc, m);
 			return true;
 		}
-		if (h->type == KD_P_READY && b) {
+		if (h->type == KD_P_READY && b && b->tables_sent) {
 			boot_ready(b, pc);
 			return true;
 		}
@@ -1439,7 +1463,8 @@ void kd_net_watchdog(int64_t now)
 				query_decide(comm);
 			continue;
 		}
-		if (running == UINT64_MAX || now - atomic_load(&mh->running_since) <= comm->timeout_ns)
+		/* Hung: no byte moved for a whole timeout (a long transfer is not). */
+		if (running == UINT64_MAX || now - atomic_load(&mh->last_progress) <= comm->timeout_ns)
 			continue;
 		/* Hung: ask every peer which of its ranks submitted the op. */
 		mh->query_seq = running;

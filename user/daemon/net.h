@@ -96,7 +96,7 @@ struct kd_p_table {
 	uint32_t you;		/* the receiver's host index */
 	uint32_t nstreams;
 	uint32_t algo;		/* enum kd_algo: one choice for every host */
-	uint32_t reserved;
+	uint32_t piece;		/* bytes per piece: the same everywhere */
 	struct kd_p_hostinfo hosts[];
 };
 
@@ -199,6 +199,8 @@ struct kd_mh {
 	struct kd_comm *comm;
 	uint32_t nhosts, self, nstreams;
 	uint32_t algo;			/* enum kd_algo, fixed when the comm formed */
+	size_t net_piece;		/* bytes per piece, fixed when the comm formed */
+	_Atomic int64_t last_progress;	/* the net loop moved bytes (hang detection) */
 	struct kd_mh_host *hosts;
 	uint16_t *rank_host;		/* [nranks] */
 	uint32_t conns_needed, conns_up;

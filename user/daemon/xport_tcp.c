@@ -239,7 +239,8 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 	struct cursor *cs;
 	struct piece **lists;
 	struct pollfd *pfd;
-	int64_t deadline = atomic_load(&mh->running_since) + comm->timeout_ns + 2000000000LL;
+	/* Backstop only: the watchdog's query round normally ends a hang first. */
+	int64_t slack = comm->timeout_ns + 2000000000LL;
 	int64_t idle_since = 0;
 	bool spin = true;
 	int r = 0;
@@ -337,6 +338,7 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 		}
 		if (progress) {
 			idle_since = 0;
+			atomic_store(&mh->last_progress, kd_now_ns());
 			continue;
 		}
 		/* Small transfers: poll a little before sleeping, yielding the CPU
@@ -360,7 +362,7 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 				mh->wait_host = c->host;
 		}
 		pfd[np++] = (struct pollfd){ .fd = mh->abort_fd, .events = POLLIN };
-		int64_t left = (deadline - kd_now_ns()) / 1000000;
+		int64_t left = (atomic_load(&mh->last_progress) + slack - kd_now_ns()) / 1000000;
 
 		if (left <= 0) {
 			*bad_host = mh->wait_host;
