@@ -3,7 +3,9 @@
 # Open MPI's anchor benchmark (mpi-coll-bench) twice per rank count, the
 # second time with the shim preloaded. Needs a kcolld on $KCOLL_SOCKET.
 #   user/shim/bench.sh [BUILD] [NP...]    (default: build, 2 4)
-#   env: BENCH_ARGS (default "-b 1K -e 64M -f 4 -n 20 -w 5 -c 1 -d f32 -o sum")
+#   env: BENCH_ARGS (default "-b 1K -e 64M -f 4 -n 20 -w 5 -c 1 -d f32 -o sum"),
+#        KCOLL_MPI_MIN_BYTES (default here 64K, so the sweep shows where kcoll
+#        pays off; the shim's own default is 16M, the break-even measured so)
 set -euo pipefail
 build=${1:-build}; shift || true
 nps=("$@"); [ ${#nps[@]} -eq 0 ] && nps=(2 4)
@@ -12,9 +14,10 @@ shim="$(cd "$build/lib" && pwd)/libkcoll_mpi.so"
 mpi=(mpirun --oversubscribe --mca mpi_yield_when_idle 1 --mca btl self,vader)
 [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
 : "${KCOLL_SOCKET:?start kcolld and export KCOLL_SOCKET}"
+export KCOLL_MPI_MIN_BYTES=${KCOLL_MPI_MIN_BYTES:-65536}
 for np in "${nps[@]}"; do
 	echo "## np $np: Open MPI alone"
 	"${mpi[@]}" -np "$np" "$build/bin/mpi-coll-bench" allreduce "${args[@]}"
-	echo "## np $np: Open MPI + libkcoll_mpi.so (KCOLL_MPI_MIN_BYTES=${KCOLL_MPI_MIN_BYTES:-65536})"
+	echo "## np $np: Open MPI + libkcoll_mpi.so (KCOLL_MPI_MIN_BYTES=$KCOLL_MPI_MIN_BYTES)"
 	LD_PRELOAD="$shim" "${mpi[@]}" -np "$np" "$build/bin/mpi-coll-bench" allreduce "${args[@]}"
 done
