@@ -139,7 +139,16 @@ if [ -x "$bench" ]; then
 	"$build/bin/kcolld" -f -s "$kd_sock" -l "$tmp/kd.log" &
 	kd=$!
 	for _ in $(seq 100); do [ -S "$kd_sock" ] && break; sleep 0.05; done
-	(sleep 1; kill -KILL "$kd" 2>/dev/null) &
+	# Kill it once it has completed an all-reduce of this job (not on a
+	# fixed timer: under ASan MPI_Init alone can take longer than that).
+	(
+		for _ in $(seq 600); do
+			"$build/bin/kcollctl" -s "$kd_sock" status --json 2>/dev/null |
+				grep -q '"ops_ok":[1-9]' && break
+			sleep 0.05
+		done
+		kill -KILL "$kd" 2>/dev/null
+	) &
 	killer=$!
 	KCOLL_SOCKET="$kd_sock" with_shim 2 "$bench" allreduce -b 4M -e 64M -f 2 -n 30 -w 2 -c 1 \
 		>"$tmp/kill" 2>"$tmp/kill.err"
