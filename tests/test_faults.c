@@ -611,11 +611,25 @@ static void raw_validation(void)
 	s.coll.recv_addr = s.coll.send_addr + 4;
 	raw_check("recv overlaps send by all but one element", s, -EINVAL, 0);
 
+	/* Transfers: the SQE-level rules (tests/test_kv.c covers the rest). */
 	memset(&s, 0, sizeof(s));
 	s.opcode = KCOLL_OP_XFER_WRITE;
-	raw_check("XFER_WRITE", s, -EOPNOTSUPP, none);
+	s.xfer.nr_entries = KCOLL_XFER_MAX_ENTRIES + 1;
+	s.xfer.entries_addr = 4096;
+	raw_check("XFER_WRITE nr_entries over the limit", s, -E2BIG, none);
+	s.xfer.nr_entries = 1;
+	s.xfer.entries_addr = 0;
+	raw_check("XFER_WRITE NULL entry array", s, -EFAULT, none);
+	s.xfer.entries_addr = 4096;
+	s.xfer.reserved[4] = 1;
+	raw_check("XFER_WRITE reserved field", s, -EINVAL, none);
+	s.xfer.reserved[4] = 0;
+	s.flags = KCOLL_SQE_F_IN_PLACE;
+	raw_check("XFER_WRITE with a flag", s, -EINVAL, none);
+	s.flags = 0;
 	s.opcode = KCOLL_OP_XFER_READ;
-	raw_check("XFER_READ", s, -EOPNOTSUPP, none);
+	s.xfer.local_seg = 0x7fffffff;
+	raw_check("XFER_READ local_seg not registered", s, -ENOENT, none);
 
 	s = raw_base(KCOLL_OP_ALLREDUCE);
 	s.coll.comm_id = 0;

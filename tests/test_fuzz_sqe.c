@@ -42,9 +42,17 @@ static void consume_one(const struct kcoll_sqe *sqe, uint32_t nranks, uint32_t r
 		n_refused++;
 		return;
 	}
-	check(sqe->opcode < KCOLL_OP_XFER_WRITE, "only implemented opcodes pass");
+	check(sqe->opcode < KCOLL_OP_MAX, "only known opcodes pass");
 	if (sqe->opcode == KCOLL_OP_NOP)
 		return;
+	if (sqe->opcode == KCOLL_OP_XFER_WRITE || sqe->opcode == KCOLL_OP_XFER_READ) {
+		check(sqe->xfer.nr_entries <= KCOLL_XFER_MAX_ENTRIES, "batch within the limit");
+		check(!sqe->flags && !sqe->xfer.reserved[0] && !sqe->xfer.reserved[4],
+		      "transfer flags and reserved fields zero");
+		check(!sqe->xfer.nr_entries || sqe->xfer.entries_addr, "entry array given");
+		n_accepted++;
+		return;
+	}
 	check(sqe->coll.dtype < KCOLL_DTYPE_MAX && sqe->coll.redop < KCOLL_REDOP_MAX, "enums in range");
 	check(!sqe->reserved0 && !sqe->reserved1 && !sqe->coll.reserved[0], "reserved fields zero");
 	r = kd_coll_sizes(sqe, nranks, rank, &sb, &rb);

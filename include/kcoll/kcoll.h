@@ -117,6 +117,77 @@ int kcoll_mem_free(struct kcoll *k, void *ptr);
 int kcoll_mem_register(struct kcoll *k, void *ptr, size_t size);
 int kcoll_mem_deregister(struct kcoll *k, void *ptr);
 
+/*
+ * KV-cache transfers (docs/kv.md, libkcoll(3) "KV-CACHE TRANSFERS").
+ *
+ * A segment is a buffer of this process registered with kcolld. Its
+ * descriptor (opaque bytes: the daemon's address, the segment id and size,
+ * an access token) is shared out of band; another process imports it and
+ * then moves batches of scattered blocks between one of its own segments
+ * and the imported one, one request per batch:
+ *
+ *	kcoll_seg_register(k, buf, len, &opts, &seg);   kcoll_seg_export(seg, &desc);
+ *	// ... desc travels to the peer, which calls:
+ *	kcoll_seg_import(k2, &desc, &rseg);
+ *	kcoll_xfer_write(myseg, rseg, entries, n, notify_id, &req);  kcoll_wait(req, -1);
+ *	// ... and the owner of seg: kcoll_seg_notify_wait(seg, notify_id, 1, -1);
+ *
+ * Entries within one batch must not overlap at their destination; a batch
+ * is validated whole (ranges, the KCOLL_XFER_MAX_ENTRIES limit, overlaps)
+ * before any byte moves, so a refused batch writes nothing. The notify
+ * counter notify_id of the remote segment (KCOLL_NOTIFY_NONE: none) is
+ * incremented once the whole batch has landed (write) or been read (read).
+ * Segments inside kcoll_mem_alloc / kcoll_mem_register buffers are reached
+ * in place by kcolld; others with process_vm_readv/writev.
+ */
+struct kcoll_seg;	/* a registered segment of this process */
+struct kcoll_rseg;	/* an imported segment */
+
+#define KCOLL_SEG_DESC_BYTES	128
+
+typedef struct {
+	uint8_t bytes[KCOLL_SEG_DESC_BYTES];
+} kcoll_seg_desc_t;
+
+/* kcoll_seg_opts.flags */
+#define KCOLL_SEG_F_GRANT_UID	(1U << 0)	/* grant_uid may import it (besides our uid) */
+
+struct kcoll_seg_opts {
+	uint32_t size;		/* sizeof(struct kcoll_seg_opts) */
+	uint32_t flags;		/* KCOLL_SEG_F_* */
+	uint32_t nr_notify;	/* notify counters, 0..KCOLL_SEG_MAX_NOTIFY */
+	uint32_t grant_uid;	/* with KCOLL_SEG_F_GRANT_UID */
+};
+
+/* Register [ptr, ptr + len) of this process; opts may be NULL (no
+ * counters, our uid only). The memory must stay valid until unregistered. */
+int kcoll_seg_register(struct kcoll *k, void *ptr, size_t len, const struct kcoll_seg_opts *opts,
+		       struct kcoll_seg **out);
+/* End the segment: transfers in flight into or out of it fail with -EIDRM
+ * on the initiator's side, and none touches the memory once this returns. */
+int kcoll_seg_unregister(struct kcoll_seg *seg);
+int kcoll_seg_export(const struct kcoll_seg *seg, kcoll_seg_desc_t *desc);
+/* -EACCES wrong token, -EIDRM unregistered (expired descriptor), -ENOENT no
+ * such segment, -EPERM another uid without a grant, -EREMOTE another host's. */
+int kcoll_seg_import(struct kcoll *k, const kcoll_seg_desc_t *desc, struct kcoll_rseg **out);
+int kcoll_rseg_close(struct kcoll_rseg *rseg);
+uint64_t kcoll_rseg_size(const struct kcoll_rseg *rseg);
+
+/* One batch as one request (test/wait it with kcoll_test/kcoll_wait). The
+ * entry array must stay valid until the request completes. */
+int kcoll_xfer_write(struct kcoll_seg *local, struct kcoll_rseg *remote,
+		     const struct kcoll_xfer_entry *entries, uint32_t nr_entries, uint32_t notify_id,
+		     struct kcoll_req **req);
+int kcoll_xfer_read(struct kcoll_seg *local, struct kcoll_rseg *remote,
+		    const struct kcoll_xfer_entry *entries, uint32_t nr_entries, uint32_t notify_id,
+		    struct kcoll_req **req);
+
+/* Current value of a notify counter of one of our segments. */
+int kcoll_seg_notify_get(const struct kcoll_seg *seg, uint32_t id, uint32_t *value);
+/* Wait until counter id reaches value (wrap-around safe), at most
+ * timeout_ms (< 0: forever): 0, -ETIMEDOUT or -ENOTCONN. */
+int kcoll_seg_notify_wait(struct kcoll_seg *seg, uint32_t id, uint32_t value, int timeout_ms);
+
 /* Bytes per element of dtype, 0 if unknown. */
 size_t kcoll_dtype_size(enum kcoll_dtype dtype);
 const char *kcoll_dtype_name(enum kcoll_dtype dtype);

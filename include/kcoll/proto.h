@@ -30,6 +30,11 @@ enum kcoll_msg_type {
 	KCOLL_MSG_STATUS = 7,		/* reply: JSON text */
 	KCOLL_MSG_MEM_REG_KDEV = 8,	/* buffer pinned through /dev/kcoll, by handle */
 	KCOLL_MSG_SET = 9,		/* set a run-time tunable (kcollctl set) */
+	/* KV-cache segments (user/daemon/kv.c, docs/kv.md) */
+	KCOLL_MSG_SEG_REG = 32,		/* -> descriptor + notify counters memfd */
+	KCOLL_MSG_SEG_UNREG = 33,
+	KCOLL_MSG_SEG_IMPORT = 34,	/* descriptor -> import handle */
+	KCOLL_MSG_SEG_CLOSE = 35,	/* drop an import handle */
 };
 
 /* Every message and every reply starts with this. */
@@ -130,6 +135,70 @@ struct kcoll_msg_comm_destroy {
 	struct kcoll_msg_hdr hdr;
 	uint32_t comm_id;
 	uint32_t reserved;
+};
+
+/*
+ * KV-cache segment descriptor (kcoll_seg_desc_t is KCOLL_SEG_DESC_BYTES
+ * opaque bytes to applications): names the owning daemon (instance nonce,
+ * TCP address) and the segment, and carries the segment's access token.
+ */
+#define KCOLL_SEG_MAGIC		0x6b677365U	/* "esgk" */
+#define KCOLL_SEG_TOKEN_BYTES	32
+
+struct kcoll_seg_wire {
+	uint32_t magic;
+	uint16_t version;			/* KCOLL_PROTO_VERSION */
+	uint16_t naddrs;
+	uint64_t nonce;				/* owning daemon's instance */
+	uint64_t size;				/* segment bytes */
+	uint32_t seg_id;			/* daemon-wide, never reused by an instance */
+	uint32_t nr_notify;
+	uint16_t port;				/* owning daemon's TCP port, host order */
+	uint16_t reserved;
+	uint32_t daemon_pid;
+	uint32_t addrs[KCOLL_ID_MAX_ADDRS];	/* owning daemon's IPv4 addresses */
+	uint8_t token[KCOLL_SEG_TOKEN_BYTES];
+	char host[32];				/* for messages */
+};
+
+/* seg_reg flags */
+#define KCOLL_MSG_SEG_F_GRANT_UID	(1U << 0)	/* grant_uid may import it too */
+
+struct kcoll_msg_seg_reg {
+	struct kcoll_msg_hdr hdr;
+	uint64_t addr;
+	uint64_t size;
+	uint32_t nr_notify;
+	uint32_t flags;
+	uint32_t grant_uid;
+	uint32_t reserved;
+};
+
+/* The notify counters (nr_notify __u32, a sealed memfd) come with it. */
+struct kcoll_msg_seg_reg_reply {
+	struct kcoll_msg_hdr hdr;
+	struct kcoll_seg_wire desc;
+	char error[128];
+};
+
+/* SEG_UNREG (id = seg_id) and SEG_CLOSE (id = import handle). */
+struct kcoll_msg_seg_id {
+	struct kcoll_msg_hdr hdr;
+	uint32_t id;
+	uint32_t reserved;
+};
+
+struct kcoll_msg_seg_import {
+	struct kcoll_msg_hdr hdr;
+	struct kcoll_seg_wire desc;
+};
+
+struct kcoll_msg_seg_import_reply {
+	struct kcoll_msg_hdr hdr;
+	uint32_t handle;	/* sqe->xfer.remote_seg */
+	uint32_t nr_notify;
+	uint64_t size;
+	char error[128];
 };
 
 /* Send msg (len bytes, hdr.len set by the caller) with an optional fd (-1). */

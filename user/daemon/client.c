@@ -179,6 +179,10 @@ static void dispatch(struct kd_client *c, const struct kcoll_sqe *sqe)
 		kd_comm_submit(c, sqe, r, why);
 		return;
 	}
+	if (sqe->opcode == KCOLL_OP_XFER_WRITE || sqe->opcode == KCOLL_OP_XFER_READ) {
+		kd_kv_submit(c, sqe, r, why);
+		return;
+	}
 	kc_dbg("client %u: sqe refused: %s", c->id, why);
 	kd_client_post(c, sqe->user_data, r, 0, KCOLL_RANK_NONE, 0);
 }
@@ -244,6 +248,7 @@ static void *ring_thread(void *arg)
 			usleep(100);	/* the client is not reaping its CQ */
 	}
 	kd_exec_thread_done();
+	kd_kv_thread_done();
 	return NULL;
 }
 
@@ -286,5 +291,6 @@ void kd_client_close(struct kd_client *c)
 		kcoll_futex_wake(&c->ring->sq_tail, INT_MAX);
 		pthread_join(c->ring_thread, NULL);
 	}
+	kd_kv_client_gone(c);
 	kd_client_put(c);
 }

@@ -39,6 +39,7 @@
 #define KD_STAGE_MAX		(16u << 20)
 
 struct kd_comm;
+struct kd_kv_client;
 
 /* A client buffer mapped into kcolld: a sealed memfd (kcoll_mem_alloc) or
  * pages the client pinned through /dev/kcoll (kcoll_mem_register). */
@@ -79,6 +80,7 @@ struct kd_client {
 	pthread_mutex_t lock;	/* regions and members */
 	struct kd_region *regions;
 	struct kd_member members[KD_MAX_COMMS];	/* index = comm handle - 1 */
+	struct kd_kv_client *kv;	/* KV segments imported (kv.c), NULL until one is */
 
 	atomic_ulong ops;
 	atomic_ulong errors;
@@ -281,6 +283,17 @@ void kd_tunables_poll(void);
 size_t kd_tunables_render(char *buf, size_t cap, int json);
 /* kcollctl set chunk_bytes|timeout_ms VALUE (until sysfs changes it again). */
 int kd_tunable_set(const char *key, const char *value, char *err, size_t errlen);
+
+/* kv.c: KV-cache segments and batched transfers (docs/kv.md) */
+/* Control thread: a SEG_* message; fills the reply (and an fd to pass). */
+int kd_kv_message(struct kd_client *c, const struct kcoll_msg_hdr *h, size_t len, void *reply,
+		  size_t *reply_len, int *reply_fd);
+/* Ring thread: one XFER SQE and kd_sqe_check's verdict on it. */
+void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, const char *why);
+/* Control thread: the client is closing; its segments end, imports dropped. */
+void kd_kv_client_gone(struct kd_client *c);
+void kd_kv_thread_done(void);
+size_t kd_kv_render(char *buf, size_t cap, int json);
 
 /* status.c */
 /* Render status into buf (JSON if json); returns length. */

@@ -323,6 +323,20 @@ static bool on_message(struct kd_client *c)
 	case KCOLL_MSG_COMM_DESTROY:
 		r = n < (ssize_t)sizeof(m.destroy) ? -EINVAL : kd_comm_destroy(c, m.destroy.comm_id);
 		break;
+	case KCOLL_MSG_SEG_REG:
+	case KCOLL_MSG_SEG_UNREG:
+	case KCOLL_MSG_SEG_IMPORT:
+	case KCOLL_MSG_SEG_CLOSE: {
+		uint8_t kvrep[512];
+		size_t kvlen;
+		int kvfd;
+
+		r = kd_kv_message(c, &m.hdr, n, kvrep, &kvlen, &kvfd);
+		reply_hdr(c, &m.hdr, kvrep, kvlen, r, r ? -1 : kvfd);
+		if (kvfd >= 0)
+			close(kvfd);
+		goto out;
+	}
 	default:
 		r = -EOPNOTSUPP;
 		break;

@@ -1567,3 +1567,10 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 #undef PUT
 	return n < cap ? n : cap;
 }
+
+/* This daemon's own address as peers reach it (KV segment descriptors). */
+void kd_net_self(struct kd_p_hostinfo *me)
+{
+	*me = net.me;
+	me->nonce = kd.nonce;
+}

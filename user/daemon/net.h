@@ -245,6 +245,8 @@ int kd_net_start(const char *listen_spec, const char *addrs_spec);
 void kd_net_stop(void);
 void kd_net_event(struct kd_pconn *pc, uint32_t events);
 void kd_net_fill_id(struct kcoll_id *id);
+/* This daemon's address and instance nonce, for KV segment descriptors. */
+void kd_net_self(struct kd_p_hostinfo *me);
 /* A local rank joined comm (FORMING): register it with the id's root. */
 int kd_net_join(struct kd_comm *comm, const struct kcoll_id *id, uint32_t rank, const char **why);
 /* Abort comm from op from_seq on and tell every peer (control thread or any). */

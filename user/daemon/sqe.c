@@ -6,6 +6,32 @@
 
 #include "kcolld.h"
 
+static int xfer_check(const struct kcoll_sqe *s, const char **why)
+{
+	const struct kcoll_sqe_xfer *x = &s->xfer;
+
+	for (unsigned int i = 0; i < sizeof(x->reserved) / sizeof(x->reserved[0]); i++) {
+		if (x->reserved[i]) {
+			*why = "reserved transfer fields not zero";
+			return -EINVAL;
+		}
+	}
+	if (s->flags) {
+		*why = "flags given to a transfer";
+		return -EINVAL;
+	}
+	if (x->nr_entries > KCOLL_XFER_MAX_ENTRIES) {
+		*why = "batch longer than KCOLL_XFER_MAX_ENTRIES";
+		return -E2BIG;
+	}
+	if (x->nr_entries && (!x->entries_addr ||
+	    x->entries_addr + (uint64_t)x->nr_entries * sizeof(struct kcoll_xfer_entry) < x->entries_addr)) {
+		*why = "NULL or wrapping entry array";
+		return -EFAULT;
+	}
+	return 0;
+}
+
 int kd_sqe_check(const struct kcoll_sqe *s, const char **why)
 {
 	const struct kcoll_sqe_coll *c = &s->coll;
@@ -28,8 +54,7 @@ int kd_sqe_check(const struct kcoll_sqe *s, const char **why)
 		return 0;
 	case KCOLL_OP_XFER_WRITE:
 	case KCOLL_OP_XFER_READ:
-		*why = "KV-cache transfers are not implemented by this kcolld";
-		return -EOPNOTSUPP;
+		return xfer_check(s, why);
 	default:
 		break;
 	}

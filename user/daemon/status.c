@@ -61,7 +61,7 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 	const char *path = kd.kdev.fd >= 0 ?
 		"zero-copy for kcoll_mem_alloc and kcoll_mem_register buffers, process_vm single copy otherwise" :
 		"zero-copy for kcoll_mem_alloc buffers, process_vm single copy otherwise";
-	char kmod[224], tune[256], netst[4096];
+	char kmod[224], tune[256], netst[4096], kvst[256];
 
 	if (kd.kdev.fd >= 0)
 		snprintf(kmod, sizeof(kmod), "in use (%s): maps buffers pinned with kcoll_mem_register",
@@ -77,18 +77,19 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 	}
 	kd_tunables_render(tune, sizeof(tune), json);
 	kd_net_render(netst, sizeof(netst), json);
+	kd_kv_render(kvst, sizeof(kvst), json);
 
 	if (json) {
 		put(&o, "{\"version\":\"%s\",\"pid\":%d,\"uptime_s\":%.1f,\"socket\":", KCOLL_VERSION,
 		    getpid(), up);
 		put_json_str(&o, kd.socket_path);
 		put(&o, ",\"workers\":%d,\"reduce_impl\":\"%s\",\"data_path\":\"%s\",\"kernel_module\":\"%s\","
-			"\"tunables\":{%s},%s,"
+			"\"tunables\":{%s},%s,%s,"
 			"\"counters\":{\"ops_ok\":%lu,\"ops_failed\":%lu,\"bytes\":%lu,\"clients_total\":%lu,"
 			"\"rings_killed\":%lu,\"inflight\":%u,\"bytes_mapped\":%lu,\"bytes_copied\":%lu},"
 			"\"clients\":[",
 			kd.nworkers, kcoll_reduce_impl(), path,
-			kmod, tune, netst, atomic_load(&kd.stats.ops_ok), atomic_load(&kd.stats.ops_failed),
+			kmod, tune, netst, kvst, atomic_load(&kd.stats.ops_ok), atomic_load(&kd.stats.ops_failed),
 			atomic_load(&kd.stats.bytes), atomic_load(&kd.stats.clients_total),
 			atomic_load(&kd.stats.rings_killed), inflight, atomic_load(&kd.stats.bytes_mapped),
 			atomic_load(&kd.stats.bytes_copied));
@@ -117,7 +118,8 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 	}
 
 	put(&o, "kcolld %s  pid %d  up %.0fs  socket %s\n", KCOLL_VERSION, getpid(), up, kd.socket_path);
-	put(&o, "workers %d  reduce %s\ntunables: %s\n%s", kd.nworkers, kcoll_reduce_impl(), tune, netst);
+	put(&o, "workers %d  reduce %s\ntunables: %s\n%s%s", kd.nworkers, kcoll_reduce_impl(), tune, netst,
+	    kvst);
 	put(&o, "data path: %s\n  moved in place %lu bytes, copied %lu bytes\nkernel module: %s\n", path,
 	    atomic_load(&kd.stats.bytes_mapped), atomic_load(&kd.stats.bytes_copied), kmod);
 	put(&o, "ops ok %lu  failed %lu  bytes %lu  in flight %u  clients %u (total %lu)  rings killed %lu\n\n",

@@ -27,6 +27,7 @@
 
 #include "config.h"
 #include "kdev.h"
+#include "lib.h"
 
 enum req_state { REQ_FREE, REQ_PENDING, REQ_DONE };
 
@@ -821,4 +822,21 @@ err_free:
 int kcoll_mem_deregister(struct kcoll *k, void *ptr)
 {
 	return region_release(k, ptr, true);
+}
+
+/* For the other files of the library (lib.h). */
+int kcoll_priv_ctl(struct kcoll *k, void *msg, size_t len, int fd, void *reply, size_t cap,
+		   int *reply_fd, int timeout_ms)
+{
+	return ctl_call(k, msg, len, fd, reply, cap, reply_fd, timeout_ms);
+}
+
+int kcoll_priv_submit(struct kcoll *k, struct kcoll_sqe *sqe, struct kcoll_req **req)
+{
+	return submit(k, sqe, req, k->spin_ns);
+}
+
+int kcoll_priv_alive(struct kcoll *k)
+{
+	return !k->dead && daemon_alive(k);
 }

@@ -81,7 +81,7 @@ const char *kcoll_strerror(int err)
 	case ENOTCONN:
 		return "the connection to kcolld was lost (the daemon exited or restarted)";
 	case ECONNRESET:
-		return "a rank of the communicator died or left; destroy the communicator and create a new one";
+		return "a peer died or left: a rank of the communicator (destroy it and create a new one) or the process owning a KV segment";
 	case ETIMEDOUT:
 		return "timed out: some rank did not take part in time (see KCOLL_TIMEOUT_MS)";
 	case EBADMSG:
@@ -95,7 +95,7 @@ const char *kcoll_strerror(int err)
 	case EPROTONOSUPPORT:
 		return "libkcoll and kcolld speak different ABI versions: rebuild or restart kcolld";
 	case EPERM:
-		return "permission denied: the communicator belongs to another user";
+		return "permission denied: the communicator or segment belongs to another user (segments: ask its owner for a uid grant)";
 	case ECANCELED:
 		return "cancelled: the communicator was destroyed";
 	case EBUSY:
@@ -104,6 +104,18 @@ const char *kcoll_strerror(int err)
 		return "operation not supported by this kcolld";
 	case EPROTO:
 		return "protocol error talking to kcolld (corrupt ring or reply)";
+	case ERANGE:
+		return "a transfer entry lies beyond the end of its segment";
+	case E2BIG:
+		return "batch longer than KCOLL_XFER_MAX_ENTRIES (or too many notify counters): split it";
+	case EIDRM:
+		return "the segment was unregistered (its owner ended it or died): import a fresh descriptor";
+	case EACCES:
+		return "wrong access token in the segment descriptor";
+	case EREMOTE:
+		return "the segment belongs to another kcolld (another host or an earlier instance)";
+	case ENOENT:
+		return "no such segment or handle (never registered, or already closed)";
 	default:
 		return strerror(-err);
 	}

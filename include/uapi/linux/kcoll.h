@@ -93,6 +93,8 @@ struct kcoll_sqe_xfer {
 };
 
 #define KCOLL_NOTIFY_NONE	0xffffffffU
+#define KCOLL_XFER_MAX_ENTRIES	4096		/* nr_entries limit: more is -E2BIG */
+#define KCOLL_SEG_MAX_NOTIFY	1024		/* notify counters per segment */
 
 struct kcoll_xfer_entry {
 	__aligned_u64 local_off;

@@ -1,0 +1,759 @@
+// SPDX-License-Identifier: MIT
+/*
+ * KV-cache transfer engine, same host (docs/kv.md).
+ *
+ * A segment is a client buffer registered by SEG_REG: it gets a daemon-wide
+ * id, a random token and optional notify counters (a sealed memfd the owner
+ * maps read-only and futex-waits on). SEG_IMPORT turns a descriptor into an
+ * import handle after checking the daemon instance, the id, the token and
+ * the importer's uid. An XFER SQE names one of the submitter's own segments
+ * and one import handle; the ring thread validates the whole batch (every
+ * range, the limit, overlaps) before it moves a byte, then copies it in
+ * rounds of at most KV_ROUND_BYTES / KV_ROUND_IOVS pieces:
+ *
+ *   both sides mapped (kcoll_mem_alloc / kcoll_mem_register)  memcpy
+ *   one side mapped                       process_vm_readv/writev straight
+ *                                          between the mapping and the process
+ *   neither                               readv into a per-thread stage, writev
+ *
+ * Each round holds both segments' rwlocks as a reader; unregistering takes
+ * the writer side after marking the segment dead, so once SEG_UNREG (or the
+ * owner's death) returns no transfer touches that memory again, and the
+ * initiator's request fails with -EIDRM. The notify counter is bumped only
+ * after the last round of a batch succeeded.
+ *
+ * Lock order: kv.lock (table) is never held while taking a segment rwlock;
+ * client->lock guards client->kv (the import table).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <kcoll/futex.h>
+
+#include "kcolld.h"
+#include "log.h"
+#include "net.h"
+
+#define KV_ROUND_BYTES		(1u << 20)
+#define KV_ROUND_IOVS		512
+#define KV_MAX_IMPORTS		1024	/* per client */
+#define KV_MAX_SEGS		65536	/* per daemon */
+
+struct kd_seg {
+	uint32_t id;
+	uint8_t token[KCOLL_SEG_TOKEN_BYTES];
+	struct kd_client *owner;	/* valid while !dead (its close unregisters first) */
+	pid_t pid;
+	uid_t uid;
+	bool granted;
+	uid_t grant_uid;
+	uint64_t addr, size;
+	uint32_t nr_notify;
+	uint32_t *counters;		/* shared with the owner */
+	size_t counters_len;
+	pthread_rwlock_t lock;		/* readers: a copy round; writer: unregister */
+	atomic_bool dead;
+	atomic_int refs;
+	struct kd_seg *next;
+};
+
+struct kd_kv_client {
+	struct kd_seg *imports[KV_MAX_IMPORTS];	/* index = handle - 1, held */
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct kd_seg *segs;
+	uint32_t nsegs;
+	uint32_t next_id;
+	atomic_ulong xfers_ok, xfers_failed, bytes;
+} kv = { .lock = PTHREAD_MUTEX_INITIALIZER, .next_id = 1 };
+
+static __thread uint8_t *kv_stage;
+
+static void seg_put(struct kd_seg *s)
+{
+	if (atomic_fetch_sub(&s->refs, 1) != 1)
+		return;
+	if (s->counters)
+		munmap(s->counters, s->counters_len);
+	pthread_rwlock_destroy(&s->lock);
+	free(s);
+}
+
+/* Mark dead and wait for the round in progress, if any: afterwards no
+ * transfer touches the segment's memory. */
+static void seg_kill(struct kd_seg *s)
+{
+	atomic_store(&s->dead, true);
+	pthread_rwlock_wrlock(&s->lock);
+	pthread_rwlock_unlock(&s->lock);
+}
+
+static int seg_counters_create(struct kd_seg *s, int *fd_out)
+{
+	size_t len = ((size_t)s->nr_notify * sizeof(uint32_t) + 4095) & ~(size_t)4095;
+	int fd = memfd_create("kcoll-notify", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	void *p;
+
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, len) || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL))
+		goto err_close;
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		goto err_close;
+	s->counters = p;
+	s->counters_len = len;
+	*fd_out = fd;
+	return 0;
+
+err_close:
+	close(fd);
+	return -errno;
+}
+
+static void fill_wire(const struct kd_seg *s, struct kcoll_seg_wire *w)
+{
+	struct kd_p_hostinfo me;
+
+	kd_net_self(&me);
+	memset(w, 0, sizeof(*w));
+	w->magic = KCOLL_SEG_MAGIC;
+	w->version = KCOLL_PROTO_VERSION;
+	w->nonce = me.nonce;
+	w->size = s->size;
+	w->seg_id = s->id;
+	w->nr_notify = s->nr_notify;
+	w->port = me.port;
+	w->naddrs = me.naddrs;
+	w->daemon_pid = getpid();
+	memcpy(w->addrs, me.addrs, sizeof(w->addrs));
+	memcpy(w->token, s->token, sizeof(w->token));
+	snprintf(w->host, sizeof(w->host), "%.*s", (int)sizeof(w->host) - 1, me.name);
+}
+
+static int seg_register(struct kd_client *c, const struct kcoll_msg_seg_reg *m,
+			struct kcoll_msg_seg_reg_reply *rep, int *fd, const char **why)
+{
+	struct kd_seg *s;
+	int r;
+
+	if (m->flags & ~KCOLL_MSG_SEG_F_GRANT_UID || m->reserved) {
+		*why = "unknown flags or non-zero reserved field";
+		return -EINVAL;
+	}
+	if (!m->addr || !m->size || m->size > KD_MAX_BYTES || m->addr + m->size < m->addr) {
+		*why = "empty, NULL, too large or wrapping buffer";
+		return -EINVAL;
+	}
+	if (m->nr_notify > KCOLL_SEG_MAX_NOTIFY) {
+		*why = "more notify counters than KCOLL_SEG_MAX_NOTIFY";
+		return -E2BIG;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	if (getrandom(s->token, sizeof(s->token), 0) != sizeof(s->token)) {
+		r = -EIO;
+		goto err_free;
+	}
+	s->owner = c;
+	s->pid = c->pid;
+	s->uid = c->uid;
+	s->granted = m->flags & KCOLL_MSG_SEG_F_GRANT_UID;
+	s->grant_uid = m->grant_uid;
+	s->addr = m->addr;
+	s->size = m->size;
+	s->nr_notify = m->nr_notify;
+	pthread_rwlock_init(&s->lock, NULL);
+	atomic_init(&s->refs, 1);
+	if (s->nr_notify) {
+		r = seg_counters_create(s, fd);
+		if (r) {
+			*why = "cannot create the notify counters";
+			goto err_lock;
+		}
+	}
+	pthread_mutex_lock(&kv.lock);
+	if (kv.nsegs >= KV_MAX_SEGS || kv.next_id == UINT32_MAX) {
+		pthread_mutex_unlock(&kv.lock);
+		*why = "too many segments in this kcolld";
+		r = -ENOSPC;
+		goto err_counters;
+	}
+	s->id = kv.next_id++;
+	s->next = kv.segs;
+	kv.segs = s;
+	kv.nsegs++;
+	pthread_mutex_unlock(&kv.lock);
+	fill_wire(s, &rep->desc);
+	return 0;
+
+err_counters:
+	if (*fd >= 0) {
+		close(*fd);
+		*fd = -1;
+	}
+	if (s->counters)
+		munmap(s->counters, s->counters_len);
+err_lock:
+	pthread_rwlock_destroy(&s->lock);
+err_free:
+	free(s);
+	return r;
+}
+
+/* Unlink segment id (owned by c when c is non-NULL) from the table. */
+static struct kd_seg *seg_unlink(struct kd_client *c, uint32_t id)
+{
+	struct kd_seg **pp, *s = NULL;
+
+	pthread_mutex_lock(&kv.lock);
+	for (pp = &kv.segs; *pp; pp = &(*pp)->next) {
+		if ((*pp)->id == id && (!c || (*pp)->owner == c)) {
+			s = *pp;
+			*pp = s->next;
+			kv.nsegs--;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&kv.lock);
+	return s;
+}
+
+static int seg_unregister(struct kd_client *c, uint32_t id)
+{
+	struct kd_seg *s = seg_unlink(c, id);
+
+	if (!s)
+		return -ENOENT;
+	seg_kill(s);
+	seg_put(s);
+	return 0;
+}
+
+/* A live segment by id, referenced. */
+static struct kd_seg *seg_find(uint32_t id)
+{
+	struct kd_seg *s;
+
+	pthread_mutex_lock(&kv.lock);
+	for (s = kv.segs; s; s = s->next)
+		if (s->id == id)
+			break;
+	if (s)
+		atomic_fetch_add(&s->refs, 1);
+	pthread_mutex_unlock(&kv.lock);
+	return s;
+}
+
+static int token_eq(const uint8_t *a, const uint8_t *b)
+{
+	uint8_t d = 0;
+
+	for (size_t i = 0; i < KCOLL_SEG_TOKEN_BYTES; i++)
+		d |= a[i] ^ b[i];
+	return d == 0;
+}
+
+static int seg_import(struct kd_client *c, const struct kcoll_seg_wire *w,
+		      struct kcoll_msg_seg_import_reply *rep, const char **why)
+{
+	struct kd_p_hostinfo me;
+	struct kd_seg *s;
+	uint32_t next;
+	int r = -ENOSPC;
+
+	kd_net_self(&me);
+	if (w->magic != KCOLL_SEG_MAGIC || w->version != KCOLL_PROTO_VERSION) {
+		*why = "not a kcoll segment descriptor (or one from another kcoll version)";
+		return -EINVAL;
+	}
+	if (w->nonce != me.nonce) {
+		*why = "segment of another kcolld (other host, or before a restart): "
+		       "cross-host KV transfers are not in this build";
+		return -EREMOTE;
+	}
+	pthread_mutex_lock(&kv.lock);
+	next = kv.next_id;
+	pthread_mutex_unlock(&kv.lock);
+	s = seg_find(w->seg_id);
+	if (!s) {
+		*why = w->seg_id && w->seg_id < next ?
+			"the segment was unregistered (the descriptor expired)" : "no such segment";
+		return w->seg_id && w->seg_id < next ? -EIDRM : -ENOENT;
+	}
+	if (!token_eq(s->token, w->token)) {
+		*why = "wrong access token for this segment";
+		r = -EACCES;
+		goto err_put;
+	}
+	if (c->uid != s->uid && !(s->granted && c->uid == s->grant_uid)) {
+		*why = "the segment belongs to another user and was not granted to this uid";
+		r = -EPERM;
+		goto err_put;
+	}
+	pthread_mutex_lock(&c->lock);
+	if (!c->kv)
+		c->kv = calloc(1, sizeof(*c->kv));
+	for (uint32_t i = 0; c->kv && i < KV_MAX_IMPORTS; i++) {
+		if (!c->kv->imports[i]) {
+			c->kv->imports[i] = s;
+			rep->handle = i + 1;
+			r = 0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (r) {
+		*why = "too many imported segments in this client";
+		goto err_put;
+	}
+	rep->size = s->size;
+	rep->nr_notify = s->nr_notify;
+	return 0;
+
+err_put:
+	seg_put(s);
+	return r;
+}
+
+static int seg_close(struct kd_client *c, uint32_t handle)
+{
+	struct kd_seg *s = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	if (c->kv && handle >= 1 && handle <= KV_MAX_IMPORTS) {
+		s = c->kv->imports[handle - 1];
+		c->kv->imports[handle - 1] = NULL;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (!s)
+		return -ENOENT;
+	seg_put(s);
+	return 0;
+}
+
+int kd_kv_message(struct kd_client *c, const struct kcoll_msg_hdr *h, size_t len, void *reply,
+		  size_t *reply_len, int *reply_fd)
+{
+	const char *why = NULL;
+	int r;
+
+	*reply_fd = -1;
+	switch (h->type) {
+	case KCOLL_MSG_SEG_REG: {
+		struct kcoll_msg_seg_reg_reply *rep = reply;
+
+		memset(rep, 0, sizeof(*rep));
+		*reply_len = sizeof(*rep);
+		r = len < sizeof(struct kcoll_msg_seg_reg) ? -EINVAL :
+		    seg_register(c, (const void *)h, rep, reply_fd, &why);
+		if (why)
+			snprintf(rep->error, sizeof(rep->error), "%.*s", (int)sizeof(rep->error) - 1, why);
+		break;
+	}
+	case KCOLL_MSG_SEG_IMPORT: {
+		struct kcoll_msg_seg_import_reply *rep = reply;
+
+		memset(rep, 0, sizeof(*rep));
+		*reply_len = sizeof(*rep);
+		r = len < sizeof(struct kcoll_msg_seg_import) ? -EINVAL :
+		    seg_import(c, &((const struct kcoll_msg_seg_import *)h)->desc, rep, &why);
+		if (why)
+			snprintf(rep->error, sizeof(rep->error), "%.*s", (int)sizeof(rep->error) - 1, why);
+		break;
+	}
+	case KCOLL_MSG_SEG_UNREG:
+	case KCOLL_MSG_SEG_CLOSE: {
+		const struct kcoll_msg_seg_id *m = (const void *)h;
+
+		memset(reply, 0, sizeof(struct kcoll_msg_hdr));
+		*reply_len = sizeof(struct kcoll_msg_hdr);
+		if (len < sizeof(*m))
+			r = -EINVAL;
+		else if (h->type == KCOLL_MSG_SEG_UNREG)
+			r = seg_unregister(c, m->id);
+		else
+			r = seg_close(c, m->id);
+		break;
+	}
+	default:
+		return -EOPNOTSUPP;
+	}
+	if (r && why)
+		kc_dbg("client %u (pid %d): segment request refused: %s", c->id, c->pid, why);
+	return r;
+}
+
+void kd_kv_client_gone(struct kd_client *c)
+{
+	struct kd_seg **pp, *s, *dead = NULL;
+
+	/* Its segments first: transfers into them stop before it is freed. */
+	pthread_mutex_lock(&kv.lock);
+	for (pp = &kv.segs; *pp;) {
+		s = *pp;
+		if (s->owner == c) {
+			*pp = s->next;
+			kv.nsegs--;
+			s->next = dead;
+			dead = s;
+		} else {
+			pp = &s->next;
+		}
+	}
+	pthread_mutex_unlock(&kv.lock);
+	while (dead) {
+		s = dead;
+		dead = s->next;
+		seg_kill(s);
+		seg_put(s);
+	}
+	if (!c->kv)
+		return;
+	for (uint32_t i = 0; i < KV_MAX_IMPORTS; i++)
+		if (c->kv->imports[i])
+			seg_put(c->kv->imports[i]);
+	free(c->kv);
+	c->kv = NULL;
+}
+
+void kd_kv_thread_done(void)
+{
+	free(kv_stage);
+	kv_stage = NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * One batch
+ */
+struct kv_piece {
+	uint64_t src, dst, len;
+};
+
+struct kv_side {
+	struct kd_seg *seg;
+	struct kd_buf buf;	/* whole segment: direct when mapped */
+};
+
+static int cmp_range(const void *a, const void *b)
+{
+	const struct kv_piece *x = a, *y = b;
+
+	return x->dst < y->dst ? -1 : x->dst > y->dst;
+}
+
+/* Does [off, off+len) overlap a destination range of the sorted array? */
+static bool hits_dst(const struct kv_piece *sorted, uint32_t n, uint64_t off, uint64_t len)
+{
+	uint32_t lo = 0, hi = n;
+
+	while (lo < hi) {	/* first range ending after off */
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (sorted[mid].dst + sorted[mid].len <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < n && sorted[lo].dst < off + len;
+}
+
+static int check_batch(const struct kv_piece *p, uint32_t n, const struct kv_side *src,
+		       const struct kv_side *dst, const char **why)
+{
+	struct kv_piece *sorted;
+	int r = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		if (!p[i].len) {
+			*why = "zero-length entry";
+			return -EINVAL;
+		}
+		if (p[i].src > src->seg->size || p[i].len > src->seg->size - p[i].src ||
+		    p[i].dst > dst->seg->size || p[i].len > dst->seg->size - p[i].dst) {
+			*why = "entry beyond the end of a segment";
+			return -ERANGE;
+		}
+	}
+	if (n < 2 && src->seg != dst->seg)
+		return 0;
+	sorted = malloc((size_t)n * sizeof(*sorted));
+	if (!sorted)
+		return -ENOMEM;
+	memcpy(sorted, p, (size_t)n * sizeof(*sorted));
+	qsort(sorted, n, sizeof(*sorted), cmp_range);
+	for (uint32_t i = 1; i < n; i++) {
+		if (sorted[i - 1].dst + sorted[i - 1].len > sorted[i].dst) {
+			*why = "entries overlap at the destination";
+			r = -EINVAL;
+			goto out;
+		}
+	}
+	/* Within one segment a source must not be another entry's destination:
+	 * the result would depend on the copy order. */
+	if (src->seg == dst->seg) {
+		for (uint32_t i = 0; i < n; i++) {
+			if (hits_dst(sorted, n, p[i].src, p[i].len)) {
+				*why = "a source range overlaps a destination range in the same segment";
+				r = -EINVAL;
+				goto out;
+			}
+		}
+	}
+out:
+	free(sorted);
+	return r;
+}
+
+static int vm_err(ssize_t got, size_t want)
+{
+	if (got == (ssize_t)want)
+		return 0;
+	if (got < 0 && errno == ESRCH)
+		return -ECONNRESET;	/* a process died */
+	return got < 0 && errno == EPERM ? -EPERM : -EFAULT;
+}
+
+/* Copy pieces [0, n) (at most KV_ROUND_* of them) from src to dst. */
+static int copy_round(const struct kv_piece *p, uint32_t n, const struct kv_side *src,
+		      const struct kv_side *dst)
+{
+	struct iovec liov[KV_ROUND_IOVS], riov[KV_ROUND_IOVS];
+	size_t total = 0;
+	int r;
+
+	if (src->buf.direct && dst->buf.direct) {
+		for (uint32_t i = 0; i < n; i++)
+			memmove(dst->buf.direct + p[i].dst, src->buf.direct + p[i].src, p[i].len);
+		return 0;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		total += p[i].len;
+	if (src->buf.direct) {	/* mapping -> process */
+		for (uint32_t i = 0; i < n; i++) {
+			liov[i] = (struct iovec){ src->buf.direct + p[i].src, p[i].len };
+			riov[i] = (struct iovec){ (void *)(uintptr_t)(dst->seg->addr + p[i].dst), p[i].len };
+		}
+		return vm_err(process_vm_writev(dst->seg->pid, liov, n, riov, n, 0), total);
+	}
+	if (dst->buf.direct) {	/* process -> mapping */
+		for (uint32_t i = 0; i < n; i++) {
+			liov[i] = (struct iovec){ dst->buf.direct + p[i].dst, p[i].len };
+			riov[i] = (struct iovec){ (void *)(uintptr_t)(src->seg->addr + p[i].src), p[i].len };
+		}
+		return vm_err(process_vm_readv(src->seg->pid, liov, n, riov, n, 0), total);
+	}
+	/* process -> stage -> process; the stage stays in cache between the two */
+	if (!kv_stage && !(kv_stage = malloc(KV_ROUND_BYTES)))
+		return -ENOMEM;
+	liov[0] = (struct iovec){ kv_stage, total };
+	for (uint32_t i = 0; i < n; i++)
+		riov[i] = (struct iovec){ (void *)(uintptr_t)(src->seg->addr + p[i].src), p[i].len };
+	r = vm_err(process_vm_readv(src->seg->pid, liov, 1, riov, n, 0), total);
+	if (r)
+		return r;
+	for (uint32_t i = 0; i < n; i++)
+		riov[i] = (struct iovec){ (void *)(uintptr_t)(dst->seg->addr + p[i].dst), p[i].len };
+	return vm_err(process_vm_writev(dst->seg->pid, liov, 1, riov, n, 0), total);
+}
+
+static int lock_sides(struct kv_side *a, struct kv_side *b)
+{
+	pthread_rwlock_rdlock(&a->seg->lock);
+	if (b->seg != a->seg)
+		pthread_rwlock_rdlock(&b->seg->lock);
+	if (atomic_load(&a->seg->dead) || atomic_load(&b->seg->dead)) {
+		if (b->seg != a->seg)
+			pthread_rwlock_unlock(&b->seg->lock);
+		pthread_rwlock_unlock(&a->seg->lock);
+		return -EIDRM;
+	}
+	return 0;
+}
+
+static void unlock_sides(struct kv_side *a, struct kv_side *b)
+{
+	if (b->seg != a->seg)
+		pthread_rwlock_unlock(&b->seg->lock);
+	pthread_rwlock_unlock(&a->seg->lock);
+}
+
+/* Resolve a segment's memory in its owner: mapped (zero copy) or by pid. */
+static int side_resolve(struct kv_side *s)
+{
+	int r = lock_sides(s, s);
+
+	if (r)
+		return r;
+	kd_buf_resolve(s->seg->owner, s->seg->addr, s->seg->size, &s->buf);
+	unlock_sides(s, s);
+	return 0;
+}
+
+static int run_batch(struct kd_client *c, const struct kv_piece *p, uint32_t n,
+		     struct kv_side *src, struct kv_side *dst, uint64_t *moved)
+{
+	struct kv_piece round[KV_ROUND_IOVS];
+	uint32_t i = 0;
+	uint64_t off = 0;
+	int r = 0;
+
+	while (i < n && !r) {
+		uint32_t k = 0;
+		size_t bytes = 0;
+
+		while (i < n && k < KV_ROUND_IOVS && bytes < KV_ROUND_BYTES) {
+			uint64_t take = p[i].len - off;
+
+			if (take > KV_ROUND_BYTES - bytes)
+				take = KV_ROUND_BYTES - bytes;
+			round[k++] = (struct kv_piece){ p[i].src + off, p[i].dst + off, take };
+			bytes += take;
+			off += take;
+			if (off == p[i].len) {
+				i++;
+				off = 0;
+			}
+		}
+		if (atomic_load(&c->stop) || atomic_load(&c->dead))
+			return -ECANCELED;
+		r = lock_sides(src, dst);
+		if (r)
+			break;
+		r = copy_round(round, k, src, dst);
+		unlock_sides(src, dst);
+		if (!r)
+			*moved += bytes;
+	}
+	return r;
+}
+
+void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, const char *why)
+{
+	const struct kcoll_sqe_xfer *x = &sqe->xfer;
+	bool write = sqe->opcode == KCOLL_OP_XFER_WRITE;
+	struct kv_side local = { 0 }, remote = { 0 }, *src, *dst;
+	struct kcoll_xfer_entry *e = NULL;
+	struct kv_piece *p = NULL;
+	uint64_t moved = 0;
+	int r = err;
+
+	if (r)
+		goto out;
+	local.seg = seg_find(x->local_seg);
+	if (!local.seg || local.seg->owner != c) {
+		why = "local_seg is not a segment this client registered";
+		r = -ENOENT;
+		goto out;
+	}
+	pthread_mutex_lock(&c->lock);
+	if (c->kv && x->remote_seg >= 1 && x->remote_seg <= KV_MAX_IMPORTS &&
+	    (remote.seg = c->kv->imports[x->remote_seg - 1]))
+		atomic_fetch_add(&remote.seg->refs, 1);
+	pthread_mutex_unlock(&c->lock);
+	if (!remote.seg) {
+		why = "remote_seg is not an import handle of this client";
+		r = -ENOENT;
+		goto out;
+	}
+	if (x->notify_id != KCOLL_NOTIFY_NONE && x->notify_id >= remote.seg->nr_notify) {
+		why = "notify_id beyond the remote segment's counters";
+		r = -EINVAL;
+		goto out;
+	}
+	if (x->nr_entries) {
+		struct iovec l, rv;
+		size_t bytes = (size_t)x->nr_entries * sizeof(*e);
+
+		e = malloc(bytes);
+		p = malloc((size_t)x->nr_entries * sizeof(*p));
+		if (!e || !p) {
+			r = -ENOMEM;
+			goto out;
+		}
+		l = (struct iovec){ e, bytes };
+		rv = (struct iovec){ (void *)(uintptr_t)x->entries_addr, bytes };
+		if (process_vm_readv(c->pid, &l, 1, &rv, 1, 0) != (ssize_t)bytes) {
+			why = "cannot read the entry array from the client";
+			r = -EFAULT;
+			goto out;
+		}
+	}
+	src = write ? &local : &remote;
+	dst = write ? &remote : &local;
+	for (uint32_t i = 0; i < x->nr_entries; i++)
+		p[i] = write ? (struct kv_piece){ e[i].local_off, e[i].remote_off, e[i].len } :
+			       (struct kv_piece){ e[i].remote_off, e[i].local_off, e[i].len };
+	r = check_batch(p, x->nr_entries, src, dst, &why);
+	if (r)
+		goto out;
+	r = side_resolve(&local);
+	if (!r)
+		r = side_resolve(&remote);
+	if (r) {
+		why = "a segment was unregistered";
+		goto out;
+	}
+	r = run_batch(c, p, x->nr_entries, src, dst, &moved);
+	if (r) {
+		why = r == -EIDRM ? "a segment was unregistered during the transfer" :
+		      "copy failed (a process died or unmapped its buffer)";
+		goto out;
+	}
+	if (x->notify_id != KCOLL_NOTIFY_NONE) {
+		/* Under the reader lock: the counters cannot be unmapped below us,
+		 * and a segment unregistered meanwhile gets no late increment. */
+		if (lock_sides(&remote, &remote) == 0) {
+			__atomic_fetch_add(&remote.seg->counters[x->notify_id], 1, __ATOMIC_SEQ_CST);
+			kcoll_futex_wake(&remote.seg->counters[x->notify_id], INT_MAX);
+			unlock_sides(&remote, &remote);
+		} else {
+			r = -EIDRM;
+			why = "the remote segment was unregistered before the notify";
+		}
+	}
+out:
+	kd_buf_release(&local.buf);
+	kd_buf_release(&remote.buf);
+	if (local.seg)
+		seg_put(local.seg);
+	if (remote.seg)
+		seg_put(remote.seg);
+	free(e);
+	free(p);
+	atomic_fetch_add(r ? &kv.xfers_failed : &kv.xfers_ok, 1);
+	atomic_fetch_add(&kv.bytes, moved);
+	if (r)
+		kc_dbg("client %u (pid %d): transfer failed: %s (%s)", c->id, c->pid,
+		       why ? why : "", strerror(-r));
+	kd_client_post(c, sqe->user_data, r, moved, KCOLL_RANK_NONE, 0);
+}
+
+size_t kd_kv_render(char *buf, size_t cap, int json)
+{
+	uint32_t nsegs;
+	int n;
+
+	pthread_mutex_lock(&kv.lock);
+	nsegs = kv.nsegs;
+	pthread_mutex_unlock(&kv.lock);
+	if (json)
+		n = snprintf(buf, cap, "\"kv\":{\"segments\":%u,\"xfers_ok\":%lu,\"xfers_failed\":%lu,"
+			     "\"bytes\":%lu}", nsegs, atomic_load(&kv.xfers_ok),
+			     atomic_load(&kv.xfers_failed), atomic_load(&kv.bytes));
+	else
+		n = snprintf(buf, cap, "kv: %u segments, %lu transfers ok, %lu failed, %lu bytes\n",
+			     nsegs, atomic_load(&kv.xfers_ok), atomic_load(&kv.xfers_failed),
+			     atomic_load(&kv.bytes));
+	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
+}

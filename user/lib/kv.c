@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: MIT
+/* libkcoll: KV-cache segments and batched transfers (docs/kv.md). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <kcoll/barrier.h>
+#include <kcoll/futex.h>
+#include <kcoll/kcoll.h>
+#include <kcoll/proto.h>
+
+#include "lib.h"
+
+_Static_assert(sizeof(struct kcoll_seg_wire) <= KCOLL_SEG_DESC_BYTES, "descriptor too large");
+
+struct kcoll_seg {
+	struct kcoll *k;
+	uint32_t id;
+	uint32_t nr_notify;
+	const uint32_t *counters;	/* read-only mapping; kcolld increments */
+	size_t counters_len;
+	struct kcoll_seg_wire desc;
+};
+
+struct kcoll_rseg {
+	struct kcoll *k;
+	uint32_t handle;
+	uint32_t nr_notify;
+	uint64_t size;
+};
+
+int kcoll_seg_register(struct kcoll *k, void *ptr, size_t len, const struct kcoll_seg_opts *opts,
+		       struct kcoll_seg **out)
+{
+	struct kcoll_msg_seg_reg req = { .hdr.type = KCOLL_MSG_SEG_REG };
+	struct kcoll_msg_seg_reg_reply rep;
+	struct kcoll_seg_opts o = { 0 };
+	struct kcoll_seg *s;
+	int fd = -1, r;
+
+	if (!k || !ptr || !len || !out)
+		return -EINVAL;
+	if (opts) {
+		if (opts->size < sizeof(o) || opts->flags & ~KCOLL_SEG_F_GRANT_UID)
+			return -EINVAL;
+		o = *opts;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	req.addr = (uintptr_t)ptr;
+	req.size = len;
+	req.nr_notify = o.nr_notify;
+	req.flags = o.flags & KCOLL_SEG_F_GRANT_UID ? KCOLL_MSG_SEG_F_GRANT_UID : 0;
+	req.grant_uid = o.grant_uid;
+	memset(&rep, 0, sizeof(rep));
+	r = kcoll_priv_ctl(k, &req, sizeof(req), -1, &rep, sizeof(rep), &fd, 5000);
+	if (r) {
+		if (rep.hdr.magic == KCOLL_PROTO_MAGIC && rep.error[0])
+			fprintf(stderr, "libkcoll: segment not registered: %.*s\n",
+				(int)sizeof(rep.error), rep.error);
+		goto err_free;
+	}
+	s->k = k;
+	s->id = rep.desc.seg_id;
+	s->nr_notify = rep.desc.nr_notify;
+	s->desc = rep.desc;
+	if (s->nr_notify) {
+		void *p;
+
+		s->counters_len = ((size_t)s->nr_notify * sizeof(uint32_t) + 4095) & ~(size_t)4095;
+		p = fd < 0 ? MAP_FAILED : mmap(NULL, s->counters_len, PROT_READ, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED) {
+			r = fd < 0 ? -EPROTO : -errno;
+			goto err_unreg;
+		}
+		s->counters = p;
+	}
+	if (fd >= 0)
+		close(fd);
+	*out = s;
+	return 0;
+
+err_unreg:
+	{
+		struct kcoll_msg_seg_id u = { .hdr.type = KCOLL_MSG_SEG_UNREG, .id = s->id };
+		struct kcoll_msg_hdr urep;
+
+		kcoll_priv_ctl(k, &u, sizeof(u), -1, &urep, sizeof(urep), NULL, 5000);
+	}
+err_free:
+	if (fd >= 0)
+		close(fd);
+	free(s);
+	return r;
+}
+
+int kcoll_seg_unregister(struct kcoll_seg *s)
+{
+	struct kcoll_msg_seg_id req = { .hdr.type = KCOLL_MSG_SEG_UNREG };
+	struct kcoll_msg_hdr rep;
+	int r;
+
+	if (!s)
+		return -EINVAL;
+	req.id = s->id;
+	r = kcoll_priv_ctl(s->k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 30000);
+	if (s->counters)
+		munmap((void *)s->counters, s->counters_len);
+	free(s);
+	/* A daemon that is gone has forgotten the segment anyway. */
+	return r == -ENOTCONN ? 0 : r;
+}
+
+int kcoll_seg_export(const struct kcoll_seg *s, kcoll_seg_desc_t *desc)
+{
+	if (!s || !desc)
+		return -EINVAL;
+	memset(desc, 0, sizeof(*desc));
+	memcpy(desc->bytes, &s->desc, sizeof(s->desc));
+	return 0;
+}
+
+int kcoll_seg_import(struct kcoll *k, const kcoll_seg_desc_t *desc, struct kcoll_rseg **out)
+{
+	struct kcoll_msg_seg_import req = { .hdr.type = KCOLL_MSG_SEG_IMPORT };
+	struct kcoll_msg_seg_import_reply rep;
+	struct kcoll_rseg *rs;
+	int r;
+
+	if (!k || !desc || !out)
+		return -EINVAL;
+	rs = calloc(1, sizeof(*rs));
+	if (!rs)
+		return -ENOMEM;
+	memcpy(&req.desc, desc->bytes, sizeof(req.desc));
+	memset(&rep, 0, sizeof(rep));
+	r = kcoll_priv_ctl(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
+	if (r) {
+		free(rs);
+		return r;
+	}
+	rs->k = k;
+	rs->handle = rep.handle;
+	rs->nr_notify = rep.nr_notify;
+	rs->size = rep.size;
+	*out = rs;
+	return 0;
+}
+
+int kcoll_rseg_close(struct kcoll_rseg *rs)
+{
+	struct kcoll_msg_seg_id req = { .hdr.type = KCOLL_MSG_SEG_CLOSE };
+	struct kcoll_msg_hdr rep;
+	int r;
+
+	if (!rs)
+		return -EINVAL;
+	req.id = rs->handle;
+	r = kcoll_priv_ctl(rs->k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
+	free(rs);
+	return r == -ENOTCONN ? 0 : r;
+}
+
+uint64_t kcoll_rseg_size(const struct kcoll_rseg *rs)
+{
+	return rs ? rs->size : 0;
+}
+
+static int xfer(uint8_t opcode, struct kcoll_seg *l, struct kcoll_rseg *rs,
+		const struct kcoll_xfer_entry *e, uint32_t n, uint32_t notify_id,
+		struct kcoll_req **req)
+{
+	struct kcoll_sqe sqe = { .opcode = opcode };
+
+	/* Only what the SQE cannot express is checked here: kcolld validates
+	 * the batch (ranges, limit, overlaps) against the segments it knows. */
+	if (!l || !rs || !req || l->k != rs->k)
+		return -EINVAL;
+	sqe.xfer.entries_addr = (uintptr_t)e;
+	sqe.xfer.nr_entries = n;
+	sqe.xfer.local_seg = l->id;
+	sqe.xfer.remote_seg = rs->handle;
+	sqe.xfer.notify_id = notify_id;
+	return kcoll_priv_submit(l->k, &sqe, req);
+}
+
+int kcoll_xfer_write(struct kcoll_seg *l, struct kcoll_rseg *rs, const struct kcoll_xfer_entry *e,
+		     uint32_t n, uint32_t notify_id, struct kcoll_req **req)
+{
+	return xfer(KCOLL_OP_XFER_WRITE, l, rs, e, n, notify_id, req);
+}
+
+int kcoll_xfer_read(struct kcoll_seg *l, struct kcoll_rseg *rs, const struct kcoll_xfer_entry *e,
+		    uint32_t n, uint32_t notify_id, struct kcoll_req **req)
+{
+	return xfer(KCOLL_OP_XFER_READ, l, rs, e, n, notify_id, req);
+}
+
+int kcoll_seg_notify_get(const struct kcoll_seg *s, uint32_t id, uint32_t *value)
+{
+	if (!s || !value || id >= s->nr_notify)
+		return -EINVAL;
+	*value = __atomic_load_n(&s->counters[id], __ATOMIC_ACQUIRE);
+	return 0;
+}
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int kcoll_seg_notify_wait(struct kcoll_seg *s, uint32_t id, uint32_t value, int timeout_ms)
+{
+	const int64_t slice_ns = 100 * 1000000LL;
+	int64_t deadline;
+
+	if (!s || id >= s->nr_notify)
+		return -EINVAL;
+	deadline = timeout_ms < 0 ? INT64_MAX : mono_ns() + (int64_t)timeout_ms * 1000000;
+	for (;;) {
+		uint32_t v = __atomic_load_n(&s->counters[id], __ATOMIC_ACQUIRE);
+		int64_t left;
+
+		if ((int32_t)(v - value) >= 0)
+			return 0;
+		left = deadline - mono_ns();
+		if (left <= 0)
+			return -ETIMEDOUT;
+		/* kcolld wakes every waiter after each increment; the slice
+		 * bounds how long a dead daemon goes unnoticed. */
+		kcoll_futex_wait((uint32_t *)&s->counters[id], v, left < slice_ns ? left : slice_ns);
+		if (!kcoll_priv_alive(s->k))
+			return -ENOTCONN;
+	}
+}
