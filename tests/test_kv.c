@@ -832,6 +832,10 @@ static void test_death_inflight(struct kcoll *k)
 			tap_ok(r == 0 && dst[0] == 0x99 && dst[4095] == 0x99,
 			       "initiator dies: the target segment still serves others (%s)",
 			       kcoll_strerror(r));
+			if (!r) {
+				kcoll_rseg_close(rs2);
+				kcoll_seg_unregister(ls2);
+			}
 			kcoll_disconnect(k2);
 			free(s2);
 		}
