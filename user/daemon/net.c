@@ -40,6 +40,7 @@
 #include "kcolld.h"
 #include "log.h"
 #include "net.h"
+#include "xport_rdma.h"
 
 enum pc_role { PC_LISTEN, PC_NEW, PC_BOOT_ROOT, PC_BOOT_MEMBER, PC_CTRL };
 
@@ -473,6 +474,7 @@ int kd_net_start(const char *listen_spec, const char *addrs_spec)
 			"0 = one per shared network)", net.me.port, a0, net.me.naddrs > 1 ? ", " : "", a1,
 			net.me.naddrs > 2 ? ", ..." : "", kd_algo_name(a), atomic_load(&net.nstreams));
 	}
+	kd_xport_default();	/* picks and logs the transport (and why not RDMA) */
 	return 0;
 }
 
@@ -649,7 +651,7 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 	mh->nstreams = t->nstreams;
 	mh->algo = t->algo <= KD_ALGO_RABENSEIFNER ? t->algo : KD_ALGO_AUTO;
 	mh->net_piece = t->piece;
-	mh->xport = &kd_xport_tcp;
+	mh->xport = kd_xport_default();
 	mh->abort_fd = -1;
 	mh->running_seq = UINT64_MAX;
 	mh->conns_needed = (t->nhosts - 1) * (1 + t->nstreams);
@@ -1490,6 +1492,8 @@ void kd_net_comm_close(struct kd_comm *comm)
 	if (!mh)
 		return;
 	kd_mh_stop(mh);
+	if (mh->xport->close)
+		mh->xport->close(mh);
 	for (uint32_t h = 0; h < mh->nhosts; h++) {
 		if (mh->hosts[h].ctrl)
 			pc_close(mh->hosts[h].ctrl);
@@ -1540,7 +1544,10 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 				    "\"dead\":%s}", h ? "," : "", h, mh->hosts[h].info.name,
 				    mh->hosts[h].first_rank, mh->hosts[h].nranks,
 				    mh->hosts[h].dead ? "true" : "false");
-			PUT("]}");
+			PUT("],\"xport\":\"%s\",", mh->xport->name);
+			if (n < cap)
+				n += kd_rdma_render(mh, buf + n, cap - n, 1);
+			PUT("}");
 		}
 		PUT("]}");
 	} else {
@@ -1562,6 +1569,9 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 			PUT("  comm %s: host %u of %u, %s, %u streams, %lu B sent, %lu B received\n", c->name,
 			    mh->self, mh->nhosts, kd_algo_name(mh->algo), mh->nstreams, (unsigned long)atomic_load(&mh->bytes_sent),
 			    (unsigned long)atomic_load(&mh->bytes_recv));
+			PUT("    transport %s\n", mh->xport->name);
+			if (n < cap)
+				n += kd_rdma_render(mh, buf + n, cap - n, 0);
 		}
 	}
 #undef PUT

@@ -178,6 +178,8 @@ struct kd_xport_ops {
 	const char *name;
 	int (*run_steps)(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
 			 uint32_t first, bool chain, uint32_t *bad_host);
+	/* Release mh->xpriv (the net thread has stopped); NULL: nothing to. */
+	void (*close)(struct kd_mh *mh);
 };
 
 extern const struct kd_xport_ops kd_xport_tcp;
@@ -205,6 +207,7 @@ struct kd_mh {
 	uint16_t *rank_host;		/* [nranks] */
 	uint32_t conns_needed, conns_up;
 	const struct kd_xport_ops *xport;
+	void *xpriv;			/* the transport's state (net thread) */
 
 	/* net thread */
 	pthread_t thread;

@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kcoll's RDMA verbs layer (rdma/): devices, RoCE v2 GID selection,
+ * endpoints (RC queue pairs to one peer), a registration cache and one-sided
+ * writes and reads. The daemon's collective transport (xport_rdma.c) is built
+ * on it; the KV-cache engine can call the same functions.
+ *
+ * Every function returns 0 or a negative errno (verbs' positive errno values
+ * are negated here). Where a function can fail for a reason the user must act
+ * on, it fills 'why' with a sentence that says what to do.
+ */
+#ifndef KCOLL_RDMA_H
+#define KCOLL_RDMA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <infiniband/verbs.h>
+
+#define KCOLL_RDMA_MAX_QPS	8
+#define KCOLL_RDMA_WHY		256
+
+/* A local port and GID picked for traffic from one IPv4 address. */
+struct kcoll_rdma_port {
+	int dev;			/* index into the opened devices */
+	uint8_t port;
+	int gid_index;
+	union ibv_gid gid;
+	enum ibv_mtu mtu;
+};
+
+/* Open the devices (KCOLL_IB_HCA narrows the list). 0, or -ENODEV with the
+ * reason in kcoll_rdma_why(). Idempotent; kcoll_rdma_fini closes them. */
+int kcoll_rdma_init(void);
+void kcoll_rdma_fini(void);
+const char *kcoll_rdma_why(void);
+int kcoll_rdma_ndevs(void);
+const char *kcoll_rdma_dev_name(int dev);
+struct ibv_context *kcoll_rdma_ctx(int dev);
+struct ibv_pd *kcoll_rdma_pd(int dev);
+
+/*
+ * The RoCE v2 GID whose netdev carries local IPv4 address ip (network
+ * order), or the one KCOLL_IB_GID_INDEX names. -EADDRNOTAVAIL with a
+ * diagnosis (the GIDs that exist and why none fits) in why.
+ */
+int kcoll_rdma_pick_gid(uint32_t ip, struct kcoll_rdma_port *out, char *why, size_t whylen);
+
+/* ---- endpoints: RC QPs to one peer ------------------------------------ */
+
+/* What one side tells the other to connect (sent as is: both sides are
+ * the same build; the version field catches mismatches). */
+struct kcoll_rdma_addr {
+	uint32_t version;
+	uint32_t nqp;
+	union ibv_gid gid;
+	uint32_t qpn[KCOLL_RDMA_MAX_QPS];
+	uint32_t psn[KCOLL_RDMA_MAX_QPS];
+	uint32_t mtu;			/* enum ibv_mtu */
+	uint32_t reserved;
+};
+#define KCOLL_RDMA_ADDR_VERSION	1
+
+/* Path control for one QP (the planner's knob): traffic class and the GRH
+ * flow label; on RoCE v2 NICs that honor it the flow label picks the UDP
+ * source port (docs/rdma.md). 0: the device's choice. */
+struct kcoll_rdma_path {
+	uint32_t flow_label;		/* 20 bits */
+	uint8_t traffic_class;
+};
+
+struct kcoll_rdma_ep {
+	struct kcoll_rdma_port port;
+	struct ibv_cq *cq;
+	struct ibv_comp_channel *ch;	/* NULL when the CQ is shared */
+	bool own_cq;
+	uint32_t nqp;
+	struct ibv_qp *qp[KCOLL_RDMA_MAX_QPS];
+	struct kcoll_rdma_path path[KCOLL_RDMA_MAX_QPS];
+	struct kcoll_rdma_addr local, remote;
+	uint32_t send_depth, recv_depth;
+};
+
+/*
+ * Create nqp RC QPs on port. cq: a CQ to share (its channel is the caller's),
+ * or NULL to create one with its own completion channel. The QPs are in INIT;
+ * post receives, exchange ep->local, then kcoll_rdma_ep_connect.
+ */
+int kcoll_rdma_ep_create(const struct kcoll_rdma_port *port, uint32_t nqp, struct ibv_cq *cq,
+			 uint32_t send_depth, uint32_t recv_depth, struct kcoll_rdma_ep **out);
+/* INIT -> RTR -> RTS against the peer's address. */
+int kcoll_rdma_ep_connect(struct kcoll_rdma_ep *ep, const struct kcoll_rdma_addr *remote, char *why,
+			  size_t whylen);
+void kcoll_rdma_ep_destroy(struct kcoll_rdma_ep *ep);
+/* The state of QP i (IBV_QPS_*), or a negative errno. */
+int kcoll_rdma_ep_qp_state(struct kcoll_rdma_ep *ep, uint32_t i);
+const char *kcoll_rdma_qp_state_name(int state);
+
+/* ---- registration cache ----------------------------------------------- */
+
+/*
+ * A memory region covering [addr, addr + len) on device dev, with local and
+ * remote write/read access: reused when a cached region covers the range,
+ * registered otherwise. The cache holds the registration until
+ * kcoll_rdma_mr_invalidate covers it (call it before unmapping or freeing
+ * registered memory: a registration pins the old pages).
+ */
+int kcoll_rdma_mr_get(int dev, void *addr, size_t len, struct ibv_mr **mr);
+void kcoll_rdma_mr_invalidate(void *addr, size_t len);
+/* How many registrations the cache holds (status, tests). */
+size_t kcoll_rdma_mr_count(void);
+
+/* ---- one-sided operations (the KV engine's entry points) -------------- */
+
+/*
+ * Post an RDMA WRITE (imm == NULL) or WRITE_WITH_IMM of len bytes at laddr
+ * (inside mr) to raddr/rkey on QP qpi, signaled with wr_id. The peer learns
+ * of a WRITE_WITH_IMM through a receive completion carrying *imm (it must
+ * have a receive posted); a plain write is silent there.
+ */
+int kcoll_rdma_write(struct kcoll_rdma_ep *ep, uint32_t qpi, struct ibv_mr *mr, const void *laddr,
+		     size_t len, uint64_t raddr, uint32_t rkey, const uint32_t *imm, uint64_t wr_id);
+/* Post an RDMA READ of len bytes from raddr/rkey into laddr (inside mr). */
+int kcoll_rdma_read(struct kcoll_rdma_ep *ep, uint32_t qpi, struct ibv_mr *mr, void *laddr, size_t len,
+		    uint64_t raddr, uint32_t rkey, uint64_t wr_id);
+/* Post a receive (for WRITE_WITH_IMM: no buffer needed) on QP qpi. */
+int kcoll_rdma_post_recv(struct kcoll_rdma_ep *ep, uint32_t qpi, uint64_t wr_id);
+/*
+ * Up to n completions of an endpoint with its own CQ, sleeping on the
+ * completion channel up to timeout_ms (-1: no limit, 0: do not sleep).
+ * Returns how many (0 on timeout) or a negative errno.
+ */
+int kcoll_rdma_poll(struct kcoll_rdma_ep *ep, struct ibv_wc *wc, int n, int timeout_ms);
+
+#endif /* KCOLL_RDMA_H */

@@ -1,0 +1,532 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The verbs layer: devices, RoCE v2 GID selection, RC endpoints, the
+ * registration cache and one-sided posts (rdma.h has the contract).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <net/if.h>
+
+#include "config.h"
+#include "log.h"
+#include "rdma.h"
+
+#define MAX_DEVS	8
+#define MAX_MRS		256
+
+struct dev {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	char name[IBV_SYSFS_NAME_MAX];
+	uint8_t nports;
+};
+
+struct mrc {
+	int dev;
+	uintptr_t lo, hi;
+	struct ibv_mr *mr;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	bool inited;
+	int ndev;
+	struct dev dev[MAX_DEVS];
+	char why[KCOLL_RDMA_WHY];
+	struct mrc mr[MAX_MRS];
+	size_t nmr;
+} rd = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+const char *kcoll_rdma_why(void)
+{
+	return rd.why;
+}
+
+int kcoll_rdma_ndevs(void)
+{
+	return rd.ndev;
+}
+
+const char *kcoll_rdma_dev_name(int d)
+{
+	return d >= 0 && d < rd.ndev ? rd.dev[d].name : "?";
+}
+
+struct ibv_context *kcoll_rdma_ctx(int d)
+{
+	return rd.dev[d].ctx;
+}
+
+struct ibv_pd *kcoll_rdma_pd(int d)
+{
+	return rd.dev[d].pd;
+}
+
+/* KCOLL_IB_HCA: comma-separated device names; empty: all. */
+static bool hca_wanted(const char *name)
+{
+	const char *list = kcoll_knob_str("KCOLL_IB_HCA");
+	size_t n = strlen(name);
+
+	if (!*list)
+		return true;
+	for (const char *p = list; *p;) {
+		size_t l = strcspn(p, ",");
+
+		if (l == n && !strncmp(p, name, n))
+			return true;
+		p += l;
+		if (*p)
+			p++;
+	}
+	return false;
+}
+
+int kcoll_rdma_init(void)
+{
+	struct ibv_device **list;
+	int n = 0, r = 0;
+
+	pthread_mutex_lock(&rd.lock);
+	if (rd.inited) {
+		r = rd.ndev ? 0 : -ENODEV;
+		goto out;
+	}
+	rd.inited = true;
+	list = ibv_get_device_list(&n);
+	if (!list || !n) {
+		snprintf(rd.why, sizeof(rd.why),
+			 "no RDMA device (libibverbs lists none%s): load a NIC driver or Soft-RoCE "
+			 "(modprobe rdma_rxe; rdma link add rxe0 type rxe netdev IF)",
+			 access("/sys/class/infiniband", F_OK) ? "; the kernel has no RDMA subsystem" : "");
+		if (list)
+			ibv_free_device_list(list);
+		r = -ENODEV;
+		goto out;
+	}
+	for (int i = 0; i < n && rd.ndev < MAX_DEVS; i++) {
+		const char *name = ibv_get_device_name(list[i]);
+		struct ibv_device_attr da;
+		struct dev *d = &rd.dev[rd.ndev];
+
+		if (!hca_wanted(name))
+			continue;
+		d->ctx = ibv_open_device(list[i]);
+		if (!d->ctx) {
+			kc_warn("rdma: cannot open %s: %s", name, strerror(errno));
+			continue;
+		}
+		if (ibv_query_device(d->ctx, &da) || !(d->pd = ibv_alloc_pd(d->ctx))) {
+			kc_warn("rdma: %s: query/alloc_pd failed: %s", name, strerror(errno));
+			ibv_close_device(d->ctx);
+			continue;
+		}
+		snprintf(d->name, sizeof(d->name), "%s", name);
+		d->nports = da.phys_port_cnt;
+		rd.ndev++;
+	}
+	ibv_free_device_list(list);
+	if (!rd.ndev) {
+		snprintf(rd.why, sizeof(rd.why),
+			 "no usable RDMA device (%d listed, none opened%s): check KCOLL_IB_HCA='%s' against "
+			 "ibv_devices", n, *kcoll_knob_str("KCOLL_IB_HCA") ? " or matched KCOLL_IB_HCA" : "",
+			 kcoll_knob_str("KCOLL_IB_HCA"));
+		r = -ENODEV;
+	}
+out:
+	pthread_mutex_unlock(&rd.lock);
+	return r;
+}
+
+void kcoll_rdma_fini(void)
+{
+	pthread_mutex_lock(&rd.lock);
+	for (size_t i = 0; i < rd.nmr; i++)
+		ibv_dereg_mr(rd.mr[i].mr);
+	rd.nmr = 0;
+	for (int i = 0; i < rd.ndev; i++) {
+		ibv_dealloc_pd(rd.dev[i].pd);
+		ibv_close_device(rd.dev[i].ctx);
+	}
+	rd.ndev = 0;
+	rd.inited = false;
+	pthread_mutex_unlock(&rd.lock);
+}
+
+static const char *gid_type_name(uint32_t t)
+{
+	return t == IBV_GID_TYPE_ROCE_V2 ? "v2" : t == IBV_GID_TYPE_ROCE_V1 ? "v1" : "ib";
+}
+
+static void gid_str(const union ibv_gid *g, char *buf, size_t len)
+{
+	if (!inet_ntop(AF_INET6, g->raw, buf, len))
+		snprintf(buf, len, "?");
+}
+
+static bool gid_is_ip4(const union ibv_gid *g, uint32_t ip)
+{
+	static const uint8_t pfx[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+
+	return !memcmp(g->raw, pfx, 12) && !memcmp(g->raw + 12, &ip, 4);
+}
+
+static int fill_port(int d, uint8_t p, const struct ibv_gid_entry *e, struct kcoll_rdma_port *out)
+{
+	struct ibv_port_attr pa;
+
+	if (ibv_query_port(rd.dev[d].ctx, p, &pa))
+		return -errno;
+	*out = (struct kcoll_rdma_port){ .dev = d, .port = p, .gid_index = (int)e->gid_index,
+					 .gid = e->gid, .mtu = pa.active_mtu };
+	return 0;
+}
+
+int kcoll_rdma_pick_gid(uint32_t ip, struct kcoll_rdma_port *out, char *why, size_t whylen)
+{
+	long long want = kcoll_knob_ll("KCOLL_IB_GID_INDEX");
+	char ipb[INET_ADDRSTRLEN], seen[160] = "";
+	size_t sl = 0;
+
+	inet_ntop(AF_INET, &ip, ipb, sizeof(ipb));
+	for (int d = 0; d < rd.ndev; d++) {
+		for (uint8_t p = 1; p <= rd.dev[d].nports; p++) {
+			struct ibv_port_attr pa;
+
+			if (ibv_query_port(rd.dev[d].ctx, p, &pa))
+				continue;
+			for (int i = 0; i < pa.gid_tbl_len; i++) {
+				struct ibv_gid_entry e;
+				char g[INET6_ADDRSTRLEN];
+
+				if (ibv_query_gid_ex(rd.dev[d].ctx, p, i, &e, 0))
+					continue;	/* empty entry */
+				if (want >= 0) {
+					if (i == want)
+						return fill_port(d, p, &e, out);
+					continue;
+				}
+				if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && gid_is_ip4(&e.gid, ip)) {
+					if (pa.state != IBV_PORT_ACTIVE) {
+						snprintf(why, whylen, "%s port %u carries %s (GID %d) but is %s: "
+							 "bring its netdev up", rd.dev[d].name, p, ipb, i,
+							 ibv_port_state_str(pa.state));
+						return -ENETDOWN;
+					}
+					return fill_port(d, p, &e, out);
+				}
+				gid_str(&e.gid, g, sizeof(g));
+				if (sl < sizeof(seen) - 1)
+					sl += snprintf(seen + sl, sizeof(seen) - sl, "%s%s/%u[%d]=%s(%s)",
+						       sl ? " " : "", rd.dev[d].name, p, i, g,
+						       gid_type_name(e.gid_type));
+			}
+		}
+	}
+	if (want >= 0)
+		snprintf(why, whylen, "KCOLL_IB_GID_INDEX=%lld names no GID on %s: list them with "
+			 "'ibv_devinfo -v'", want, *kcoll_knob_str("KCOLL_IB_HCA") ? kcoll_knob_str("KCOLL_IB_HCA") :
+			 "any device");
+	else
+		snprintf(why, whylen, "no RoCE v2 GID carries %s, the address this daemon uses for the peer "
+			 "(GIDs: %s): add an RDMA device on the netdev with that address "
+			 "(rdma link add NAME type rxe netdev IF) or set KCOLL_IB_HCA/KCOLL_IB_GID_INDEX",
+			 ipb, sl ? seen : "none");
+	return -EADDRNOTAVAIL;
+}
+
+/* ---- endpoints -------------------------------------------------------- */
+
+int kcoll_rdma_ep_create(const struct kcoll_rdma_port *port, uint32_t nqp, struct ibv_cq *cq,
+			 uint32_t send_depth, uint32_t recv_depth, struct kcoll_rdma_ep **out)
+{
+	struct dev *d = &rd.dev[port->dev];
+	struct kcoll_rdma_ep *ep;
+	int r;
+
+	if (!nqp || nqp > KCOLL_RDMA_MAX_QPS)
+		return -EINVAL;
+	ep = calloc(1, sizeof(*ep));
+	if (!ep)
+		return -ENOMEM;
+	ep->port = *port;
+	ep->nqp = nqp;
+	ep->send_depth = send_depth;
+	ep->recv_depth = recv_depth;
+	if (cq) {
+		ep->cq = cq;
+	} else {
+		ep->ch = ibv_create_comp_channel(d->ctx);
+		if (!ep->ch) {
+			r = -errno;
+			goto err_free;
+		}
+		ep->cq = ibv_create_cq(d->ctx, (int)(nqp * (send_depth + recv_depth)), NULL, ep->ch, 0);
+		if (!ep->cq) {
+			r = -errno;
+			goto err_destroy_channel;
+		}
+		ep->own_cq = true;
+	}
+	for (uint32_t i = 0; i < nqp; i++) {
+		struct ibv_qp_init_attr qa = {
+			.send_cq = ep->cq, .recv_cq = ep->cq, .qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = send_depth, .max_recv_wr = recv_depth,
+				 .max_send_sge = 2, .max_recv_sge = 1 },
+		};
+		struct ibv_qp_attr a = {
+			.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = port->port,
+			.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					   IBV_ACCESS_REMOTE_READ,
+		};
+
+		ep->qp[i] = ibv_create_qp(d->pd, &qa);
+		if (!ep->qp[i]) {
+			r = -errno;
+			goto err_destroy_qps;
+		}
+		r = ibv_modify_qp(ep->qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				  IBV_QP_ACCESS_FLAGS);
+		if (r) {
+			r = -r;
+			goto err_destroy_qps;
+		}
+		ep->local.qpn[i] = ep->qp[i]->qp_num;
+		ep->local.psn[i] = (uint32_t)(random() & 0xffffff);
+	}
+	ep->local.version = KCOLL_RDMA_ADDR_VERSION;
+	ep->local.nqp = nqp;
+	ep->local.gid = port->gid;
+	ep->local.mtu = port->mtu;
+	*out = ep;
+	return 0;
+
+err_destroy_qps:
+	for (uint32_t i = 0; i < nqp; i++)
+		if (ep->qp[i])
+			ibv_destroy_qp(ep->qp[i]);
+	if (ep->own_cq)
+		ibv_destroy_cq(ep->cq);
+err_destroy_channel:
+	if (ep->ch)
+		ibv_destroy_comp_channel(ep->ch);
+err_free:
+	free(ep);
+	return r ? r : -EIO;
+}
+
+int kcoll_rdma_ep_connect(struct kcoll_rdma_ep *ep, const struct kcoll_rdma_addr *rem, char *why, size_t whylen)
+{
+	enum ibv_mtu mtu;
+
+	if (rem->version != KCOLL_RDMA_ADDR_VERSION || rem->nqp != ep->nqp) {
+		snprintf(why, whylen, "the peer runs another RDMA setup (version %u, %u QPs; ours %u, %u): "
+			 "run the same kcolld and KCOLL_IB_QPS on every host", rem->version, rem->nqp,
+			 KCOLL_RDMA_ADDR_VERSION, ep->nqp);
+		return -EPROTO;
+	}
+	ep->remote = *rem;
+	mtu = rem->mtu < ep->port.mtu ? (enum ibv_mtu)rem->mtu : ep->port.mtu;
+	for (uint32_t i = 0; i < ep->nqp; i++) {
+		struct ibv_qp_attr a = {
+			.qp_state = IBV_QPS_RTR, .path_mtu = mtu, .dest_qp_num = rem->qpn[i],
+			.rq_psn = rem->psn[i], .max_dest_rd_atomic = 4, .min_rnr_timer = 12,
+			.ah_attr = {
+				.is_global = 1, .port_num = ep->port.port,
+				.grh = { .dgid = rem->gid, .sgid_index = (uint8_t)ep->port.gid_index,
+					 .hop_limit = 64, .flow_label = ep->path[i].flow_label & 0xfffff,
+					 .traffic_class = ep->path[i].traffic_class },
+			},
+		};
+		int r = ibv_modify_qp(ep->qp[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+				      IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				      IBV_QP_MIN_RNR_TIMER);
+
+		if (r) {
+			snprintf(why, whylen, "QP %u to RTR: %s (is the peer's GID reachable from %s port %u "
+				 "GID %d?)", i, strerror(r), rd.dev[ep->port.dev].name, ep->port.port,
+				 ep->port.gid_index);
+			return -r;
+		}
+		a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
+					  .rnr_retry = 7, .sq_psn = ep->local.psn[i], .max_rd_atomic = 4 };
+		r = ibv_modify_qp(ep->qp[i], &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+		if (r) {
+			snprintf(why, whylen, "QP %u to RTS: %s", i, strerror(r));
+			return -r;
+		}
+	}
+	return 0;
+}
+
+void kcoll_rdma_ep_destroy(struct kcoll_rdma_ep *ep)
+{
+	if (!ep)
+		return;
+	for (uint32_t i = 0; i < ep->nqp; i++)
+		if (ep->qp[i])
+			ibv_destroy_qp(ep->qp[i]);
+	if (ep->own_cq)
+		ibv_destroy_cq(ep->cq);
+	if (ep->ch)
+		ibv_destroy_comp_channel(ep->ch);
+	free(ep);
+}
+
+int kcoll_rdma_ep_qp_state(struct kcoll_rdma_ep *ep, uint32_t i)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	int r;
+
+	if (i >= ep->nqp)
+		return -EINVAL;
+	r = ibv_query_qp(ep->qp[i], &a, IBV_QP_STATE, &ia);
+	return r ? -r : (int)a.qp_state;
+}
+
+const char *kcoll_rdma_qp_state_name(int s)
+{
+	static const char *const n[] = { "RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR" };
+
+	return s >= 0 && s < (int)(sizeof(n) / sizeof(n[0])) ? n[s] : "?";
+}
+
+/* ---- registration cache ----------------------------------------------- */
+
+int kcoll_rdma_mr_get(int dev, void *addr, size_t len, struct ibv_mr **out)
+{
+	uintptr_t lo = (uintptr_t)addr, hi = lo + len;
+	struct ibv_mr *mr;
+	int r = 0;
+
+	if (dev < 0 || dev >= rd.ndev || !len)
+		return -EINVAL;
+	pthread_mutex_lock(&rd.lock);
+	for (size_t i = 0; i < rd.nmr; i++)
+		if (rd.mr[i].dev == dev && rd.mr[i].lo <= lo && hi <= rd.mr[i].hi) {
+			*out = rd.mr[i].mr;
+			goto out;
+		}
+	if (rd.nmr == MAX_MRS) {
+		r = -ENOSPC;
+		goto out;
+	}
+	mr = ibv_reg_mr(rd.dev[dev].pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			IBV_ACCESS_REMOTE_READ);
+	if (!mr) {
+		r = -errno;
+		goto out;
+	}
+	rd.mr[rd.nmr++] = (struct mrc){ dev, lo, hi, mr };
+	*out = mr;
+out:
+	pthread_mutex_unlock(&rd.lock);
+	return r;
+}
+
+void kcoll_rdma_mr_invalidate(void *addr, size_t len)
+{
+	uintptr_t lo = (uintptr_t)addr, hi = lo + len;
+
+	pthread_mutex_lock(&rd.lock);
+	for (size_t i = 0; i < rd.nmr;) {
+		if (rd.mr[i].lo < hi && lo < rd.mr[i].hi) {
+			ibv_dereg_mr(rd.mr[i].mr);
+			rd.mr[i] = rd.mr[--rd.nmr];
+		} else {
+			i++;
+		}
+	}
+	pthread_mutex_unlock(&rd.lock);
+}
+
+size_t kcoll_rdma_mr_count(void)
+{
+	size_t n;
+
+	pthread_mutex_lock(&rd.lock);
+	n = rd.nmr;
+	pthread_mutex_unlock(&rd.lock);
+	return n;
+}
+
+/* ---- one-sided operations --------------------------------------------- */
+
+int kcoll_rdma_write(struct kcoll_rdma_ep *ep, uint32_t qpi, struct ibv_mr *mr, const void *laddr,
+		     size_t len, uint64_t raddr, uint32_t rkey, const uint32_t *imm, uint64_t wr_id)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)laddr, .length = (uint32_t)len, .lkey = mr ? mr->lkey : 0 };
+	struct ibv_send_wr wr = {
+		.wr_id = wr_id, .sg_list = &sge, .num_sge = len ? 1 : 0,
+		.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = raddr, .rkey = rkey },
+	}, *bad;
+
+	if (qpi >= ep->nqp || len > UINT32_MAX || (len && !mr))
+		return -EINVAL;
+	if (imm)
+		wr.imm_data = htonl(*imm);
+	return -ibv_post_send(ep->qp[qpi], &wr, &bad);
+}
+
+int kcoll_rdma_read(struct kcoll_rdma_ep *ep, uint32_t qpi, struct ibv_mr *mr, void *laddr, size_t len,
+		    uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)laddr, .length = (uint32_t)len, .lkey = mr ? mr->lkey : 0 };
+	struct ibv_send_wr wr = {
+		.wr_id = wr_id, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = raddr, .rkey = rkey },
+	}, *bad;
+
+	if (qpi >= ep->nqp || !len || len > UINT32_MAX || !mr)
+		return -EINVAL;
+	return -ibv_post_send(ep->qp[qpi], &wr, &bad);
+}
+
+int kcoll_rdma_post_recv(struct kcoll_rdma_ep *ep, uint32_t qpi, uint64_t wr_id)
+{
+	struct ibv_recv_wr wr = { .wr_id = wr_id }, *bad;
+
+	if (qpi >= ep->nqp)
+		return -EINVAL;
+	return -ibv_post_recv(ep->qp[qpi], &wr, &bad);
+}
+
+int kcoll_rdma_poll(struct kcoll_rdma_ep *ep, struct ibv_wc *wc, int n, int timeout_ms)
+{
+	for (;;) {
+		int got = ibv_poll_cq(ep->cq, n, wc);
+		struct ibv_cq *evcq;
+		void *evctx;
+
+		if (got)
+			return got < 0 ? -EIO : got;
+		if (!timeout_ms || !ep->ch)
+			return 0;
+		if (ibv_req_notify_cq(ep->cq, 0))
+			return -EIO;
+		got = ibv_poll_cq(ep->cq, n, wc);	/* what came before the request */
+		if (got)
+			return got < 0 ? -EIO : got;
+		struct pollfd pfd = { .fd = ep->ch->fd, .events = POLLIN };
+		int r = poll(&pfd, 1, timeout_ms);
+
+		if (r < 0)
+			return -errno;
+		if (!r)
+			return 0;
+		if (!ibv_get_cq_event(ep->ch, &evcq, &evctx))
+			ibv_ack_cq_events(evcq, 1);
+		timeout_ms = 0;	/* one sleep, then report what is there */
+	}
+}

@@ -1,0 +1,811 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The RDMA transport: one step of an inter-host algorithm over RC queue
+ * pairs (docs/rdma.md has the long form).
+ *
+ * Each pair of daemons of a communicator connects lazily, on the first step
+ * that moves bytes between them: both sides create KCOLL_IB_QPS RC QPs and
+ * NSLOT receive slots (one piece plus a header each, registered for remote
+ * write) and exchange QP numbers, GIDs, the slots' address and rkey over the
+ * pair's first TCP data stream, which the daemons already connected.
+ *
+ * A piece travels as one RDMA WRITE_WITH_IMM (header + payload) into a free
+ * slot of the receiver; the immediate names the slot. The sender holds one
+ * credit per remote slot; the receiver, having reduced or copied the piece
+ * out, returns the credit with a zero-length WRITE_WITH_IMM whose immediate
+ * has IMM_CREDIT set. Pieces are spread over the QPs round robin, so nothing
+ * assumes that they arrive in order: each slot's header says which op, step
+ * and piece it holds, and a transfer is complete when it counted all its
+ * pieces. As over TCP, the transfers to (and from) one host run in step
+ * order, and a chained send's piece j waits for the previous step's piece j.
+ *
+ * The loop polls the CQs; when nothing moves it arms them and sleeps in
+ * poll() on their completion channels, the abort eventfd and the TCP
+ * streams (a peer that dies closes them).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "kcolld.h"
+#include "log.h"
+#include "net.h"
+#include "rdma.h"
+#include "reduce.h"
+#include "xport_rdma.h"
+
+#define NSLOT		8
+#define IMM_CREDIT	0x80000000u
+#define HDR_BYTES	64u		/* slot header, keeps payloads aligned */
+#define SETUP_MAGIC	0x6b637264u	/* "kcrd" */
+#define SLOT_MAGIC	0x6b637370u
+
+enum { WR_RECV = 1, WR_DATA = 2, WR_CREDIT = 3 };
+#define WRID(host, qp, kind)	(((uint64_t)(host) << 16) | ((uint64_t)(qp) << 8) | (kind))
+
+struct slot_hdr {
+	uint32_t magic;
+	uint32_t sig;
+	uint64_t seq;
+	uint32_t step;
+	uint32_t piece;
+	uint64_t len;
+};
+
+struct setup_msg {
+	uint32_t magic;
+	int32_t ok;			/* 1, or 0 and why says why not */
+	struct kcoll_rdma_addr addr;
+	uint64_t slots;			/* address of the receive slots */
+	uint32_t rkey;
+	uint32_t slot_bytes;
+	char why[KCOLL_RDMA_WHY];
+};
+
+struct rpeer {
+	int state;			/* 0: not set up, 1: up, < 0: failed with this error */
+	struct kcoll_rdma_ep *ep;
+	uint8_t *rbuf, *sbuf;		/* NSLOT slots each */
+	struct ibv_mr *rmr, *smr;
+	uint64_t raddr;
+	uint32_t rkey;
+	uint32_t sfree;			/* send slots holding a credit */
+	uint32_t arrived;		/* receive slots holding an unconsumed piece */
+	uint32_t rr;			/* next QP, round robin */
+	uint64_t pieces_out, pieces_in;
+};
+
+struct rstate {
+	struct rpeer *peer;		/* [nhosts] */
+	size_t slot_bytes;
+	uint32_t nqp;
+};
+
+/* ---- choosing the transport ------------------------------------------ */
+
+static pthread_once_t pick_once = PTHREAD_ONCE_INIT;
+static const struct kd_xport_ops *picked;
+
+static void pick(void)
+{
+	const char *want = kcoll_knob_str("KCOLL_NET_XPORT");
+	int r;
+
+	picked = &kd_xport_tcp;
+	if (!strcmp(want, "tcp")) {
+		kc_info("transport between daemons: tcp (KCOLL_NET_XPORT=tcp)");
+		return;
+	}
+	if (strcmp(want, "rdma") && strcmp(want, "auto")) {
+		kc_warn("KCOLL_NET_XPORT='%s' is not auto, rdma or tcp: using tcp", want);
+		return;
+	}
+	r = kcoll_rdma_init();
+	if (r) {
+		if (!strcmp(want, "rdma"))
+			kc_err("transport between daemons: KCOLL_NET_XPORT=rdma but %s; falling back to tcp",
+			       kcoll_rdma_why());
+		else
+			kc_info("transport between daemons: tcp (rdma not used: %s)", kcoll_rdma_why());
+		return;
+	}
+	picked = &kd_xport_rdma;
+	for (int d = 0; d < kcoll_rdma_ndevs(); d++)
+		kc_info("transport between daemons: rdma, device %s", kcoll_rdma_dev_name(d));
+}
+
+const struct kd_xport_ops *kd_xport_default(void)
+{
+	pthread_once(&pick_once, pick);
+	return picked;
+}
+
+/* ---- the TCP side channel (setup) ------------------------------------ */
+
+static int fd_io(int fd, void *buf, size_t len, bool out, int64_t deadline)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = out ? send(fd, (uint8_t *)buf + done, len - done, MSG_DONTWAIT | MSG_NOSIGNAL) :
+				  recv(fd, (uint8_t *)buf + done, len - done, MSG_DONTWAIT);
+
+		if (n > 0) {
+			done += n;
+			continue;
+		}
+		if (!n)
+			return -ECONNRESET;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN)
+			return -ECONNRESET;
+		int64_t left = (deadline - kd_now_ns()) / 1000000;
+		struct pollfd p = { .fd = fd, .events = out ? POLLOUT : POLLIN };
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		poll(&p, 1, left < 100 ? (int)left : 100);
+	}
+	return 0;
+}
+
+/* ---- per-peer setup --------------------------------------------------- */
+
+static void peer_free(struct rpeer *p)
+{
+	kcoll_rdma_ep_destroy(p->ep);	/* QPs first: nothing writes the slots after */
+	if (p->rmr)
+		ibv_dereg_mr(p->rmr);
+	if (p->smr)
+		ibv_dereg_mr(p->smr);
+	free(p->rbuf);
+	free(p->sbuf);
+	*p = (struct rpeer){ .state = p->state };
+}
+
+static int peer_prepare(struct kd_mh *mh, struct rstate *rs, uint32_t h, struct setup_msg *m)
+{
+	struct rpeer *p = &rs->peer[h];
+	struct kcoll_rdma_port port;
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof(sa);
+	size_t bytes = NSLOT * rs->slot_bytes;
+	uint32_t depth = 2 * NSLOT + 2;
+	int r;
+
+	memset(m, 0, sizeof(*m));
+	m->magic = SETUP_MAGIC;
+	if (getsockname(mh->hosts[h].data[0], (struct sockaddr *)&sa, &sl) || sa.sin_family != AF_INET) {
+		snprintf(m->why, sizeof(m->why), "no IPv4 address on the data stream to host %u", h);
+		return -EADDRNOTAVAIL;
+	}
+	r = kcoll_rdma_pick_gid(sa.sin_addr.s_addr, &port, m->why, sizeof(m->why));
+	if (r)
+		return r;
+	r = kcoll_rdma_ep_create(&port, rs->nqp, NULL, depth, depth, &p->ep);
+	if (r) {
+		snprintf(m->why, sizeof(m->why), "cannot create %u RC QPs on %s: %s", rs->nqp,
+			 kcoll_rdma_dev_name(port.dev), strerror(-r));
+		return r;
+	}
+	fcntl(p->ep->ch->fd, F_SETFL, fcntl(p->ep->ch->fd, F_GETFL) | O_NONBLOCK);
+	for (uint32_t i = 0; i < rs->nqp; i++)
+		p->ep->path[i] = kd_rdma_path_for(mh, h, i);
+	p->rbuf = aligned_alloc(4096, bytes);
+	p->sbuf = aligned_alloc(4096, bytes);
+	if (!p->rbuf || !p->sbuf) {
+		snprintf(m->why, sizeof(m->why), "out of memory for %zu-byte slots", bytes);
+		return -ENOMEM;
+	}
+	p->rmr = ibv_reg_mr(kcoll_rdma_pd(port.dev), p->rbuf, bytes,
+			    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	p->smr = ibv_reg_mr(kcoll_rdma_pd(port.dev), p->sbuf, bytes, IBV_ACCESS_LOCAL_WRITE);
+	if (!p->rmr || !p->smr) {
+		r = -errno;
+		snprintf(m->why, sizeof(m->why), "cannot register %zu bytes on %s: %s (RLIMIT_MEMLOCK?)",
+			 bytes, kcoll_rdma_dev_name(port.dev), strerror(errno));
+		return r;
+	}
+	for (uint32_t i = 0; i < rs->nqp; i++)
+		for (uint32_t k = 0; k < depth; k++)
+			if ((r = kcoll_rdma_post_recv(p->ep, i, WRID(h, i, WR_RECV)))) {
+				snprintf(m->why, sizeof(m->why), "post_recv: %s", strerror(-r));
+				return r;
+			}
+	m->ok = 1;
+	m->addr = p->ep->local;
+	m->slots = (uintptr_t)p->rbuf;
+	m->rkey = p->rmr->rkey;
+	m->slot_bytes = (uint32_t)rs->slot_bytes;
+	return 0;
+}
+
+/*
+ * Connect to every host in want[] not yet connected: send our setup message
+ * to all of them first, then read theirs (a pair's two sides reach their
+ * first common step together; writing first cannot deadlock), connect the
+ * QPs, and swap one byte so that neither side writes before the other's
+ * QPs can receive.
+ */
+static int connect_peers(struct kd_mh *mh, struct rstate *rs, const uint32_t *want, uint32_t n,
+			 uint32_t *bad_host)
+{
+	struct setup_msg *mine = calloc(n ? n : 1, sizeof(*mine)), rem;
+	int64_t deadline = kd_now_ns() + mh->comm->timeout_ns;
+	int r = 0, prep[KD_MAX_HOSTS];
+
+	if (!mine)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		prep[i] = peer_prepare(mh, rs, want[i], &mine[i]);
+		if (prep[i])
+			kc_warn("comm %s: rdma to host %u (%s): %s", mh->comm->name, want[i],
+				mh->hosts[want[i]].info.name, mine[i].why);
+		mine[i].ok = !prep[i];
+		r = fd_io(mh->hosts[want[i]].data[0], &mine[i], sizeof(mine[i]), true, deadline);
+		if (r) {
+			*bad_host = want[i];
+			goto out;
+		}
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t h = want[i];
+		struct rpeer *p = &rs->peer[h];
+		char why[KCOLL_RDMA_WHY];
+		uint8_t b = 1;
+
+		*bad_host = h;
+		r = fd_io(mh->hosts[h].data[0], &rem, sizeof(rem), false, deadline);
+		if (r)
+			goto out;
+		rem.why[sizeof(rem.why) - 1] = 0;
+		if (rem.magic != SETUP_MAGIC || rem.slot_bytes != rs->slot_bytes) {
+			kc_warn("comm %s: host %u sent a bad RDMA setup (magic %#x, slot %u bytes, ours %zu): "
+				"is it running the same kcolld?", mh->comm->name, h, rem.magic, rem.slot_bytes,
+				rs->slot_bytes);
+			r = -EPROTO;
+			goto out;
+		}
+		if (prep[i]) {
+			r = prep[i];
+			goto out;
+		}
+		if (rem.ok != 1) {
+			kc_warn("comm %s: host %u (%s) cannot use RDMA: %s; set KCOLL_NET_XPORT=tcp on every "
+				"host to use TCP", mh->comm->name, h, mh->hosts[h].info.name, rem.why);
+			r = -EPROTONOSUPPORT;
+			goto out;
+		}
+		r = kcoll_rdma_ep_connect(p->ep, &rem.addr, why, sizeof(why));
+		if (r) {
+			kc_warn("comm %s: rdma to host %u: %s", mh->comm->name, h, why);
+			goto out;
+		}
+		p->raddr = rem.slots;
+		p->rkey = rem.rkey;
+		p->sfree = (1u << NSLOT) - 1;
+		r = fd_io(mh->hosts[h].data[0], &b, 1, true, deadline);
+		if (r)
+			goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		uint8_t b;
+
+		*bad_host = want[i];
+		r = fd_io(mh->hosts[want[i]].data[0], &b, 1, false, deadline);
+		if (r)
+			goto out;
+		rs->peer[want[i]].state = 1;
+		kc_dbg("comm %s: rdma to host %u up: %s port %u GID index %d, %u QPs", mh->comm->name,
+		       want[i], kcoll_rdma_dev_name(rs->peer[want[i]].ep->port.dev),
+		       rs->peer[want[i]].ep->port.port, rs->peer[want[i]].ep->port.gid_index, rs->nqp);
+	}
+	*bad_host = KCOLL_RANK_NONE;
+out:
+	if (r)
+		for (uint32_t i = 0; i < n; i++)
+			if (rs->peer[want[i]].state != 1)
+				rs->peer[want[i]].state = r;
+	free(mine);
+	return r;
+}
+
+/* ---- the step loop ------------------------------------------------------ */
+
+struct piece {
+	uint64_t off, len;
+};
+
+struct cursor {
+	uint32_t host;
+	bool send;
+	const uint8_t *base;
+	uint8_t *dst;
+	const uint8_t *src;
+	bool reduce;
+	struct piece *pieces;
+	uint32_t npieces;
+	uint32_t next;		/* send: next piece to post */
+	uint32_t ndone;		/* receive: pieces consumed */
+	bool *pdone;		/* receive: which */
+	uint32_t step;
+	struct cursor *prev;	/* same host and direction, earlier step: finishes first */
+	struct cursor *dep;	/* chained send: piece j waits for dep's piece j */
+	bool done;
+};
+
+static struct piece *cut(const struct kd_xfer *x, size_t piece, uint32_t *n)
+{
+	uint32_t cnt = 0, i = 0;
+	struct piece *p;
+
+	for (uint32_t k = 0; k < x->nr; k++)
+		cnt += (x->r[k].len + piece - 1) / piece;
+	p = malloc((cnt ? cnt : 1) * sizeof(*p));
+	if (!p)
+		return NULL;
+	for (uint32_t k = 0; k < x->nr; k++)
+		for (uint64_t o = 0; o < x->r[k].len; o += piece)
+			p[i++] = (struct piece){ x->r[k].off + o,
+						 x->r[k].len - o < piece ? x->r[k].len - o : piece };
+	if (!cnt)
+		p[0] = (struct piece){ 0, 0 };
+	*n = cnt ? cnt : 1;
+	return p;
+}
+
+static bool gated(const struct cursor *c)
+{
+	for (const struct cursor *p = c->prev; p; p = p->prev)
+		if (!p->done)
+			return true;
+	return false;
+}
+
+static int wc_fail(struct kd_mh *mh, uint32_t h, const struct ibv_wc *wc)
+{
+	int r = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR ?
+		-EHOSTUNREACH : -EIO;
+
+	kc_warn("comm %s: rdma to host %u (%s): %s on QP %u (the peer died, or its link or device "
+		"went away: check 'rdma link' and the peer's kcolld)", mh->comm->name, h,
+		mh->hosts[h].info.name, ibv_wc_status_str(wc->status), wc->qp_num);
+	return r;
+}
+
+/* Take what the CQs of the peers in use hold. */
+static int drain(struct kd_mh *mh, struct rstate *rs, bool *progress, uint32_t *bad_host)
+{
+	struct ibv_wc wc[16];
+
+	for (uint32_t h = 0; h < mh->nhosts; h++) {
+		struct rpeer *p = &rs->peer[h];
+		int n;
+
+		if (p->state != 1)
+			continue;
+		while ((n = ibv_poll_cq(p->ep->cq, 16, wc)) > 0) {
+			for (int i = 0; i < n; i++) {
+				uint32_t kind = wc[i].wr_id & 0xff, qpi = (wc[i].wr_id >> 8) & 0xff;
+
+				if (wc[i].status != IBV_WC_SUCCESS) {
+					*bad_host = h;
+					p->state = wc_fail(mh, h, &wc[i]);
+					return p->state;
+				}
+				if (kind != WR_RECV)
+					continue;
+				uint32_t imm = ntohl(wc[i].imm_data), slot = imm & ~IMM_CREDIT;
+				int r;
+
+				if (wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM || slot >= NSLOT) {
+					kc_warn("comm %s: host %u sent an unexpected RDMA message (opcode %d, "
+						"immediate %#x)", mh->comm->name, h, wc[i].opcode, imm);
+					*bad_host = h;
+					return p->state = -EPROTO;
+				}
+				r = kcoll_rdma_post_recv(p->ep, qpi, wc[i].wr_id);
+				if (r) {
+					*bad_host = h;
+					return p->state = r;
+				}
+				if (imm & IMM_CREDIT)
+					p->sfree |= 1u << slot;
+				else
+					p->arrived |= 1u << slot;
+				*progress = true;
+			}
+		}
+		if (n < 0) {
+			*bad_host = h;
+			return p->state = -EIO;
+		}
+	}
+	return 0;
+}
+
+static int consume(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct cursor *c, uint32_t first,
+		   bool *progress)
+{
+	struct rpeer *p = &rs->peer[c->host];
+
+	for (uint32_t k = 0; k < NSLOT && !c->done; k++) {
+		if (!(p->arrived & (1u << k)))
+			continue;
+		uint8_t *slot = p->rbuf + k * rs->slot_bytes;
+		struct slot_hdr h;
+		const struct piece *pc;
+		int r = 0;
+
+		memcpy(&h, slot, sizeof(h));
+		if (h.magic != SLOT_MAGIC) {
+			kc_warn("comm %s: host %u wrote garbage into an RDMA slot", op->comm->name, c->host);
+			return -EPROTO;
+		}
+		if (h.seq == op->seq && h.sig != mh->sig) {
+			kc_warn("comm %s: op %llu: host %u runs a different operation (type, count, dtype, op "
+				"or root differ)", op->comm->name, (unsigned long long)op->seq, c->host);
+			return -EBADMSG;
+		}
+		if (h.seq < op->seq || (h.seq == op->seq && h.step < first)) {
+			kc_warn("comm %s: host %u is out of step (op %llu step %u, we run op %llu from step %u)",
+				op->comm->name, c->host, (unsigned long long)h.seq, h.step,
+				(unsigned long long)op->seq, first);
+			return -EPROTO;
+		}
+		if (h.seq != op->seq || h.step != c->step)
+			continue;	/* a later step's: stays until its cursor runs */
+		if (h.piece >= c->npieces || c->pdone[h.piece] || h.len != c->pieces[h.piece].len) {
+			kc_warn("comm %s: host %u sent piece %u of step %u twice or with a wrong length",
+				op->comm->name, c->host, h.piece, h.step);
+			return -EPROTO;
+		}
+		pc = &c->pieces[h.piece];
+		if (pc->len) {
+			const uint8_t *data = slot + HDR_BYTES;
+
+			if (c->reduce) {
+				/* The same order on every host: the lower host's data first. */
+				const uint8_t *mine = c->src + pc->off;
+				const void *in[2] = { c->host < mh->self ? (const void *)data : mine,
+						      c->host < mh->self ? (const void *)mine : data };
+
+				r = kcoll_reduce_n(mh->dtype, mh->redop, mh->acc + pc->off, in, 2,
+						   pc->len / mh->esz);
+				if (r)
+					return r;
+			} else {
+				memcpy(c->dst + pc->off, data, pc->len);
+			}
+		}
+		p->arrived &= ~(1u << k);
+		uint32_t imm = IMM_CREDIT | k;
+
+		r = kcoll_rdma_write(p->ep, k % rs->nqp, NULL, NULL, 0, p->raddr, p->rkey, &imm,
+				     WRID(c->host, k % rs->nqp, WR_CREDIT));
+		if (r)
+			return r;
+		c->pdone[h.piece] = true;
+		p->pieces_in++;
+		atomic_fetch_add(&mh->bytes_recv, pc->len + HDR_BYTES);
+		*progress = true;
+		if (++c->ndone == c->npieces)
+			c->done = true;
+	}
+	return 0;
+}
+
+static int post_sends(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct cursor *c, bool *progress)
+{
+	struct rpeer *p = &rs->peer[c->host];
+
+	while (c->next < c->npieces && p->sfree) {
+		if (c->dep && !c->dep->done && !c->dep->pdone[c->next])
+			return 0;
+		uint32_t k = (uint32_t)__builtin_ctz(p->sfree), qpi = p->rr++ % rs->nqp;
+		const struct piece *pc = &c->pieces[c->next];
+		uint8_t *slot = p->sbuf + k * rs->slot_bytes;
+		struct slot_hdr h = { .magic = SLOT_MAGIC, .sig = mh->sig, .seq = op->seq, .step = c->step,
+				      .piece = c->next, .len = pc->len };
+		int r;
+
+		memcpy(slot, &h, sizeof(h));
+		if (pc->len)
+			memcpy(slot + HDR_BYTES, c->base + pc->off, pc->len);
+		r = kcoll_rdma_write(p->ep, qpi, p->smr, slot, HDR_BYTES + pc->len, p->raddr + k * rs->slot_bytes,
+				     p->rkey, &k, WRID(c->host, qpi, WR_DATA));
+		if (r)
+			return r;
+		p->sfree &= ~(1u << k);
+		p->pieces_out++;
+		atomic_fetch_add(&mh->bytes_sent, pc->len + HDR_BYTES);
+		c->next++;
+		*progress = true;
+	}
+	if (c->next == c->npieces)
+		c->done = true;
+	return 0;
+}
+
+static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
+			  uint32_t first, bool chain, uint32_t *bad_host)
+{
+	struct kd_comm *comm = op->comm;
+	struct rstate *rs = mh->xpriv;
+	uint32_t nc = 0, k = 0, nl = 0, nwant = 0, want[KD_MAX_HOSTS];
+	struct cursor *cs = NULL;
+	struct piece **lists = NULL;
+	struct pollfd pfd[2 * KD_MAX_HOSTS + 1];
+	int64_t slack = comm->timeout_ns + 2000000000LL, idle_since = 0;
+	int r = 0;
+
+	*bad_host = KCOLL_RANK_NONE;
+	if (!rs) {
+		rs = calloc(1, sizeof(*rs));
+		if (!rs || !(rs->peer = calloc(mh->nhosts, sizeof(*rs->peer)))) {
+			free(rs);
+			return -ENOMEM;
+		}
+		rs->slot_bytes = HDR_BYTES + mh->piece;
+		rs->nqp = (uint32_t)kcoll_knob_ll("KCOLL_IB_QPS");
+		if (rs->nqp < 1 || rs->nqp > KCOLL_RDMA_MAX_QPS)
+			rs->nqp = 2;
+		mh->xpriv = rs;
+	}
+	if (HDR_BYTES + mh->piece != rs->slot_bytes)
+		return -EINVAL;	/* the piece size is fixed per comm */
+	for (uint32_t t = 0; t < n; t++) {
+		for (uint32_t x = 0; x < st[t].nsend + st[t].nrecv; x++) {
+			uint32_t h = x < st[t].nsend ? st[t].send[x].host : st[t].recv[x - st[t].nsend].host;
+			struct rpeer *p = &rs->peer[h];
+			bool dup = false;
+
+			if (p->state < 0) {
+				*bad_host = h;
+				return p->state;
+			}
+			for (uint32_t i = 0; i < nwant; i++)
+				dup |= want[i] == h;
+			if (!p->state && !dup)
+				want[nwant++] = h;
+		}
+		nc += st[t].nsend + st[t].nrecv;
+	}
+	if (nwant && (r = connect_peers(mh, rs, want, nwant, bad_host)))
+		return r;
+	cs = calloc(nc ? nc : 1, sizeof(*cs));
+	lists = calloc(nc ? nc : 1, sizeof(*lists));
+	if (!cs || !lists) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t t = 0; t < n; t++) {
+		for (uint32_t x = 0; x < st[t].nsend + st[t].nrecv; x++, k++) {
+			bool send = x < st[t].nsend;
+			const struct kd_xfer *xf = send ? &st[t].send[x] : &st[t].recv[x - st[t].nsend];
+			struct cursor *c = &cs[k];
+
+			lists[nl] = cut(xf, mh->piece, &c->npieces);
+			if (!lists[nl]) {
+				r = -ENOMEM;
+				goto out;
+			}
+			c->pieces = lists[nl++];
+			c->host = xf->host;
+			c->send = send;
+			c->base = xf->base ? xf->base : mh->acc;
+			c->dst = xf->dst ? xf->dst : mh->acc;
+			c->src = xf->src ? xf->src : mh->acc;
+			c->reduce = !send && st[t].reduce;
+			c->step = first + t;
+			if (!send && !(c->pdone = calloc(c->npieces, sizeof(bool)))) {
+				r = -ENOMEM;
+				goto out;
+			}
+			for (uint32_t j = k; j-- > 0;)
+				if (cs[j].host == c->host && cs[j].send == send) {
+					c->prev = &cs[j];
+					break;
+				}
+			if (t && chain && send)
+				c->dep = &cs[k - 2 + 1];	/* chained: send, recv per step */
+		}
+	}
+	for (;;) {
+		bool progress = false;
+		uint32_t pending = 0, np = 0;
+
+		r = drain(mh, rs, &progress, bad_host);
+		if (r)
+			goto out;
+		for (uint32_t i = 0; i < nc; i++) {
+			struct cursor *c = &cs[i];
+
+			if (c->done)
+				continue;
+			pending++;
+			if (gated(c))
+				continue;
+			r = c->send ? post_sends(mh, op, rs, c, &progress) :
+				      consume(mh, op, rs, c, first, &progress);
+			if (r) {
+				*bad_host = c->host;
+				goto out;
+			}
+		}
+		if (!pending)
+			break;
+		if (op->seq >= __atomic_load_n(&comm->limit_seq, __ATOMIC_RELAXED)) {
+			r = -ECANCELED;
+			goto out;
+		}
+		if (progress) {
+			idle_since = 0;
+			atomic_store(&mh->last_progress, kd_now_ns());
+			continue;
+		}
+		if (!idle_since)
+			idle_since = kd_now_ns();
+		if (kd_now_ns() - idle_since < kd.spin_ns) {
+			sched_yield();
+			continue;
+		}
+		/* Arm every CQ, then look once more: a completion that came
+		 * before the arming raises no event. */
+		for (uint32_t h = 0; h < mh->nhosts; h++)
+			if (rs->peer[h].state == 1)
+				ibv_req_notify_cq(rs->peer[h].ep->cq, 0);
+		r = drain(mh, rs, &progress, bad_host);
+		if (r)
+			goto out;
+		if (progress)
+			continue;
+		for (uint32_t h = 0; h < mh->nhosts; h++) {
+			if (rs->peer[h].state != 1)
+				continue;
+			pfd[np++] = (struct pollfd){ .fd = rs->peer[h].ep->ch->fd, .events = POLLIN };
+			/* A peer that dies closes its TCP streams: that wakes us. */
+			pfd[np++] = (struct pollfd){ .fd = mh->hosts[h].data[0], .events = POLLIN | POLLRDHUP };
+		}
+		for (uint32_t i = 0; i < nc; i++)
+			if (!cs[i].done && !cs[i].send && !gated(&cs[i]))
+				mh->wait_host = cs[i].host;
+		pfd[np++] = (struct pollfd){ .fd = mh->abort_fd, .events = POLLIN };
+		int64_t left = (atomic_load(&mh->last_progress) + slack - kd_now_ns()) / 1000000;
+
+		if (left <= 0) {
+			*bad_host = mh->wait_host;
+			r = -ETIMEDOUT;
+			goto out;
+		}
+		if (poll(pfd, np, left < 100 ? (int)left : 100) <= 0)
+			continue;
+		for (uint32_t i = 0; i + 1 < np; i++) {
+			uint32_t h = 0;
+
+			if (!pfd[i].revents)
+				continue;
+			for (uint32_t j = 0, q = 0; j < mh->nhosts; j++)
+				if (rs->peer[j].state == 1 && q++ == i / 2)
+					h = j;
+			if (i % 2 == 0) {
+				struct ibv_cq *cq;
+				void *ctx;
+
+				if (!ibv_get_cq_event(rs->peer[h].ep->ch, &cq, &ctx))
+					ibv_ack_cq_events(cq, 1);
+			} else {
+				kc_warn("comm %s: host %u (%s) closed its connection: its kcolld died or "
+					"left", comm->name, h, mh->hosts[h].info.name);
+				rs->peer[h].state = -ECONNRESET;
+				*bad_host = h;
+				r = -ECONNRESET;
+				goto out;
+			}
+		}
+		if (pfd[np - 1].revents & POLLIN) {
+			uint64_t v;
+
+			if (read(mh->abort_fd, &v, sizeof(v)) < 0)
+				v = 0;
+		}
+	}
+out:
+	for (uint32_t i = 0; i < nc && cs; i++)
+		free(cs[i].pdone);
+	for (uint32_t x = 0; x < nl; x++)
+		free(lists[x]);
+	free(lists);
+	free(cs);
+	return r;
+}
+
+static void rdma_close(struct kd_mh *mh)
+{
+	struct rstate *rs = mh->xpriv;
+
+	if (!rs)
+		return;
+	for (uint32_t h = 0; h < mh->nhosts; h++)
+		peer_free(&rs->peer[h]);
+	free(rs->peer);
+	free(rs);
+	mh->xpriv = NULL;
+}
+
+const struct kd_xport_ops kd_xport_rdma = {
+	.name = "rdma",
+	.run_steps = rdma_run_steps,
+	.close = rdma_close,
+};
+
+/* ---- path control ------------------------------------------------------ */
+
+struct kcoll_rdma_path kd_rdma_path_for(struct kd_mh *mh, uint32_t host, uint32_t qp)
+{
+	/* Default: spread a peer's QPs over distinct flow labels (and so UDP
+	 * source ports where the device derives them from the label);
+	 * KCOLL_IB_FLOW_LABEL gives the first label, the planner may override. */
+	long long base = kcoll_knob_ll("KCOLL_IB_FLOW_LABEL");
+	struct kcoll_rdma_path p = { 0 };
+
+	if (base > 0)
+		p.flow_label = (uint32_t)((base + qp) & 0xfffff);
+	(void)mh;
+	(void)host;
+	return p;
+}
+
+/* ---- status ------------------------------------------------------------ */
+
+size_t kd_rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
+{
+	struct rstate *rs = mh->xpriv;
+	size_t n = 0;
+	bool firstp = true;
+
+#define PUT(...) do { if (n < cap) n += snprintf(buf + n, cap - n, __VA_ARGS__); } while (0)
+	if (json)
+		PUT("\"rdma\":[");
+	for (uint32_t h = 0; rs && h < mh->nhosts; h++) {
+		struct rpeer *p = &rs->peer[h];
+		char g[INET6_ADDRSTRLEN] = "";
+
+		if (!p->ep)
+			continue;
+		inet_ntop(AF_INET6, p->ep->port.gid.raw, g, sizeof(g));
+		if (json)
+			PUT("%s{\"host\":%u,\"dev\":\"%s\",\"port\":%u,\"gid_index\":%d,\"gid\":\"%s\","
+			    "\"pieces_out\":%llu,\"pieces_in\":%llu,\"qps\":[", firstp ? "" : ",", h,
+			    kcoll_rdma_dev_name(p->ep->port.dev), p->ep->port.port, p->ep->port.gid_index, g,
+			    (unsigned long long)p->pieces_out, (unsigned long long)p->pieces_in);
+		else
+			PUT("    rdma host %u: %s port %u gid[%d] %s, pieces out %llu in %llu, QPs:", h,
+			    kcoll_rdma_dev_name(p->ep->port.dev), p->ep->port.port, p->ep->port.gid_index, g,
+			    (unsigned long long)p->pieces_out, (unsigned long long)p->pieces_in);
+		for (uint32_t i = 0; i < p->ep->nqp; i++) {
+			int s = kcoll_rdma_ep_qp_state(p->ep, i);
+
+			if (json)
+				PUT("%s{\"qpn\":%u,\"state\":\"%s\",\"flow_label\":%u}", i ? "," : "",
+				    p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s), p->ep->path[i].flow_label);
+			else
+				PUT(" %u=%s", p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s));
+		}
+		PUT(json ? "]}" : "\n");
+		firstp = false;
+	}
+	if (json)
+		PUT("]");
+#undef PUT
+	return n < cap ? n : cap;
+}

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# The RDMA transport (issue 6) on Soft-RoCE, in the VM (tests/vm/run.sh runs
+# it; needs root, rdma_rxe and the host's build):
+#   1. one kcolld per "host", each with its own address; the transport is
+#      rdma (the log says so) and each daemon's GID is the RoCE v2 GID of its
+#      own address (automatic selection)
+#   2. every collective bit-exact over RDMA with 2, 3 and 4 hosts
+#      (mh_rank check), status --json shows QPs in RTS per peer and pieces
+#      moved over RDMA
+#   3. a GID that cannot work (KCOLL_IB_GID_INDEX past the table) fails comm
+#      ops with a clear reason, no hang
+#   4. faults: a daemon killed mid-transfer, the rxe link deleted
+#      mid-transfer: the survivors' ops fail within the timeout (no hang), and
+#      after the kill a new communicator over RDMA works
+# Topology: rdma_rxe in this kernel (6.1) sends through the initial network
+# namespace only (an rxe device on a veth inside another namespace cannot
+# reach its peer: the work request completes in error), so the hosts share
+# the guest's namespace: addresses 10.31.0.1..4 on one veth, one rxe device
+# on it; each daemon binds and advertises its own address and picks the GID
+# of that address. Traffic between them is real RC traffic through rxe's
+# loopback path. TAP.
+set -u
+B=${1:?usage: t_rdma.sh BUILD_DIR}
+top=$(cd "$(dirname "$0")/../.." && pwd)
+RANK="$B/tests/mh_rank"
+CTL="$B/bin/kcolld"
+CTL="$B/bin/kcollctl"
+D="$B/bin/kcolld"
+H=4
+TMO=4000
+n=0 failed=0
+ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
+skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
+now_ms() { date +%s%3N; }
+
+[ "$(id -u)" -eq 0 ] || skip_all "needs root"
+[ -x "$RANK" ] && [ -x "$D" ] || { echo "Bail out! $B has no kcolld/mh_rank: run make"; exit 1; }
+modprobe veth 2>/dev/null
+modprobe crc32_generic 2>/dev/null
+modprobe rdma_rxe 2>/dev/null || skip_all "no rdma_rxe module in this kernel"
+
+T=$(mktemp -d /tmp/rdma-vm.XXXXXX)
+IF=krdma0
+RXE=krxe0
+pids=()
+cleanup() {
+	local p
+	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+	rdma link delete $RXE 2>/dev/null
+	ip link del $IF 2>/dev/null
+	rm -rf "$T"
+}
+trap cleanup EXIT
+
+ip link add $IF type veth peer name ${IF}p && ip link set $IF up && ip link set ${IF}p up
+for ((i = 0; i < H; i++)); do ip addr add 10.31.0.$((i + 1))/24 dev $IF; done
+rdma link add $RXE type rxe netdev $IF
+ok $? "rxe device $RXE on $IF (addresses 10.31.0.1..$H)"
+
+sock() { echo "$T/h$1.sock"; }
+start_daemon() {	# host [env...]
+	local h=$1
+	shift
+	env KCOLL_NET_XPORT=rdma KCOLL_NET_CHUNK_BYTES=65536 KCOLL_IB_QPS=2 KCOLL_SPIN_US=0 "$@" \
+		"$D" -f -s "$(sock "$h")" -l "$T/h$h.log" --listen "10.31.0.$((h + 1)):0" \
+		--addrs "10.31.0.$((h + 1))" >"$T/h$h.out" 2>&1 &
+	pids[h]=$!
+	for _ in $(seq 100); do [ -S "$(sock "$h")" ] && return 0; sleep 0.1; done
+	return 1
+}
+dump() {
+	local i
+	for ((i = 0; i < H; i++)); do
+		tail -n 6 "$T/h$i.log" 2>/dev/null | sed "s/^/# h$i: /"
+		head -n 8 "$T/h$i.out" 2>/dev/null | sed "s/^/# h$i out: /"
+	done
+}
+
+bad=
+for ((i = 0; i < H; i++)); do start_daemon $i || bad+=" h$i"; done
+[ -z "$bad" ]; ok $? "$H daemons up${bad:+ (not:$bad)}"
+sleep 0.3
+bad=
+for ((i = 0; i < H; i++)); do grep -q "transport between daemons: rdma, device $RXE" "$T/h$i.log" || bad+=" h$i"; done
+[ -z "$bad" ]; ok $? "every daemon chose rdma on $RXE${bad:+ (not:$bad)}"
+[ -z "$bad" ] || dump
+
+# Run mh_rank MODE on hosts 0..N-1, one rank each; sets rc_all and out files.
+run_ranks() {	# tag mode nhosts secs [env...]
+	local tag=$1 mode=$2 nh=$3 s=$4 id i p=() rc=0
+	shift 4
+	id=$(KCOLL_SOCKET=$(sock 0) timeout 10 "$RANK" id) || { rc_all=99; return; }
+	for ((i = 0; i < nh; i++)); do
+		env KCOLL_SOCKET="$(sock $i)" KCOLL_TIMEOUT_MS=$TMO "$@" timeout -k 2 "$s" \
+			"$RANK" "$mode" "$id" "$nh" $i >"$T/$tag.$i.out" 2>&1 &
+		p+=($!)
+	done
+	for i in "${p[@]}"; do wait "$i" || rc=$?; done
+	rc_all=$rc
+}
+
+for nh in 2 3 4; do
+	t0=$(now_ms)
+	run_ranks "check$nh" check $nh 240
+	groups=$(cat "$T/check$nh".*.out | grep -c '^group cases=[1-9][0-9]* bad=0 ')
+	[ "$rc_all" -eq 0 ] && [ "$groups" -eq "$nh" ]
+	ok $? "every collective bit-exact over RDMA, $nh hosts [$(( ($(now_ms) - t0) / 1000 )) s]"
+	if [ "$rc_all" -ne 0 ] || [ "$groups" -ne "$nh" ]; then
+		cat "$T/check$nh".*.out | head -20 | sed 's/^/# /'
+		dump
+	fi
+done
+
+js=$(timeout 10 "$CTL" -s "$(sock 0)" status --json 2>/dev/null)
+python3 - "$js" <<'EOF'
+import json, sys
+s = json.loads(sys.argv[1])
+comms = s.get("net", {}).get("comms", [])
+rd = [p for c in comms if c.get("xport") == "rdma" for p in c.get("rdma", [])]
+assert rd, "no comm with an rdma peer in status"
+for p in rd:
+    assert p["gid"] == "::ffff:10.31.0.1", p
+    assert len(p["qps"]) == 2, p
+    assert all(q["state"] == "RTS" for q in p["qps"]), p
+assert sum(p["pieces_in"] + p["pieces_out"] for p in rd) > 0, "no piece moved over rdma"
+print("# status: %d rdma peers, QPs %s" % (len(rd), [q["state"] for p in rd for q in p["qps"]]))
+EOF
+ok $? "status --json: rdma peers on GID ::ffff:10.31.0.1, 2 QPs each in RTS, pieces moved"
+
+# ---- a GID that cannot work: clear error, no hang --------------------------------
+kill -KILL "${pids[1]}" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
+start_daemon 1 KCOLL_IB_GID_INDEX=99
+t0=$(now_ms)
+run_ranks badgid check 2 60
+ms=$(( $(now_ms) - t0 ))
+grep -q "KCOLL_IB_GID_INDEX=99 names no GID" "$T/h1.log"
+gidmsg=$?
+[ "$rc_all" -ne 0 ] && [ "$rc_all" -ne 124 ] && [ $gidmsg -eq 0 ] && [ $ms -lt $((TMO * 4 + 10000)) ]
+ok $? "KCOLL_IB_GID_INDEX=99: ops fail with the reason logged, no hang (status $rc_all, $ms ms)"
+kill -KILL "${pids[1]}" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
+start_daemon 1
+
+# ---- faults -----------------------------------------------------------------------
+# mh_rank loop: checked all-reduces until one fails; "fault err=..." at the end.
+fault_run() {	# tag nhosts victim-action
+	local tag=$1 nh=$2 id i p=()
+	id=$(KCOLL_SOCKET=$(sock 0) timeout 10 "$RANK" id) || return 1
+	mkdir -p "$T/$tag"
+	for ((i = 0; i < nh; i++)); do
+		env KCOLL_SOCKET="$(sock $i)" KCOLL_TIMEOUT_MS=$TMO timeout -k 2 120 \
+			"$RANK" loop "$id" "$nh" $i "$T/$tag" >"$T/$tag.$i.out" 2>&1 &
+		p+=($!)
+	done
+	for _ in $(seq 600); do
+		[ "$(ls "$T/$tag"/ready.* 2>/dev/null | wc -l)" -eq "$nh" ] && break
+		sleep 0.1
+	done
+	t_strike=$(now_ms)
+	eval "$3"
+	for i in "${p[@]}"; do wait "$i"; done
+}
+# The survivors' fault lines: err must be non-zero and come within the bound.
+judge_fault() {	# tag label ranks...
+	local tag=$1 label=$2 r l e t bad=''
+	shift 2
+	for r in "$@"; do
+		l=$(grep '^fault ' "$T/$tag.$r.out")
+		e=$(sed -n 's/.* name=\([^ ]*\) .*/\1/p' <<<"$l")
+		t=$(sed -n 's/.* t_ms=\([0-9]*\).*/\1/p' <<<"$l")
+		{ [ -n "$e" ] && [ "$e" != 0 ] && [ $((t - t_strike)) -le $((TMO * 3 + 5000)) ]; } ||
+			bad+=" rank $r: ${l:-nothing}"
+	done
+	[ -z "$bad" ]; ok $? "$label: every survivor's op fails, within $((TMO * 3 + 5000)) ms${bad:+ (got:$bad)}"
+	[ -z "$bad" ] || { cat "$T/$tag".*.out | head -10 | sed 's/^/# /'; dump; }
+}
+
+fault_run kill 3 'kill -KILL ${pids[2]}'
+judge_fault kill "kcolld of host 2 killed mid-transfer" 0 1
+wait "${pids[2]}" 2>/dev/null
+run_ranks after check 2 240
+[ "$rc_all" -eq 0 ] && [ "$(cat "$T"/after.*.out | grep -c '^group cases=[1-9][0-9]* bad=0 ')" -eq 2 ]
+ok $? "after the kill: a new communicator over RDMA on hosts 0, 1 works"
+grep -q "closed its connection\|rdma to host 2" "$T/h0.log" "$T/h1.log"
+ok $? "the survivors' logs name the dead host"
+start_daemon 2
+
+fault_run rxe 2 "timeout 20 rdma link delete $RXE &"
+judge_fault rxe "rxe link deleted mid-transfer" 0 1
+bad=
+for ((i = 0; i < H; i++)); do kill -0 "${pids[i]}" 2>/dev/null || bad+=" h$i"; done
+[ -z "$bad" ]; ok $? "every daemon survives the link deletion${bad:+ (dead:$bad)}"
+
+echo "1..$n"
+exit $failed
