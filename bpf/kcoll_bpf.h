@@ -57,7 +57,7 @@ struct kcoll_bpf_opts {
 	__u32 size;		/* sizeof(struct kcoll_bpf_opts) */
 	__u32 flags;		/* KCOLL_BPF_* */
 	const char *pin_dir;	/* NULL: KCOLL_BPF_PIN_DEFAULT */
-	const char *cgroup;	/* sockops attach point; NULL: /sys/fs/cgroup */
+	const char *cgroup;	/* sockops attach point; NULL: the cgroup v2 mount */
 };
 
 struct kcoll_bpf;
