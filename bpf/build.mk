@@ -48,3 +48,13 @@ $(KCOLL_BPF_TOOL): $(OBJ)/bpf/kcoll-bpf.o $(KCOLL_BPF_LIB)
 
 ALL_TARGETS += $(KCOLL_BPF_LIB) $(KCOLL_BPF_TOOL)
 endif
+
+# A packet-dropping classifier tests/t_bpf.sh puts on a path to cause retransmissions.
+ifneq ($(BPF_HAVE),)
+BPF_TEST_LOSSY := $(TBIN)/bpf_lossy.bpf.o
+$(BPF_TEST_LOSSY): tests/bpf_lossy.bpf.c
+	$(call msg,BPF,$<)
+	@mkdir -p $(dir $@)
+	$(Q)$(BPF_CLANG) -g -O2 -target bpf -Wall -Werror -c -o $@ $<
+CHECK_TARGETS += $(BPF_TEST_LOSSY)
+endif

@@ -276,13 +276,13 @@ static __always_inline int count(struct __sk_buff *skb, int egress)
 }
 
 SEC("tc")
-int kcoll_tc_ingress(struct __sk_buff *skb)
+int kcoll_ingress(struct __sk_buff *skb)
 {
 	return count(skb, 0);
 }
 
 SEC("tc")
-int kcoll_tc_egress(struct __sk_buff *skb)
+int kcoll_egress(struct __sk_buff *skb)
 {
 	return count(skb, 1);
 }

@@ -96,14 +96,31 @@ static int perm_hint(struct kcoll_bpf *b, int err, const char *what)
 	return fail(b, err, "%s: %s", what, strerror(-err));
 }
 
-static int same_mount_ns_as_init(void)
+/*
+ * Would a bpffs mounted on /sys/fs/bpf now be seen by other processes? Not in
+ * a private mount namespace such as ip netns exec's, which mounts a fresh
+ * sysfs on /sys named after the netns (source "sysfs" elsewhere). Where pid
+ * 1's namespace is readable, compare with it instead.
+ */
+static int sys_is_shared(void)
 {
+	char line[1024], src[256] = "sysfs";
 	struct stat a, b;
+	FILE *f;
 
-	/* Unknown (no access to pid 1) counts as the same: mounting is then tried. */
-	if (stat("/proc/self/ns/mnt", &a) || stat("/proc/1/ns/mnt", &b))
+	if (!stat("/proc/self/ns/mnt", &a) && !stat("/proc/1/ns/mnt", &b))
+		return a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+	f = fopen("/proc/self/mountinfo", "re");
+	if (!f)
 		return 1;
-	return a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+	while (fgets(line, sizeof(line), f)) {
+		char mnt[256], *dash = strstr(line, " - sysfs ");
+
+		if (dash && sscanf(line, "%*s %*s %*s %*s %255s", mnt) == 1 && !strcmp(mnt, "/sys"))
+			sscanf(dash + 9, "%255s", src);	/* the last mount on /sys wins */
+	}
+	fclose(f);
+	return !strcmp(src, "sysfs") || !strcmp(src, "none");
 }
 
 /* The pin directory must be on bpffs; mount it on /sys/fs/bpf if that is where it goes. */
@@ -127,7 +144,7 @@ static int ensure_bpffs(struct kcoll_bpf *b)
 	if (strcmp(parent, "/sys/fs/bpf"))
 		return fail(b, -ENOTSUP, "%s is not a bpf filesystem: mount one there "
 			    "(mount -t bpf bpf %s) or pin under /sys/fs/bpf", parent, parent);
-	if (!same_mount_ns_as_init())
+	if (!sys_is_shared())
 		return fail(b, -ENOTSUP, "/sys/fs/bpf is not a bpf filesystem in this mount namespace "
 			    "(ip netns exec remounts /sys; a bpffs mounted here would be private to "
 			    "it): run from the root namespace (kcoll-bpf --netns NAME), or pin under "
@@ -289,8 +306,8 @@ static int load_and_pin(struct kcoll_bpf *b)
 		perm_hint(b, err, "loading the BPF programs");
 		goto err_destroy;
 	}
-	progs[P_INGRESS] = skel->progs.kcoll_tc_ingress;
-	progs[P_EGRESS] = skel->progs.kcoll_tc_egress;
+	progs[P_INGRESS] = skel->progs.kcoll_ingress;
+	progs[P_EGRESS] = skel->progs.kcoll_egress;
 	progs[P_SOCKOPS] = skel->progs.kcoll_sockops;
 	for (int i = 0; i < P_NR; i++) {
 		pin_path(b, p, sizeof(p), prog_pins[i]);
