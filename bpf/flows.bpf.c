@@ -255,6 +255,14 @@ static __always_inline int count(struct __sk_buff *skb, int egress)
 			return TC_ACT_OK;
 	}
 
+	if (v->peer_host == KCOLL_LINK_NONE) {
+		/* The daemon learns peers when a communicator forms, after its
+		 * bootstrap connections opened: tag those flows once it knows. */
+		__u32 *peer = bpf_map_lookup_elem(&peer_cfg, &k.raddr);
+
+		if (peer)
+			v->peer_host = *peer;
+	}
 	now = bpf_ktime_get_ns();
 	len = skb->len - ETH_HLEN;
 	payload = skb->len > ETH_HLEN + hdr ? skb->len - ETH_HLEN - hdr : 0;

@@ -73,13 +73,21 @@ const char *kcoll_bpf_open_error(void)
 	return open_err[0] ? open_err : "no error";
 }
 
-/* libbpf speaks only for warnings, prefixed so a daemon log says who. */
+/*
+ * libbpf speaks only for warnings, prefixed so a daemon log says who. The
+ * kernel's "Exclusivity flag on" is what creating a clsact qdisc that already
+ * exists says: expected on every attach after the first, not a problem.
+ */
 static int libbpf_print(enum libbpf_print_level level, const char *fmt, va_list ap)
 {
-	if (level != LIBBPF_WARN || getenv("KCOLL_BPF_QUIET_LIBBPF"))
+	char line[512];
+
+	if (level != LIBBPF_WARN)
 		return 0;
-	fputs("kcoll_bpf: libbpf: ", stderr);
-	return vfprintf(stderr, fmt, ap);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	if (strstr(line, "Exclusivity flag on"))
+		return 0;
+	return fprintf(stderr, "kcoll_bpf: %s", line);
 }
 
 static void pin_path(const struct kcoll_bpf *b, char *buf, size_t len, const char *name)
@@ -277,7 +285,7 @@ static int find_cgroup2(struct kcoll_bpf *b)
 		}
 	fclose(f);
 	if (!found)
-		return fail(b, -ENOENT, "no cgroup v2 filesystem is mounted (sockops attaches to one): "
+		return fail(b, -ENOMEDIUM, "no cgroup v2 filesystem is mounted (sockops attaches to one): "
 			    "mount -t cgroup2 none /sys/fs/cgroup, or attach with --no-sockops "
 			    "(no retransmission / RTT)");
 	return 0;

@@ -101,7 +101,9 @@ const char *kcoll_bpf_strerror(const struct kcoll_bpf *b);
 const char *kcoll_bpf_open_error(void);
 
 /* Load (once), pin, and attach the classifiers to these interfaces (more
- * calls add interfaces; an interface already attached is left as is). */
+ * calls add interfaces; attaching one again replaces our filter on it).
+ * -ENOMEDIUM: no cgroup v2 is mounted here for sockops (open with
+ * KCOLL_BPF_NO_SOCKOPS to go without retransmissions and RTT). */
 int kcoll_bpf_attach(struct kcoll_bpf *b, const int *ifindex, int n);
 /* By name: a comma-separated list ("eth0,eth1"). */
 int kcoll_bpf_attach_names(struct kcoll_bpf *b, const char *ifnames);

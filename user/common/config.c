@@ -27,6 +27,8 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_MPI_DEBUG", "0", "libkcoll_mpi.so: 1 = per-rank summary at MPI_Finalize, 2 = also one line per call" },
 	{ "KCOLL_MPI_DISABLE", "0", "libkcoll_mpi.so: 1 on any rank keeps the whole job on plain MPI" },
 	{ "KCOLL_REDUCE_IMPL", "", "force a reduction implementation (generic, avx2, avx512); empty: best" },
+	{ "KCOLL_BPF", "0", "kcolld: 1 = attach the eBPF flow tracker (bpf/) on the interfaces of its addresses; runs without it if it cannot" },
+	{ "KCOLL_BPF_PIN", "/sys/fs/bpf/kcoll", "bpffs directory where the flow tracker's maps and programs are pinned (kcolld, kcoll-bpf)" },
 };
 
 static const struct kcoll_knob *knob_find(const char *name)
