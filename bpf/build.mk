@@ -69,3 +69,13 @@ $(KCOLLD_BPF_OBJ): CPPFLAGS += -Ibpf -Iuser/daemon
 $(OBJ)/user/daemon/main.o: CPPFLAGS += $(KCOLL_BPF_CPPFLAGS)
 $(BIN)/kcolld: $(KCOLLD_BPF_OBJ) $(KCOLL_BPF_LIB)
 endif
+
+# The loader library's unit test (TAP; tests/run.sh runs build/tests/test_*).
+ifneq ($(BPF_HAVE),)
+$(OBJ)/tests/bpf/test_bpf_api.o: CPPFLAGS += -Ibpf
+$(TBIN)/test_bpf_api: $(OBJ)/tests/bpf/test_bpf_api.o $(KCOLL_BPF_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(KCOLL_BPF_LDLIBS)
+CHECK_TARGETS += $(TBIN)/test_bpf_api
+endif

@@ -413,13 +413,25 @@ static int tc_attach_one(struct kcoll_bpf *b, int ifindex, int in_fd, int eg_fd)
 	return 0;
 }
 
-int kcoll_bpf_attach(struct kcoll_bpf *b, const int *ifindex, int n)
+/* Interface indexes are per network namespace: stay in the one that attached. */
+static int same_netns(struct kcoll_bpf *b)
 {
 	struct kcoll_bpf_settings set;
-	char p[PATH_MAX];
-	int fd[2] = { -1, -1 }, err;
 	__u32 zero = 0;
 	__u64 cookie;
+
+	if (!bpf_map_lookup_elem(b->map_fd[M_SETTINGS], &zero, &set) && !netns_cookie(&cookie) &&
+	    set.netns_cookie && set.netns_cookie != cookie)
+		return fail(b, -EXDEV, "%s was attached from another network namespace: "
+			    "run this there (kcoll-bpf --netns NAME), or use another pin directory",
+			    b->pin_dir);
+	return 0;
+}
+
+int kcoll_bpf_attach(struct kcoll_bpf *b, const int *ifindex, int n)
+{
+	char p[PATH_MAX];
+	int fd[2] = { -1, -1 }, err;
 
 	if (!b || (n && !ifindex) || n < 0)
 		return -EINVAL;
@@ -433,11 +445,9 @@ int kcoll_bpf_attach(struct kcoll_bpf *b, const int *ifindex, int n)
 	}
 	if (err)
 		return err;
-	/* Interface indexes are per network namespace: stay in the one that attached. */
-	if (!bpf_map_lookup_elem(b->map_fd[M_SETTINGS], &zero, &set) && !netns_cookie(&cookie) &&
-	    set.netns_cookie && set.netns_cookie != cookie)
-		return fail(b, -EXDEV, "%s was attached from another network namespace: "
-			    "run this there, or use another pin directory", b->pin_dir);
+	err = same_netns(b);
+	if (err)
+		return err;
 	for (int i = 0; i < P_EGRESS + 1; i++) {
 		pin_path(b, p, sizeof(p), prog_pins[i]);
 		fd[i] = bpf_obj_get(p);
@@ -496,6 +506,8 @@ int kcoll_bpf_detach(struct kcoll_bpf *b)
 	b->err[0] = '\0';
 	err = open_pins(b);
 	if (err && err != -ENOENT)
+		return err;
+	if (!err && (err = same_netns(b)))
 		return err;
 	if (!err) {
 		while (!bpf_map_get_next_key(b->map_fd[M_IFACES], cur, &next)) {

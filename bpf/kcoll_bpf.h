@@ -108,7 +108,8 @@ int kcoll_bpf_attach(struct kcoll_bpf *b, const int *ifindex, int n);
 /* By name: a comma-separated list ("eth0,eth1"). */
 int kcoll_bpf_attach_names(struct kcoll_bpf *b, const char *ifnames);
 /* Remove the classifiers from every interface, the sockops program from its
- * cgroup, and every pin (the directory too). Idempotent. */
+ * cgroup, and every pin (the directory too). Idempotent. -EXDEV from
+ * another network namespace than the one that attached (its ifindexes). */
 int kcoll_bpf_detach(struct kcoll_bpf *b);
 
 /* Tracking filter. Ports match either end of a flow. */
