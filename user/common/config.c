@@ -32,6 +32,8 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_IB_QPS", "2", "RC queue pairs per peer daemon (1..8); pieces alternate between them" },
 	{ "KCOLL_IB_FLOW_LABEL", "0", "first RoCE v2 flow label of a peer's QPs (QP i gets label+i; 0: none, the device picks the UDP source port)" },
 	{ "KCOLL_REDUCE_IMPL", "", "force a reduction implementation (generic, avx2, avx512); empty: best" },
+	{ "KCOLL_BPF", "0", "kcolld: 1 = attach the eBPF flow tracker (bpf/) on the interfaces of its addresses; runs without it if it cannot" },
+	{ "KCOLL_BPF_PIN", "/sys/fs/bpf/kcoll", "bpffs directory where the flow tracker's maps and programs are pinned (kcolld, kcoll-bpf)" },
 };
 
 static const struct kcoll_knob *knob_find(const char *name)

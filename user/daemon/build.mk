@@ -1,12 +1,14 @@
 # kcolld: the daemon.
 KCOLLD_SRCS := $(sort $(wildcard user/daemon/*.c))
 KCOLLD_OBJS := $(KCOLLD_SRCS:%.c=$(OBJ)/%.o)
+# KCOLLD_EXTRA_OBJS / _LDLIBS: added by other rooms (bpf/build.mk: flow tracking).
 # Daemon units the tests link directly (everything but main).
 TEST_DAEMON_OBJS := $(filter-out $(OBJ)/user/daemon/main.o,$(KCOLLD_OBJS))
 
 $(BIN)/kcolld: $(KCOLLD_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB)
 	$(call msg,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CFLAGS) -o $@ $(KCOLLD_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -lm
+	$(Q)$(CC) $(CFLAGS) -o $@ $(KCOLLD_OBJS) $(KCOLLD_EXTRA_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB) \
+		$(LDFLAGS) -lm $(KCOLLD_EXTRA_LDLIBS)
 
 ALL_TARGETS += $(BIN)/kcolld

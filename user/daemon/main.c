@@ -28,6 +28,9 @@
 #include "net.h"
 #include "log.h"
 #include "reduce.h"
+#ifdef KCOLL_HAVE_BPF
+#include "kcolld_bpf.h"
+#endif
 
 static void usage(FILE *f)
 {
@@ -528,6 +531,9 @@ int main(int argc, char **argv)
 	ep_add(sigfd, &sigfd);
 	if (kd_net_start(listen_spec, addrs_spec))
 		kc_warn("multi-host communicators are disabled: this kcolld cannot listen for peers");
+#ifdef KCOLL_HAVE_BPF
+	kd_bpf_start();
+#endif
 	kc_info("kcolld %s listening on %s (%d workers, reduce=%s, pid %d)", KCOLL_VERSION,
 		kd.socket_path, kd.nworkers, kcoll_reduce_impl(), getpid());
 
@@ -570,6 +576,9 @@ int main(int argc, char **argv)
 	}
 out:
 	drain_and_close();
+#ifdef KCOLL_HAVE_BPF
+	kd_bpf_stop();
+#endif
 	kd_net_stop();
 	kd_pool_stop();
 	kcoll_kdev_close(&kd.kdev);

@@ -417,6 +417,17 @@ static void find_addrs(const char *spec)
 	freeifaddrs(ifa);
 }
 
+void (*kd_net_table_hook)(const struct kd_p_hostinfo *hosts, uint32_t nhosts, uint32_t you);
+
+int kd_net_self(uint16_t *port, uint32_t *addrs, int max)
+{
+	int n = net.me.naddrs < max ? net.me.naddrs : max;
+
+	*port = net.listen.fd >= 0 ? net.me.port : 0;
+	memcpy(addrs, net.me.addrs, n * sizeof(*addrs));
+	return n;
+}
+
 int kd_net_start(const char *listen_spec, const char *addrs_spec)
 {
 	struct sockaddr_in sa;
@@ -667,6 +678,8 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 		for (int s = 0; s < KD_MAX_STREAMS; s++)
 			mh->hosts[h].data[s] = -1;
 	}
+	if (kd_net_table_hook)
+		kd_net_table_hook(t->hosts, t->nhosts, t->you);
 	for (uint32_t r = 0; r < t->nranks; r++) {
 		struct kd_mh_host *hh = &mh->hosts[rank_host[r]];
 

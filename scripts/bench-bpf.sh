@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Cost of the eBPF flow tracker (bpf/): kcoll all-reduce busbw across a
+# 4-host netns cluster with tracking off and on, in one run, alternating
+# (off, on, on, off, ...) so drift hits both alike. "On" is the full tracker:
+# tc classifiers on both interfaces of every host, sockops, the daemons' port
+# tracked, link/peer config filled. Prints a table and the on/off ratio per
+# size (median of the rounds); --json also writes the raw numbers.
+#
+#   scripts/bench-bpf.sh [-r ROUNDS] [-s SIZES] [-n ITERS] [--json FILE]
+#     ROUNDS: off/on pairs (default 5); SIZES: comma list (default 1M,16M,64M)
+# Root; takes the heavy-job lock itself (flock /tmp/kcoll-heavy.lock).
+# KCOLL_CLUSTER_PREFIX defaults to "bb$$"; the cluster is torn down at exit.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+BUILD_DIR=${KCOLL_BUILD:-$top/build}
+C="$top/scripts/netns-cluster.sh"
+KB="$BUILD_DIR/bin/kcoll-bpf"
+rounds=5 sizes=1M,16M,64M iters=10 json= H=4 PORT=47000
+while [ $# -gt 0 ]; do
+	case "$1" in
+	-r) rounds=$2; shift 2 ;;
+	-s) sizes=$2; shift 2 ;;
+	-n) iters=$2; shift 2 ;;
+	--json) json=$2; shift 2 ;;
+	-h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+	*) echo "bench-bpf: unknown option '$1' (try --help)" >&2; exit 2 ;;
+	esac
+done
+[ "$(id -u)" -eq 0 ] || { echo "bench-bpf: needs root (netns cluster, BPF)" >&2; exit 1; }
+[ -x "$KB" ] || { echo "bench-bpf: $KB missing: run make (needs clang, bpftool, libbpf-dev)" >&2; exit 1; }
+if [ -z "${KCOLL_BENCH_BPF_LOCKED:-}" ]; then
+	export KCOLL_BENCH_BPF_LOCKED=1
+	exec flock /tmp/kcoll-heavy.lock "$0" -r "$rounds" -s "$sizes" -n "$iters" ${json:+--json "$json"}
+fi
+export KCOLL_CLUSTER_PREFIX=${KCOLL_CLUSTER_PREFIX:-bb$$}
+P=$KCOLL_CLUSTER_PREFIX
+T=$(mktemp -d /tmp/bench-bpf.XXXXXX)
+export KCOLL_CLUSTER_RUNDIR="$T/run"
+PY=python3
+[ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+K() { local i=$1; shift; "$KB" --pin "/sys/fs/bpf/$P-h$i" --netns "$P-h$i" "$@"; }
+off() { for i in $(seq 0 $((H - 1))); do K "$i" detach; done; }
+on() {
+	for i in $(seq 0 $((H - 1))); do
+		K "$i" attach eth0,eth1 && K "$i" track $PORT && K "$i" link eth0 any 0 && K "$i" link eth1 any 1
+		for j in $(seq 0 $((H - 1))); do
+			[ "$j" = "$i" ] || { K "$i" peer 10.10.0.$((j + 1)) "$j"; K "$i" peer 10.20.0.$((j + 1)) "$j"; }
+		done
+	done
+}
+cleanup() { off >/dev/null 2>&1 || true; "$C" down >/dev/null 2>&1 || true; rm -rf "$T"; }
+trap cleanup EXIT
+KCOLL_ALGO=ring KCOLL_LISTEN=0.0.0.0:$PORT "$C" up -H $H >/dev/null
+
+IFS=, read -ra S <<<"$sizes"
+run() {	# mode round
+	for s in "${S[@]}"; do
+		"$BUILD_DIR/bin/kcoll-bench" allreduce --hosts $H -N 1 -b "$s" -e "$s" -n "$iters" -w 2 -c 0 \
+			--json > "$T/$1-$2-$s.json"
+	done
+}
+for r in $(seq 1 "$rounds"); do
+	if [ $((r % 2)) = 1 ]; then off; run off "$r"; on; run on "$r"
+	else on; run on "$r"; off; run off "$r"; fi
+	echo "bench-bpf: round $r/$rounds done" >&2
+done
+
+$PY - "$T" "$rounds" "$sizes" "$json" "$(nproc)" "$(uname -r)" <<'EOF'
+import json, statistics, sys
+t, rounds, sizes, out = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4]
+def busbw(doc):
+    found = []
+    def walk(x):
+        if isinstance(x, dict):
+            if "busbw" in x:
+                found.append(x["busbw"])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+    walk(doc)
+    return found[0]
+res = []
+print("| size | busbw off (GB/s) | busbw on (GB/s) | on / off | rounds |")
+print("|---:|---:|---:|---:|---:|")
+for s in sizes:
+    off = [busbw(json.load(open("%s/off-%d-%s.json" % (t, r, s)))) for r in range(1, rounds + 1)]
+    on = [busbw(json.load(open("%s/on-%d-%s.json" % (t, r, s)))) for r in range(1, rounds + 1)]
+    mo, mn = statistics.median(off), statistics.median(on)
+    print("| %s | %.3f | %.3f | %.3f | %d |" % (s, mo, mn, mn / mo, rounds))
+    res.append({"size": s, "off": off, "on": on, "median_off": mo, "median_on": mn, "ratio": mn / mo})
+if out:
+    json.dump({"bench": "bench-bpf.sh", "hosts": 4, "cpus": int(sys.argv[5]), "kernel": sys.argv[6],
+               "results": res}, open(out, "w"), indent=1)
+EOF
