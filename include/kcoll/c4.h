@@ -19,7 +19,8 @@
  * Classes (docs/c4.md): communication hang (data from a host does not come
  * though every rank submitted), non-communication hang (a rank never
  * submitted the op the others wait in), communication slow (a link much
- * slower than the median of its peers: collective traffic is homogeneous),
+ * slower than the median of its peers, collective traffic being homogeneous,
+ * and than its own usual rate),
  * non-communication slow (a straggler: a rank's think time well above the
  * median, by median/MAD). Raising needs min_samples and raise_evals
  * consecutive bad evaluations, clearing clear_evals good ones (hysteresis).
@@ -124,6 +125,7 @@ struct kcoll_c4_link {
 	uint64_t bytes[KCOLL_C4_WIN], busy[KCOLL_C4_WIN], t[KCOLL_C4_WIN];
 	uint32_t n, pos;
 	uint64_t rate;		/* last evaluation, B/s (0: not judged) */
+	uint64_t usual;		/* its usual rate: average while it kept up with the median */
 	bool slow;
 	uint8_t bad, good;
 };

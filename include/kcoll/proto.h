@@ -30,6 +30,7 @@ enum kcoll_msg_type {
 	KCOLL_MSG_STATUS = 7,		/* reply: JSON text */
 	KCOLL_MSG_MEM_REG_KDEV = 8,	/* buffer pinned through /dev/kcoll, by handle */
 	KCOLL_MSG_SET = 9,		/* set a run-time tunable (kcollctl set) */
+	KCOLL_MSG_C4 = 10,		/* kcollctl anomalies/events/plan: reply text */
 };
 
 /* Every message and every reply starts with this. */
@@ -108,6 +109,16 @@ struct kcoll_msg_set {
 struct kcoll_msg_set_reply {
 	struct kcoll_msg_hdr hdr;
 	char error[128];
+};
+
+/* kcollctl anomalies / events / plan; hdr.flags bit 0: JSON. */
+enum kcoll_c4_what { KCOLL_C4_ANOMALIES = 0, KCOLL_C4_EVENTS = 1, KCOLL_C4_PLAN = 2 };
+
+struct kcoll_msg_c4 {
+	struct kcoll_msg_hdr hdr;
+	uint32_t what;		/* enum kcoll_c4_what */
+	uint32_t reserved;
+	uint64_t since;		/* events: only those with a larger id */
 };
 
 struct kcoll_msg_comm_init {

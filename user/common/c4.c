@@ -403,9 +403,21 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 
 				if (h == c->self)
 					continue;
-				/* slow: median > ratio x rate; healthy again below 3/4 of that */
-				bad = n >= 2 && k->rate && k->rate * c->p.slow_ratio_pct < m * 100;
+				/* Slow: the median is more than slow_ratio_pct of its rate,
+				 * and so is its own usual rate (when the whole collective
+				 * slows down, the links that wait find their data already
+				 * buffered and look fast: that inflates the median, not their
+				 * usual rate). Before its usual rate is known (a link slow
+				 * from the start), twice the margin. Healthy again above 3/4
+				 * of the threshold. */
+				bad = n >= 2 && k->rate &&
+				      (k->usual ? k->rate * c->p.slow_ratio_pct < m * 100 &&
+						  k->rate * c->p.slow_ratio_pct < k->usual * 100 :
+						  k->rate * c->p.slow_ratio_pct < m * 50);
 				good = !k->rate || n < 2 || k->rate * c->p.slow_ratio_pct * 3 >= m * 400;
+				/* the usual rate learns only while the link keeps up */
+				if (k->rate && !k->slow && !k->bad && k->rate * c->p.slow_ratio_pct >= m * 100)
+					k->usual = k->usual ? k->usual - k->usual / 8 + k->rate / 8 : k->rate;
 				if (bad) {
 					k->good = 0;
 					if (k->bad < 255)

@@ -26,6 +26,11 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_MPI_MIN_BYTES", "16M", "libkcoll_mpi.so: smallest MPI collective (bytes, K/M suffixes) sent to kcolld" },
 	{ "KCOLL_MPI_DEBUG", "0", "libkcoll_mpi.so: 1 = per-rank summary at MPI_Finalize, 2 = also one line per call" },
 	{ "KCOLL_MPI_DISABLE", "0", "libkcoll_mpi.so: 1 on any rank keeps the whole job on plain MPI" },
+	{ "KCOLL_C4_SLOW_RATIO_PCT", "200", "C4 detector: a link is slow when the median of its peers' rates is above this % of its own (sysfs slow_ratio_pct)" },
+	{ "KCOLL_C4_HANG_MS", "5000", "C4 detector: a rank or link without progress this long is reported hung (sysfs hang_ms)" },
+	{ "KCOLL_C4_STRAGGLER_MS", "20", "C4 detector: a rank whose median think time exceeds the ranks' median by this much is a straggler" },
+	{ "KCOLL_C4_PLAN", "1", "C4 planner: 1 = move kcolld's data streams off links the detector marks slow, 0 = only show the plan" },
+	{ "KCOLL_C4_TRACE", "", "C4: kcolld appends the detector inputs of its first multi-host communicator to this file, %p = its pid (tests/data traces)" },
 	{ "KCOLL_REDUCE_IMPL", "", "force a reduction implementation (generic, avx2, avx512); empty: best" },
 };
 

@@ -50,7 +50,21 @@ struct cursor {
 	struct cursor *prev;	/* same stream, previous step: finishes first */
 	struct cursor *dep;	/* chained send: piece j waits for dep's piece j */
 	bool done;
+	uint32_t stream;
+	int64_t t0;		/* C4: when piece 'next' started moving */
 };
+
+/* C4 link observation: a large piece moved on stream s in 'now - t0'. */
+static void observe(struct kd_mh *mh, const struct cursor *c, uint64_t len)
+{
+	struct kd_mh_host *hh = &mh->hosts[c->host];
+
+	if (len < KD_C4_OBS_MIN)
+		return;
+	atomic_fetch_add_explicit(&hh->obs_bytes[c->stream][c->send], len, memory_order_relaxed);
+	atomic_fetch_add_explicit(&hh->obs_busy[c->stream][c->send], kd_now_ns() - c->t0,
+				  memory_order_relaxed);
+}
 
 /* Cut a transfer's ranges into pieces; at least one (empty) piece. */
 static struct piece *cut(const struct kd_xfer *x, size_t piece, uint32_t *n)
@@ -96,8 +110,11 @@ static int try_send(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 		int nio = 0;
 		ssize_t n;
 
-		if (!c->hdone && !c->pdone)
+		if (!c->hdone && !c->pdone) {
 			hdr_fill(&c->hdr, op, mh->sig, step, c->next, p->len);
+			if (p->len >= KD_C4_OBS_MIN)
+				c->t0 = kd_now_ns();
+		}
 		if (c->hdone < sizeof(c->hdr))
 			iov[nio++] = (struct iovec){ (uint8_t *)&c->hdr + c->hdone, sizeof(c->hdr) - c->hdone };
 		if (p->len > c->pdone)
@@ -122,6 +139,7 @@ static int try_send(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 		c->pdone += n;
 		if (c->hdone == sizeof(c->hdr) && c->pdone == p->len) {
 			atomic_fetch_add(&mh->bytes_sent, p->len + sizeof(c->hdr));
+			observe(mh, c, p->len);
 			c->next += c->stride;
 			c->hdone = c->pdone = 0;
 		}
@@ -155,6 +173,8 @@ static int try_recv(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 			n = recv(c->fd, (uint8_t *)&c->hdr + c->hdone, sizeof(c->hdr) - c->hdone, MSG_DONTWAIT);
 			if (n > 0) {
 				*progress = true;
+				if (!c->hdone && p->len >= KD_C4_OBS_MIN)
+					c->t0 = kd_now_ns();
 				c->hdone += n;
 				if (c->hdone < sizeof(c->hdr))
 					continue;
@@ -192,6 +212,7 @@ static int try_recv(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 				if (r)
 					return r;
 				atomic_fetch_add(&mh->bytes_recv, p->len + sizeof(c->hdr));
+				observe(mh, c, p->len);
 				c->next += c->stride;
 				c->hdone = c->pdone = 0;
 				continue;
@@ -289,6 +310,7 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 				c->next = s;
 				c->stride = S;
 				c->step = first + t;
+				c->stream = s;
 				c->done = s >= np;
 				if (t && chain) {
 					/* cursors of a chained step: send s, recv s (2S each) */
@@ -358,8 +380,10 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 			if (c->done || gated(c) || (c->dep && !c->dep->done && c->dep->next <= c->next))
 				continue;
 			pfd[np++] = (struct pollfd){ .fd = c->fd, .events = c->send ? POLLOUT : POLLIN };
-			if (!c->send)
+			if (!c->send) {
 				mh->wait_host = c->host;
+				mh->wait_stream = c->stream;
+			}
 		}
 		pfd[np++] = (struct pollfd){ .fd = mh->abort_fd, .events = POLLIN };
 		int64_t left = (atomic_load(&mh->last_progress) + slack - kd_now_ns()) / 1000000;
