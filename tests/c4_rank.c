@@ -9,7 +9,9 @@
  *       SECONDS (or until one fails), sleeping DELAY_MS before each submission
  *       (a straggler). Prints, every 500 ms of its own clock:
  *         t_ms=T ops=N busbw=B    (busbw of the ops in that interval, MB/s)
- *       and at the end: done ops=N err=E
+ *       and at the end: done ops=N err=E. Rank 0 decides when time is up
+ *       (element 1 of the buffer carries its vote), so every rank stops after
+ *       the same op.
  * Exit status: 0 every op succeeded and had the right sum, 1 an op failed,
  * 2 could not set up.
  */
@@ -77,8 +79,8 @@ int main(int argc, char **argv)
 	if (argc > 7)
 		delay = atoi(argv[7]);
 	count = bytes / sizeof(float);
-	if (n < 1 || rank < 0 || rank >= n || !count) {
-		fprintf(stderr, "c4_rank: bad NRANKS, RANK or BYTES\n");
+	if (n < 1 || rank < 0 || rank >= n || count < 2) {
+		fprintf(stderr, "c4_rank: bad NRANKS, RANK or BYTES (8 at least)\n");
 		return 2;
 	}
 	if ((r = kcoll_connect(NULL, &k)) || (r = kcoll_comm_init_rank(k, &id, n, rank, &comm)) ||
@@ -89,7 +91,7 @@ int main(int argc, char **argv)
 	t0 = tlast = now_ms();
 	end = t0 + (int64_t)(secs * 1000);
 	r = 0;
-	while (now_ms() < end) {
+	for (;;) {
 		struct kcoll_req *req;
 		int64_t t;
 
@@ -97,6 +99,8 @@ int main(int argc, char **argv)
 		 * sum is n(n+1)/2 everywhere, exactly. */
 		for (size_t i = 0; i < count; i += 1024)
 			buf[i] = (float)(rank + 1);
+		if (count > 1)
+			buf[1] = rank == 0 && now_ms() >= end ? 1.0f : 0.0f;
 		if (delay)
 			usleep(delay * 1000);
 		r = kcoll_allreduce(comm, buf, buf, count, KCOLL_F32, KCOLL_SUM, &req);
@@ -113,6 +117,8 @@ int main(int argc, char **argv)
 		if (r)
 			break;
 		ops++;
+		if (count > 1 && buf[1] != 0.0f)
+			break;	/* rank 0 says time is up: everyone stops after this op */
 		t = now_ms();
 		if (t - tlast >= 500) {
 			/* ring all-reduce bus bandwidth: 2 (n - 1) / n of the bytes per op */

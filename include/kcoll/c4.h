@@ -62,6 +62,8 @@ struct kcoll_c4_params {
 	uint32_t clear_evals;		/* consecutive good evaluations to clear */
 	uint32_t window_ms;		/* link samples older than this are dropped */
 	uint32_t heal_hold_ms;		/* planner: a cleared link is used again after this */
+	uint32_t probe_ms;		/* a slow link that carries nothing keeps its verdict this
+					 * long, then clears: the planner tries it again */
 	uint32_t min_obs_bytes;		/* link observations smaller than this are ignored */
 };
 
@@ -126,6 +128,7 @@ struct kcoll_c4_link {
 	uint32_t n, pos;
 	uint64_t rate;		/* last evaluation, B/s (0: not judged) */
 	uint64_t usual;		/* its usual rate: average while it kept up with the median */
+	uint64_t last_t;	/* its last observation */
 	bool slow;
 	uint8_t bad, good;
 };

@@ -25,6 +25,7 @@ void kcoll_c4_params_default(struct kcoll_c4_params *p)
 		.clear_evals = 4,
 		.window_ms = 3000,
 		.heal_hold_ms = 2000,
+		.probe_ms = 5000,
 		.min_obs_bytes = 256 << 10,
 	};
 }
@@ -206,6 +207,7 @@ int kcoll_c4_link_obs(struct kcoll_c4 *c, const struct kcoll_c4_linkobs *o)
 	l->busy[l->pos] = o->busy_ns;
 	l->t[l->pos] = o->t_ns;
 	l->pos = (l->pos + 1) % KCOLL_C4_WIN;
+	l->last_t = o->t_ns;
 	if (l->n < KCOLL_C4_WIN)
 		l->n++;
 	return 0;
@@ -414,7 +416,12 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				      (k->usual ? k->rate * c->p.slow_ratio_pct < m * 100 &&
 						  k->rate * c->p.slow_ratio_pct < k->usual * 100 :
 						  k->rate * c->p.slow_ratio_pct < m * 50);
-				good = !k->rate || n < 2 || k->rate * c->p.slow_ratio_pct * 3 >= m * 400;
+				/* No traffic is no evidence: a slow link the planner emptied
+				 * stays slow for probe_ms, then is tried again. */
+				if (!k->rate)
+					good = !k->slow || now - k->last_t > (uint64_t)c->p.probe_ms * MS;
+				else
+					good = n < 2 || k->rate * c->p.slow_ratio_pct * 3 >= m * 400;
 				/* the usual rate learns only while the link keeps up */
 				if (k->rate && !k->slow && !k->bad && k->rate * c->p.slow_ratio_pct >= m * 100)
 					k->usual = k->usual ? k->usual - k->usual / 8 + k->rate / 8 : k->rate;

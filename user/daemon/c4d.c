@@ -34,6 +34,8 @@
 
 #define KD_C4_TICK	(250 * 1000000LL)
 #define KD_C4_LOG	256
+#define KD_C4_LEAD	4		/* a plan applies this many ops after the proposal */
+#define KD_C4_ANSWER_NS	(2000 * 1000000LL)	/* a proposal unanswered this long is dropped */
 
 struct kd_c4 {
 	struct kcoll_c4 core;			/* comm->lock */
@@ -73,6 +75,11 @@ static void trace(const struct kd_c4 *c, const char *fmt, ...)
 	va_start(ap, fmt);
 	vfprintf(c4d.trace, fmt, ap);
 	va_end(ap);
+}
+
+static const char *hname(const struct kd_mh *mh, uint32_t h)
+{
+	return h < mh->nhosts ? mh->hosts[h].info.name : "?";
 }
 
 static void params(struct kcoll_c4_params *p)
@@ -137,6 +144,7 @@ void kd_c4_detach(struct kd_mh *mh)
 {
 	struct kd_c4 *c = mh->c4;
 
+	pthread_mutex_destroy(&mh->plan_lock);
 	if (!c)
 		return;
 	pthread_mutex_lock(&mh->comm->lock);
@@ -188,6 +196,7 @@ void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_p
 		kc_warn("comm %s: host %u sent a malformed C4 report; ignored", comm->name, from_host);
 		return;
 	}
+	mh->hosts[from_host].peer_want = m->want_avoid & ((1u << mh->nstreams) - 1);
 	pthread_mutex_lock(&comm->lock);
 	for (uint32_t i = 0; mh->c4 && i < m->n; i++) {
 		struct kcoll_c4_rankrep rep = { .rank = rr[i].rank, .age_ms = rr[i].age_ms, .nsub = rr[i].nsub,
@@ -203,6 +212,139 @@ void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_p
 	pthread_mutex_unlock(&comm->lock);
 }
 
+/* ---- the plan between a host pair ----------------------------------------- */
+
+void kd_c4_op_start(struct kd_mh *mh, struct kd_op *op)
+{
+	int64_t t0 = kd_now_ns();
+
+	for (;;) {
+		bool wait = false;
+
+		pthread_mutex_lock(&mh->plan_lock);
+		if (mh->started < op->seq + 1)
+			mh->started = op->seq + 1;
+		for (uint32_t h = 0; h < mh->nhosts; h++) {
+			struct kd_mh_host *hh = &mh->hosts[h];
+
+			if (hh->next_valid && op->seq >= hh->next_from) {
+				hh->avoid = hh->next_avoid;
+				hh->next_valid = false;
+			}
+			wait |= hh->prop_out && op->seq >= hh->prop_from;
+		}
+		pthread_mutex_unlock(&mh->plan_lock);
+		/* Our proposal for this op is unanswered: the peer may switch at
+		 * it. The answer comes in a round trip; a peer that never answers
+		 * is dropped by the control thread (prop_out cleared). */
+		if (!wait || op->seq >= __atomic_load_n(&op->comm->limit_seq, __ATOMIC_RELAXED) ||
+		    kd_now_ns() - t0 > 2 * KD_C4_ANSWER_NS)
+			return;
+		usleep(500);
+	}
+}
+
+static void plan_send(struct kd_mh *mh, uint32_t h, uint32_t verb, uint32_t avoid, uint64_t from,
+		      uint64_t started)
+{
+	struct kd_p_plan m = { .verb = verb, .avoid = avoid, .from = from, .started = started };
+
+	kd_net_ctrl_send(mh, h, &m, KD_P_PLAN, sizeof(m));
+}
+
+/* Lower host of the pair: propose the union of both wishes when it changed. */
+static void plan_propose(struct kd_comm *comm, uint32_t h, uint32_t mine, int64_t now)
+{
+	struct kd_mh *mh = comm->mh;
+	struct kd_mh_host *hh = &mh->hosts[h];
+	uint32_t want = (mine | hh->peer_want) & ((1u << mh->nstreams) - 1);
+	uint64_t from;
+
+	if (want == ((1u << mh->nstreams) - 1))
+		want = 0;	/* every stream avoided: use them all */
+	pthread_mutex_lock(&mh->plan_lock);
+	if (hh->prop_out && now - hh->prop_sent > KD_C4_ANSWER_NS) {
+		kc_warn("comm %s: host %u did not answer a stream plan; dropping it", comm->name, h);
+		hh->prop_out = false;
+	}
+	if (hh->prop_out || want == hh->agreed) {
+		pthread_mutex_unlock(&mh->plan_lock);
+		return;
+	}
+	from = mh->started + KD_C4_LEAD;
+	hh->prop_out = true;
+	hh->prop_avoid = want;
+	hh->prop_from = from;
+	hh->prop_sent = now;
+	pthread_mutex_unlock(&mh->plan_lock);
+	plan_send(mh, h, KD_PLAN_PROPOSE, want, from, 0);
+}
+
+void kd_c4_on_plan(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
+{
+	const struct kd_p_plan *m = (const void *)h;
+	struct kd_mh *mh = comm->mh;
+	struct kd_mh_host *hh = &mh->hosts[from_host];
+	uint32_t all = (1u << mh->nstreams) - 1;
+	uint64_t started;
+	bool ok;
+
+	if (h->len != sizeof(*m) || (m->avoid & ~all) || m->avoid == all || m->verb > KD_PLAN_REFUSE ||
+	    (m->verb == KD_PLAN_PROPOSE) != (from_host < mh->self)) {
+		kc_warn("comm %s: host %u sent a malformed stream plan; ignored", comm->name, from_host);
+		return;
+	}
+	pthread_mutex_lock(&mh->plan_lock);
+	switch (m->verb) {
+	case KD_PLAN_PROPOSE:
+		/* Accept unless the data path already started that op. */
+		started = mh->started;
+		ok = started <= m->from;
+		if (ok) {
+			hh->next_avoid = m->avoid;
+			hh->next_from = m->from;
+			hh->next_valid = true;
+			hh->agreed = m->avoid;
+		}
+		pthread_mutex_unlock(&mh->plan_lock);
+		plan_send(mh, from_host, ok ? KD_PLAN_ACCEPT : KD_PLAN_REFUSE, m->avoid, m->from, started);
+		if (ok)
+			kc_info("comm %s: C4 streams to host %u (%s): %s from op %" PRIu64 " (agreed with it)",
+				comm->name, from_host, hname(mh, from_host),
+				m->avoid ? "some left unused" : "all in use", m->from);
+		return;
+	case KD_PLAN_ACCEPT:
+		if (hh->prop_out && m->from == hh->prop_from && m->avoid == hh->prop_avoid) {
+			hh->next_avoid = m->avoid;
+			hh->next_from = m->from;
+			hh->next_valid = true;
+			hh->agreed = m->avoid;
+			hh->prop_out = false;
+			pthread_mutex_unlock(&mh->plan_lock);
+			kc_info("comm %s: C4 streams to host %u (%s): avoid mask 0x%x from op %" PRIu64,
+				comm->name, from_host, hname(mh, from_host), m->avoid, m->from);
+			return;
+		}
+		break;
+	case KD_PLAN_REFUSE:
+		if (hh->prop_out && m->from == hh->prop_from)
+			hh->prop_out = false;	/* proposed again at the next tick, further ahead */
+		break;
+	}
+	pthread_mutex_unlock(&mh->plan_lock);
+}
+
+/* Streams toward host h the plan wants unused: those whose link it moves. */
+static uint32_t plan_avoid(const struct kd_mh *mh, const struct kcoll_c4_plan *pl, uint32_t h)
+{
+	uint32_t m = 0;
+
+	for (uint32_t s = 0; s < mh->nstreams; s++)
+		if (pl->link[h][s] != mh->hosts[h].link[s])
+			m |= 1u << s;
+	return m;
+}
+
 /* ---- rendering ---------------------------------------------------------- */
 
 static const char *kind_key(uint32_t k)
@@ -214,11 +356,6 @@ static const char *kind_key(uint32_t k)
 	case KCOLL_C4_NONCOMM_SLOW: return "straggler";
 	}
 	return "?";
-}
-
-static const char *hname(const struct kd_mh *mh, uint32_t h)
-{
-	return h < mh->nhosts ? mh->hosts[h].info.name : "?";
 }
 
 /* "link 1 (eth1 10.20.0.3)" for ours, "link 1 (10.20.0.3)" for a peer's. */
@@ -420,6 +557,7 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 		struct kd_p_c4_rank r[KD_MAX_RANKS];
 	} rep;
 	uint64_t running = atomic_load(&mh->running_seq);
+	bool enforce = kcoll_knob_ll("KCOLL_C4_PLAN") != 0;
 
 	params(&p);
 	for (uint32_t h = 0; h < mh->nhosts; h++)
@@ -458,10 +596,16 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 
 	for (uint32_t i = 0; i < nev; i++)
 		log_event(comm, &ev[i]);
-	rep.m = (struct kd_p_c4){ .n = nrep };
-	for (uint32_t h = 0; h < mh->nhosts; h++)
-		if (h != mh->self && !mh->hosts[h].dead)
-			kd_net_ctrl_send(mh, h, &rep, KD_P_C4, sizeof(rep.m) + nrep * sizeof(rep.r[0]));
+	for (uint32_t h = 0; h < mh->nhosts; h++) {
+		uint32_t want = enforce ? plan_avoid(mh, &c->plan, h) : 0;
+
+		if (h == mh->self || mh->hosts[h].dead)
+			continue;
+		rep.m = (struct kd_p_c4){ .n = nrep, .want_avoid = want };
+		kd_net_ctrl_send(mh, h, &rep, KD_P_C4, sizeof(rep.m) + nrep * sizeof(rep.r[0]));
+		if (h > mh->self)
+			plan_propose(comm, h, want, now);
+	}
 }
 
 void kd_c4_tick(int64_t now)
@@ -615,7 +759,7 @@ static size_t render_plan(char *buf, size_t cap, int json)
 	bool firstc = true;
 
 	if (json)
-		PUT("{\"enforced\":false,\"comms\":[");
+		PUT("{\"enforced\":%s,\"comms\":[", kcoll_knob_ll("KCOLL_C4_PLAN") ? "true" : "false");
 	for (struct kd_comm *comm = kd.comms; comm && n + 4096 < cap; comm = comm->next) {
 		struct kd_mh *mh = comm->mh;
 		const struct kcoll_c4_plan *pl;

@@ -653,6 +653,7 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 	mh->xport = &kd_xport_tcp;
 	mh->abort_fd = -1;
 	mh->running_seq = UINT64_MAX;
+	pthread_mutex_init(&mh->plan_lock, NULL);
 	mh->conns_needed = (t->nhosts - 1) * (1 + t->nstreams);
 	for (uint32_t h = 0; h < t->nhosts; h++) {
 		mh->hosts[h].info = t->hosts[h];
@@ -1182,6 +1183,9 @@ static void on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 	}
 	case KD_P_C4:
 		kd_c4_on_report(comm, pc->host, h);
+		return;
+	case KD_P_PLAN:
+		kd_c4_on_plan(comm, pc->host, h);
 		return;
 	case KD_P_ANSWER: {
 		const struct kd_p_answer *m = (const void *)h;

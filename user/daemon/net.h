@@ -43,6 +43,7 @@ enum kd_pmsg_type {
 	KD_P_ANSWER = 9,
 	KD_P_DATA = 10,		/* data stream: one piece of one step */
 	KD_P_C4 = 11,		/* control: our ranks' submission summaries (c4d.c) */
+	KD_P_PLAN = 12,		/* control: which streams the pair leaves unused (c4d.c) */
 };
 
 enum kd_conn_kind { KD_CONN_BOOT = 1, KD_CONN_CTRL = 2, KD_CONN_DATA = 3 };
@@ -140,7 +141,23 @@ struct kd_p_c4_rank {
 struct kd_p_c4 {
 	struct kd_phdr hdr;
 	uint32_t n;
-	uint32_t reserved;
+	uint32_t want_avoid;	/* streams to us the sender's planner wants left unused */
+};
+
+/*
+ * The streams a host pair leaves unused, agreed between the two: the lower
+ * host proposes (the union of both sides' wishes) from op 'from' on, the
+ * higher one accepts if it has not started that op yet, else refuses and
+ * says how far it is. Both then switch at the same op.
+ */
+enum kd_plan_verb { KD_PLAN_PROPOSE = 0, KD_PLAN_ACCEPT = 1, KD_PLAN_REFUSE = 2 };
+
+struct kd_p_plan {
+	struct kd_phdr hdr;
+	uint32_t verb;		/* enum kd_plan_verb */
+	uint32_t avoid;		/* bitmap of stream indices */
+	uint64_t from;		/* first op it applies to */
+	uint64_t started;	/* refuse: ops the refusing host has started */
 };
 
 struct kd_p_data {
@@ -215,6 +232,17 @@ struct kd_mh_host {
 	uint8_t link[KD_MAX_STREAMS];
 	_Atomic uint64_t obs_bytes[KD_MAX_STREAMS][2];	/* [stream][0 rx, 1 tx] */
 	_Atomic uint64_t obs_busy[KD_MAX_STREAMS][2];
+	/* C4 plan, under mh->plan_lock: streams left unused toward this host */
+	uint32_t avoid;			/* in force for the op the net thread runs */
+	uint32_t next_avoid;		/* agreed: in force from op next_from on */
+	uint64_t next_from;
+	bool next_valid;
+	uint32_t prop_avoid;		/* we proposed it (lower host), no answer yet */
+	uint64_t prop_from;
+	bool prop_out;
+	int64_t prop_sent;
+	uint32_t agreed;		/* control thread: the last mask agreed */
+	uint32_t peer_want;		/* control thread: what the peer's planner wants */
 };
 
 #define KD_C4_OBS_MIN	(64u << 10)
@@ -264,6 +292,8 @@ struct kd_mh {
 	uint32_t wait_host;		/* the host the net thread waits for */
 	uint32_t wait_stream;		/* ... on this stream */
 	struct kd_c4 *c4;		/* detector and planner (c4d.c), comm->lock */
+	pthread_mutex_t plan_lock;	/* the hosts' plan fields and 'started' */
+	uint64_t started;		/* ops the data path has started */
 
 	_Atomic uint64_t bytes_sent, bytes_recv;
 };
@@ -305,6 +335,10 @@ void kd_c4_submitted(struct kd_comm *comm, uint32_t rank, uint64_t seq);
 void kd_c4_completed(struct kd_comm *comm, const struct kd_op *op);
 /* Control thread */
 void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h);
+void kd_c4_on_plan(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h);
+/* Net thread (or an inline op), at the start of op seq: the agreed plans
+ * that apply from it on take effect; waits while a proposal for it is open. */
+void kd_c4_op_start(struct kd_mh *mh, struct kd_op *op);
 void kd_c4_tick(int64_t now);
 /* kcollctl anomalies / events / plan */
 size_t kd_c4_render(uint32_t what, uint64_t since, char *buf, size_t cap, int json);
