@@ -20,3 +20,12 @@ $(TBIN)/mh_rank: $(OBJ)/tests/mh_rank.o $(LIB)/libkcoll.a $(COMMON_LIB)
 
 ALL_TARGETS += $(TBIN)/mh_rank
 CHECK_TARGETS += $(TBIN)/mh_rank
+
+# One rank of the C4 cluster tests (tests/t_c4.sh).
+$(TBIN)/c4_rank: $(OBJ)/tests/c4_rank.o $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -lm
+
+ALL_TARGETS += $(TBIN)/c4_rank
+CHECK_TARGETS += $(TBIN)/c4_rank

@@ -35,6 +35,7 @@ enum kcoll_msg_type {
 	KCOLL_MSG_SEG_UNREG = 33,
 	KCOLL_MSG_SEG_IMPORT = 34,	/* descriptor -> import handle */
 	KCOLL_MSG_SEG_CLOSE = 35,	/* drop an import handle */
+	KCOLL_MSG_C4 = 10,		/* kcollctl anomalies/events/plan: reply text */
 };
 
 /* Every message and every reply starts with this. */
@@ -113,6 +114,16 @@ struct kcoll_msg_set {
 struct kcoll_msg_set_reply {
 	struct kcoll_msg_hdr hdr;
 	char error[128];
+};
+
+/* kcollctl anomalies / events / plan; hdr.flags bit 0: JSON. */
+enum kcoll_c4_what { KCOLL_C4_ANOMALIES = 0, KCOLL_C4_EVENTS = 1, KCOLL_C4_PLAN = 2 };
+
+struct kcoll_msg_c4 {
+	struct kcoll_msg_hdr hdr;
+	uint32_t what;		/* enum kcoll_c4_what */
+	uint32_t reserved;
+	uint64_t since;		/* events: only those with a larger id */
 };
 
 struct kcoll_msg_comm_init {

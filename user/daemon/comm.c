@@ -474,6 +474,8 @@ void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, c
 	}
 	uint64_t seq = comm->next_seq[rank]++;
 
+	kd_c4_submitted(comm, rank, seq);
+
 	for (pp = &comm->pending; *pp && (*pp)->seq < seq; pp = &(*pp)->next)
 		;
 	op = *pp;
@@ -533,6 +535,7 @@ struct kd_op *kd_comm_op_done(struct kd_op *op)
 	pthread_mutex_lock(&comm->lock);
 	comm->exec_seq++;
 	atomic_fetch_add(&comm->ops_done, 1);
+	kd_c4_completed(comm, op);
 	next = next_runnable(comm);
 	pthread_mutex_unlock(&comm->lock);
 	op_post(op, -1);

@@ -200,6 +200,9 @@ struct kd_daemon {
 	size_t net_chunk_bytes;	/* pieces between daemons */
 	int64_t spin_ns;
 	int64_t timeout_ns;
+	int64_t c4_slow_ratio_pct;	/* C4 detector thresholds (tune.c, c4d.c) */
+	int64_t c4_hang_ms;
+	int64_t c4_straggler_ms;
 	int64_t start_ns;
 	atomic_bool draining;
 	struct kcoll_kdev kdev;	/* /dev/kcoll, fd -1 when the module is absent */

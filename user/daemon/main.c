@@ -248,6 +248,21 @@ static void on_status(struct kd_client *c, const struct kcoll_msg_hdr *m)
 	reply_hdr(c, m, buf, sizeof(*h) + n, 0, -1);
 }
 
+/* kcollctl anomalies / events / plan (c4d.c). */
+static void on_c4(struct kd_client *c, const struct kcoll_msg_c4 *m, ssize_t len)
+{
+	static char buf[KCOLL_MSG_BYTES];
+	struct kcoll_msg_hdr *h = (struct kcoll_msg_hdr *)buf;
+	size_t n;
+
+	if (len < (ssize_t)sizeof(*m)) {
+		reply_hdr(c, &m->hdr, buf, sizeof(*h), -EINVAL, -1);
+		return;
+	}
+	n = kd_c4_render(m->what, m->since, buf + sizeof(*h), sizeof(buf) - sizeof(*h), m->hdr.flags & 1);
+	reply_hdr(c, &m->hdr, buf, sizeof(*h) + n, 0, -1);
+}
+
 /* One control message from a client. False: drop the client. */
 static bool on_message(struct kd_client *c)
 {
@@ -260,6 +275,7 @@ static bool on_message(struct kd_client *c)
 		struct kcoll_msg_comm_init init;
 		struct kcoll_msg_comm_destroy destroy;
 		struct kcoll_msg_set set;
+		struct kcoll_msg_c4 c4;
 		uint8_t raw[512];
 	} m;
 	struct kcoll_msg_hdr rep;
@@ -277,7 +293,7 @@ static bool on_message(struct kd_client *c)
 		return false;
 	}
 	if (m.hdr.type != KCOLL_MSG_HELLO && m.hdr.type != KCOLL_MSG_STATUS &&
-	    m.hdr.type != KCOLL_MSG_SET && !c->hello_done) {
+	    m.hdr.type != KCOLL_MSG_SET && m.hdr.type != KCOLL_MSG_C4 && !c->hello_done) {
 		r = -EPROTO;
 		goto reply;
 	}
@@ -293,6 +309,9 @@ static bool on_message(struct kd_client *c)
 		goto out;
 	case KCOLL_MSG_SET:
 		on_set(c, &m.set, n);
+		goto out;
+	case KCOLL_MSG_C4:
+		on_c4(c, &m.c4, n);
 		goto out;
 	case KCOLL_MSG_MEM_REG:
 		if (n < (ssize_t)sizeof(m.reg) || fd < 0) {
@@ -567,6 +586,7 @@ int main(int argc, char **argv)
 		if (now - last_watchdog > 50000000) {
 			kd_net_watchdog(now);
 			kd_comm_watchdog(now);
+			kd_c4_tick(now);
 			last_watchdog = now;
 		}
 		if (now - last_tune > 1000000000) {

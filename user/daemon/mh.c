@@ -639,6 +639,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	bool wide;
 	int r = 0;
 
+	kd_c4_op_start(mh, op);
 	atomic_store(&mh->running_since, kd_now_ns());
 	atomic_store(&mh->last_progress, atomic_load(&mh->running_since));
 	atomic_store(&mh->running_seq, op->seq);

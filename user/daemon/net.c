@@ -34,6 +34,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <kcoll/c4.h>
 #include <kcoll/kcoll.h>
 
 #include "config.h"
@@ -600,7 +601,7 @@ static void check_up(struct kd_comm *comm)
 
 	if (comm->state != KD_COMM_FORMING || mh->conns_up < mh->conns_needed)
 		return;
-	if (kd_mh_start(mh)) {
+	if (kd_c4_attach(comm) || kd_mh_start(mh)) {
 		member_fail(comm, -ENOMEM, "cannot start the communicator's network thread");
 		return;
 	}
@@ -665,6 +666,7 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 	mh->xport = kd_xport_default();
 	mh->abort_fd = -1;
 	mh->running_seq = UINT64_MAX;
+	pthread_mutex_init(&mh->plan_lock, NULL);
 	mh->conns_needed = (t->nhosts - 1) * (1 + t->nstreams);
 	for (uint32_t h = 0; h < t->nhosts; h++) {
 		mh->hosts[h].info = t->hosts[h];
@@ -723,6 +725,76 @@ static void pick_path(const struct kd_mh_host *h, uint32_t s, uint32_t *src, uin
 	*dst = h->info.addrs[s % (h->info.naddrs ? h->info.naddrs : 1)];
 }
 
+/* Our link (address index) a connected socket leaves from: by its local
+ * address, else by the network it is on. */
+static uint8_t link_of_fd(int fd)
+{
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof(sa);
+	uint32_t n = net.me.naddrs < KCOLL_C4_MAX_LINKS ? net.me.naddrs : KCOLL_C4_MAX_LINKS;
+
+	if (getsockname(fd, (struct sockaddr *)&sa, &sl) || sa.sin_family != AF_INET)
+		return 0;
+	for (uint32_t i = 0; i < n; i++)
+		if (net.me.addrs[i] == sa.sin_addr.s_addr)
+			return i;
+	for (uint32_t i = 0; i < n; i++)
+		if ((sa.sin_addr.s_addr & net.masks[i]) == (net.me.addrs[i] & net.masks[i]))
+			return i;
+	return 0;
+}
+
+uint32_t kd_net_nlinks(void)
+{
+	uint32_t n = net.me.naddrs < KCOLL_C4_MAX_LINKS ? net.me.naddrs : KCOLL_C4_MAX_LINKS;
+
+	return n ? n : 1;
+}
+
+uint32_t kd_net_shared_links(const struct kd_mh *mh, uint32_t h)
+{
+	uint32_t bits = 0;
+
+	for (uint32_t i = 0; i < kd_net_nlinks() && i < net.me.naddrs; i++)
+		for (uint32_t j = 0; j < mh->hosts[h].info.naddrs && j < KCOLL_ID_MAX_ADDRS; j++)
+			if ((mh->hosts[h].info.addrs[j] & net.masks[i]) == (net.me.addrs[i] & net.masks[i]))
+				bits |= 1u << i;
+	return bits ? bits : 1;
+}
+
+void kd_net_link_addr(const struct kd_mh *mh, uint32_t h, uint32_t l, char *buf, size_t len)
+{
+	snprintf(buf, len, "?");
+	if (l >= net.me.naddrs)
+		return;
+	if (h == mh->self) {
+		snprintf(buf, len, "%s", inet_ntoa((struct in_addr){ .s_addr = net.me.addrs[l] }));
+		return;
+	}
+	for (uint32_t j = 0; j < mh->hosts[h].info.naddrs && j < KCOLL_ID_MAX_ADDRS; j++)
+		if ((mh->hosts[h].info.addrs[j] & net.masks[l]) == (net.me.addrs[l] & net.masks[l]))
+			snprintf(buf, len, "%s", inet_ntoa((struct in_addr){ .s_addr = mh->hosts[h].info.addrs[j] }));
+}
+
+void kd_net_link_ifname(uint32_t l, char *buf, size_t len)
+{
+	struct ifaddrs *ifs, *i;
+
+	snprintf(buf, len, "?");
+	if (l >= net.me.naddrs || getifaddrs(&ifs))
+		return;
+	for (i = ifs; i; i = i->ifa_next)
+		if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+		    ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == net.me.addrs[l])
+			snprintf(buf, len, "%s", i->ifa_name);
+	freeifaddrs(ifs);
+}
+
+int kd_net_ctrl_send(struct kd_mh *mh, uint32_t h, void *msg, uint16_t type, size_t len)
+{
+	return mh->hosts[h].ctrl ? pc_send(mh->hosts[h].ctrl, msg, type, len) : -ENOTCONN;
+}
+
 static void member_go(struct kd_comm *comm)
 {
 	struct kd_mh *mh = comm->mh;
@@ -771,6 +843,7 @@ static void member_go(struct kd_comm *comm)
 				hh->ctrl = pc;
 			} else {
 				hh->data[s] = fd;
+				hh->link[s] = link_of_fd(fd);
 			}
 			mh->conns_up++;
 		}
@@ -1123,6 +1196,12 @@ static void on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 		pc_send(pc, &a, KD_P_ANSWER, sizeof(a));
 		return;
 	}
+	case KD_P_C4:
+		kd_c4_on_report(comm, pc->host, h);
+		return;
+	case KD_P_PLAN:
+		kd_c4_on_plan(comm, pc->host, h);
+		return;
 	case KD_P_ANSWER: {
 		const struct kd_p_answer *m = (const void *)h;
 
@@ -1177,6 +1256,7 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 			return reject(pc, "duplicate data connection");
 		/* The data stream now belongs to the net thread. */
 		mh->hosts[m->from_host].data[m->stream] = pc->fd;
+		mh->hosts[m->from_host].link[m->stream] = link_of_fd(pc->fd);
 		epoll_ctl(kd.epfd, EPOLL_CTL_DEL, pc->fd, NULL);
 		pc->fd = -1;
 		pc_close(pc);
@@ -1507,6 +1587,7 @@ void kd_net_comm_close(struct kd_comm *comm)
 	kd_mh_stop(mh);
 	if (mh->xport->close)
 		mh->xport->close(mh);
+	kd_c4_detach(mh);
 	for (uint32_t h = 0; h < mh->nhosts; h++) {
 		if (mh->hosts[h].ctrl)
 			pc_close(mh->hosts[h].ctrl);

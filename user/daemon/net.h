@@ -42,6 +42,8 @@ enum kd_pmsg_type {
 	KD_P_QUERY = 8,		/* control: which of your ranks submitted op seq? */
 	KD_P_ANSWER = 9,
 	KD_P_DATA = 10,		/* data stream: one piece of one step */
+	KD_P_C4 = 11,		/* control: our ranks' submission summaries (c4d.c) */
+	KD_P_PLAN = 12,		/* control: which streams the pair leaves unused (c4d.c) */
 };
 
 enum kd_conn_kind { KD_CONN_BOOT = 1, KD_CONN_CTRL = 2, KD_CONN_DATA = 3 };
@@ -127,6 +129,37 @@ struct kd_p_answer {
 	uint64_t submitted[4];	/* bitmap over ranks: submitted op seq (only the sender's) */
 };
 
+struct kd_p_c4_rank {
+	uint32_t rank;
+	uint32_t age_ms;	/* since its last submission */
+	uint64_t nsub;		/* ops it submitted */
+	uint32_t think_us;	/* median time from a completion to its next submission */
+	uint32_t nthink;
+};
+
+/* Followed by n struct kd_p_c4_rank. */
+struct kd_p_c4 {
+	struct kd_phdr hdr;
+	uint32_t n;
+	uint32_t want_avoid;	/* streams to us the sender's planner wants left unused */
+};
+
+/*
+ * The streams a host pair leaves unused, agreed between the two: the lower
+ * host proposes (the union of both sides' wishes) from op 'from' on, the
+ * higher one accepts if it has not started that op yet, else refuses and
+ * says how far it is. Both then switch at the same op.
+ */
+enum kd_plan_verb { KD_PLAN_PROPOSE = 0, KD_PLAN_ACCEPT = 1, KD_PLAN_REFUSE = 2 };
+
+struct kd_p_plan {
+	struct kd_phdr hdr;
+	uint32_t verb;		/* enum kd_plan_verb */
+	uint32_t avoid;		/* bitmap of stream indices */
+	uint64_t from;		/* first op it applies to */
+	uint64_t started;	/* refuse: ops the refusing host has started */
+};
+
 struct kd_p_data {
 	struct kd_phdr hdr;	/* len = header + payload */
 	uint64_t seq;
@@ -195,7 +228,28 @@ struct kd_mh_host {
 	bool answered;			/* query round */
 	uint64_t submitted[4];
 	bool dead;
+	/* C4 (c4d.c): the local link (network index) each data stream uses, and
+	 * what the net thread moved on it in pieces of KD_C4_OBS_MIN bytes or
+	 * more: bytes and the time from a piece's first to its last byte. */
+	uint8_t link[KD_MAX_STREAMS];
+	_Atomic uint64_t obs_bytes[KD_MAX_STREAMS][2];	/* [stream][0 rx, 1 tx] */
+	_Atomic uint64_t obs_busy[KD_MAX_STREAMS][2];
+	/* C4 plan, under mh->plan_lock: streams left unused toward this host */
+	uint32_t avoid;			/* in force for the op the net thread runs */
+	uint32_t next_avoid;		/* agreed: in force from op next_from on */
+	uint64_t next_from;
+	bool next_valid;
+	uint32_t prop_avoid;		/* we proposed it (lower host), no answer yet */
+	uint64_t prop_from;
+	bool prop_out;
+	int64_t prop_sent;
+	uint32_t agreed;		/* control thread: the last mask agreed */
+	uint32_t peer_want;		/* control thread: what the peer's planner wants */
 };
+
+#define KD_C4_OBS_MIN	(64u << 10)
+
+struct kd_c4;
 
 struct kd_mh {
 	struct kd_comm *comm;
@@ -239,6 +293,10 @@ struct kd_mh {
 	int64_t query_deadline;		/* control thread: a query round is open */
 	uint64_t query_seq;
 	uint32_t wait_host;		/* the host the net thread waits for */
+	uint32_t wait_stream;		/* ... on this stream */
+	struct kd_c4 *c4;		/* detector and planner (c4d.c), comm->lock */
+	pthread_mutex_t plan_lock;	/* the hosts' plan fields and 'started' */
+	uint64_t started;		/* ops the data path has started */
 
 	_Atomic uint64_t bytes_sent, bytes_recv;
 };
@@ -270,6 +328,31 @@ int kd_algo_parse(const char *s, enum kd_algo *a);
 enum kd_algo kd_net_algo(void);
 /* kcollctl set KEY VALUE for the keys net.c owns (algo, streams). */
 int kd_net_set(const char *key, const char *value, char *err, size_t errlen);
+
+/* Host h's address on the network of our link l ("?" if none); our
+ * interface name of link l. */
+void kd_net_link_addr(const struct kd_mh *mh, uint32_t h, uint32_t l, char *buf, size_t len);
+void kd_net_link_ifname(uint32_t l, char *buf, size_t len);
+uint32_t kd_net_nlinks(void);
+/* Links (bitmap of our network indices) host h is on too. */
+uint32_t kd_net_shared_links(const struct kd_mh *mh, uint32_t h);
+int kd_net_ctrl_send(struct kd_mh *mh, uint32_t h, void *msg, uint16_t type, size_t len);
+
+/* c4d.c: the C4 detector and planner of multi-host communicators */
+int kd_c4_attach(struct kd_comm *comm);
+void kd_c4_detach(struct kd_mh *mh);
+/* comm->lock held */
+void kd_c4_submitted(struct kd_comm *comm, uint32_t rank, uint64_t seq);
+void kd_c4_completed(struct kd_comm *comm, const struct kd_op *op);
+/* Control thread */
+void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h);
+void kd_c4_on_plan(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h);
+/* Net thread (or an inline op), at the start of op seq: the agreed plans
+ * that apply from it on take effect; waits while a proposal for it is open. */
+void kd_c4_op_start(struct kd_mh *mh, struct kd_op *op);
+void kd_c4_tick(int64_t now);
+/* kcollctl anomalies / events / plan */
+size_t kd_c4_render(uint32_t what, uint64_t since, char *buf, size_t cap, int json);
 
 /* mh.c */
 int kd_mh_start(struct kd_mh *mh);

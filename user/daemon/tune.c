@@ -3,7 +3,8 @@
  * Tunables kcolld honours while it runs: chunk_bytes (data-path task size),
  * net_chunk_bytes (piece size between daemons) and timeout_ms (hang timeout
  * of an operation, for communicators whose ranks did not set
- * KCOLL_TIMEOUT_MS themselves). `kcollctl set` changes them too.
+ * KCOLL_TIMEOUT_MS themselves), and the C4 detector's slow_ratio_pct,
+ * hang_ms and straggler_ms (c4d.c). `kcollctl set` changes them too.
  *
  * At start a value comes from kcolld's environment if set there, else from
  * /sys/kernel/kcoll/ when kcoll.ko is loaded, else the built-in default.
@@ -36,6 +37,9 @@ static struct tunable tunables[] = {
 	{ "chunk_bytes", "KCOLL_CHUNK_BYTES", 1, 4096, KD_STAGE_MAX, &kd.chunk_bytes, true, -1, "default" },
 	{ "timeout_ms", "KCOLL_TIMEOUT_MS", 1000000, 1, 86400000, &kd.timeout_ns, false, -1, "default" },
 	{ "net_chunk_bytes", "KCOLL_NET_CHUNK_BYTES", 1, 4096, 64 << 20, &kd.net_chunk_bytes, true, -1, "default" },
+	{ "slow_ratio_pct", "KCOLL_C4_SLOW_RATIO_PCT", 1, 101, 10000, &kd.c4_slow_ratio_pct, false, -1, "default" },
+	{ "hang_ms", "KCOLL_C4_HANG_MS", 1, 1, 3600000, &kd.c4_hang_ms, false, -1, "default" },
+	{ "straggler_ms", "KCOLL_C4_STRAGGLER_MS", 1, 1, 3600000, &kd.c4_straggler_ms, false, -1, "default" },
 };
 
 static long long sysfs_read(const char *name)
@@ -137,7 +141,8 @@ int kd_tunable_set(const char *key, const char *value, char *err, size_t errlen)
 		apply(t, v, "kcollctl set");
 		return 0;
 	}
-	snprintf(err, errlen, "unknown key '%s' (algo, streams, chunk_bytes, net_chunk_bytes, timeout_ms)",
+	snprintf(err, errlen, "unknown key '%s' (algo, streams, chunk_bytes, net_chunk_bytes, timeout_ms, "
+		 "slow_ratio_pct, hang_ms, straggler_ms)",
 		 key);
 	return -ENOENT;
 }

@@ -32,6 +32,29 @@ struct piece {
 	uint64_t off, len;
 };
 
+/* Which streams a transfer's pieces use: piece j goes on u[j % nu]. Both ends
+ * of a host pair use the same (the C4 plan they agreed leaves some unused). */
+struct smap {
+	uint8_t u[KD_MAX_STREAMS];
+	uint32_t nu;
+};
+
+static void smap_of(const struct kd_mh *mh, uint32_t host, struct smap *m)
+{
+	uint32_t avoid;
+
+	pthread_mutex_lock((pthread_mutex_t *)&mh->plan_lock);
+	avoid = mh->hosts[host].avoid;
+	pthread_mutex_unlock((pthread_mutex_t *)&mh->plan_lock);
+	m->nu = 0;
+	for (uint32_t s = 0; s < mh->nstreams; s++)
+		if (!(avoid & (1u << s)))
+			m->u[m->nu++] = (uint8_t)s;
+	if (!m->nu)
+		for (uint32_t s = 0; s < mh->nstreams; s++)
+			m->u[m->nu++] = (uint8_t)s;
+}
+
 struct cursor {
 	int fd;
 	uint32_t host;
@@ -48,9 +71,36 @@ struct cursor {
 	uint8_t *rx;		/* receive with reduction: staging */
 	uint32_t step;
 	struct cursor *prev;	/* same stream, previous step: finishes first */
-	struct cursor *dep;	/* chained send: piece j waits for dep's piece j */
+	struct cursor *dep;	/* chained send: piece j waits for piece j of the previous
+				 * step's receive, whose cursors start at dep */
+	const struct smap *dmap;	/* ... and whose pieces map to streams so */
 	bool done;
+	uint32_t stream;
+	int64_t t0;		/* C4: when piece 'next' started moving */
 };
+
+/* Chained send: does piece 'next' still wait for the previous step's? */
+static bool dep_wait(const struct cursor *c)
+{
+	const struct cursor *d;
+
+	if (!c->dep)
+		return false;
+	d = &c->dep[c->dmap->u[c->next % c->dmap->nu]];
+	return !d->done && d->next <= c->next;
+}
+
+/* C4 link observation: a large piece moved on stream s in 'now - t0'. */
+static void observe(struct kd_mh *mh, const struct cursor *c, uint64_t len)
+{
+	struct kd_mh_host *hh = &mh->hosts[c->host];
+
+	if (len < KD_C4_OBS_MIN)
+		return;
+	atomic_fetch_add_explicit(&hh->obs_bytes[c->stream][c->send], len, memory_order_relaxed);
+	atomic_fetch_add_explicit(&hh->obs_busy[c->stream][c->send], kd_now_ns() - c->t0,
+				  memory_order_relaxed);
+}
 
 /* Cut a transfer's ranges into pieces; at least one (empty) piece. */
 static struct piece *cut(const struct kd_xfer *x, size_t piece, uint32_t *n)
@@ -89,15 +139,18 @@ static int try_send(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 		if (c->next >= c->npieces)
 			break;
 		/* Chained: piece j goes out once the previous step's piece j is in. */
-		if (c->dep && !c->dep->done && c->dep->next <= c->next)
+		if (dep_wait(c))
 			return 0;
 		const struct piece *p = &c->pieces[c->next];
 		struct iovec iov[2];
 		int nio = 0;
 		ssize_t n;
 
-		if (!c->hdone && !c->pdone)
+		if (!c->hdone && !c->pdone) {
 			hdr_fill(&c->hdr, op, mh->sig, step, c->next, p->len);
+			if (p->len >= KD_C4_OBS_MIN)
+				c->t0 = kd_now_ns();
+		}
 		if (c->hdone < sizeof(c->hdr))
 			iov[nio++] = (struct iovec){ (uint8_t *)&c->hdr + c->hdone, sizeof(c->hdr) - c->hdone };
 		if (p->len > c->pdone)
@@ -122,6 +175,7 @@ static int try_send(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 		c->pdone += n;
 		if (c->hdone == sizeof(c->hdr) && c->pdone == p->len) {
 			atomic_fetch_add(&mh->bytes_sent, p->len + sizeof(c->hdr));
+			observe(mh, c, p->len);
 			c->next += c->stride;
 			c->hdone = c->pdone = 0;
 		}
@@ -155,6 +209,8 @@ static int try_recv(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 			n = recv(c->fd, (uint8_t *)&c->hdr + c->hdone, sizeof(c->hdr) - c->hdone, MSG_DONTWAIT);
 			if (n > 0) {
 				*progress = true;
+				if (!c->hdone && p->len >= KD_C4_OBS_MIN)
+					c->t0 = kd_now_ns();
 				c->hdone += n;
 				if (c->hdone < sizeof(c->hdr))
 					continue;
@@ -192,6 +248,7 @@ static int try_recv(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 				if (r)
 					return r;
 				atomic_fetch_add(&mh->bytes_recv, p->len + sizeof(c->hdr));
+				observe(mh, c, p->len);
 				c->next += c->stride;
 				c->hdone = c->pdone = 0;
 				continue;
@@ -238,6 +295,7 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 	uint32_t S = mh->nstreams, nc = 0, k = 0, nl = 0;
 	struct cursor *cs;
 	struct piece **lists;
+	struct smap *maps;
 	struct pollfd *pfd;
 	/* Backstop only: the watchdog's query round normally ends a hang first. */
 	int64_t slack = comm->timeout_ns + 2000000000LL;
@@ -250,8 +308,9 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 		nc += (st[t].nsend + st[t].nrecv) * S;
 	cs = calloc(nc ? nc : 1, sizeof(*cs));
 	lists = calloc(nc ? nc : 1, sizeof(*lists));
+	maps = calloc(nc ? nc : 1, sizeof(*maps));
 	pfd = calloc(nc + 1, sizeof(*pfd));
-	if (!cs || !pfd || !lists) {
+	if (!cs || !pfd || !lists || !maps) {
 		r = -ENOMEM;
 		goto out;
 	}
@@ -266,9 +325,10 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 		for (uint32_t x = 0; x < st[t].nsend + st[t].nrecv; x++) {
 			bool send = x < st[t].nsend;
 			const struct kd_xfer *xf = send ? &st[t].send[x] : &st[t].recv[x - st[t].nsend];
-			uint32_t np;
+			uint32_t np = 0;
 
 			lists[nl] = cut(xf, mh->piece, &np);
+			smap_of(mh, xf->host, &maps[nl]);
 			if (np > S)
 				spin = false;	/* more than one piece per stream: large */
 			if (!lists[nl]) {
@@ -286,15 +346,23 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 				c->src = xf->src ? xf->src : mh->acc;
 				c->pieces = lists[nl];
 				c->npieces = np;
-				c->next = s;
-				c->stride = S;
+				uint32_t idx = UINT32_MAX;	/* a stream this transfer leaves unused */
+
+				for (uint32_t i = 0; i < maps[nl].nu; i++)
+					if (maps[nl].u[i] == s)
+						idx = i;
+				c->next = idx == UINT32_MAX ? np : idx;
+				c->stride = maps[nl].nu;
 				c->step = first + t;
-				c->done = s >= np;
+				c->stream = s;
+				c->done = c->next >= np;
 				if (t && chain) {
 					/* cursors of a chained step: send s, recv s (2S each) */
 					c->prev = &cs[k - 2 * S];
-					if (send)
-						c->dep = &cs[k - 2 * S + S];
+					if (send) {
+						c->dep = &cs[k - s - 2 * S + S];
+						c->dmap = &maps[nl - 1];
+					}
 				}
 				if (!send && st[t].reduce) {
 					uint32_t slot = xf->host * KD_MAX_STREAMS + s;
@@ -355,11 +423,13 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 			struct cursor *c = &cs[i];
 
 			/* Sleep on what can move: not gated, not waiting for a dependency. */
-			if (c->done || gated(c) || (c->dep && !c->dep->done && c->dep->next <= c->next))
+			if (c->done || gated(c) || dep_wait(c))
 				continue;
 			pfd[np++] = (struct pollfd){ .fd = c->fd, .events = c->send ? POLLOUT : POLLIN };
-			if (!c->send)
+			if (!c->send) {
 				mh->wait_host = c->host;
+				mh->wait_stream = c->stream;
+			}
 		}
 		pfd[np++] = (struct pollfd){ .fd = mh->abort_fd, .events = POLLIN };
 		int64_t left = (atomic_load(&mh->last_progress) + slack - kd_now_ns()) / 1000000;
@@ -380,6 +450,7 @@ out:
 	for (uint32_t x = 0; lists && x < nl; x++)
 		free(lists[x]);
 	free(lists);
+	free(maps);
 	free(cs);
 	free(pfd);
 	return r;

@@ -30,6 +30,13 @@ static void usage(FILE *f)
 		"             all-reduce), streams (TCP streams per peer, 1..8), chunk_bytes,\n"
 		"             timeout_ms. Other keys go to kcoll.ko's /sys/kernel/kcoll/KEY\n"
 		"             (slow_ratio_pct, hang_ms, ...; docs/sysfs.md)\n"
+		"  anomalies  C4 detector: anomalies active now in each multi-host communicator\n"
+		"             (hangs, slow links, stragglers) with the evidence: link rates, ranks\n"
+		"  events [--follow] [--since ID]\n"
+		"             C4 events (raised and cleared) this kcolld logged; --follow keeps\n"
+		"             printing new ones until interrupted\n"
+		"  plan       C4 planner: the local link each data stream to each peer uses, the\n"
+		"             one the plan wants, and why\n"
 		"  gpu        GPU doctor: driver, devices, dma-buf / peer memory, the path kcoll\n"
 		"             takes and, if not the fastest, why and how to fix it\n"
 		"  version    versions of kcollctl, libkcoll and the ring ABI\n\n"
@@ -179,11 +186,58 @@ static int status(const char *path, int json)
 	return 0;
 }
 
+/* anomalies / plan, or events from id 'since' (--follow: poll until killed). */
+static int c4(const char *path, uint32_t what, int json, bool follow, uint64_t since)
+{
+	static char buf[KCOLL_MSG_BYTES];
+
+	for (;;) {
+		struct kcoll_msg_c4 req = {
+			.hdr = { .magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_C4, .flags = json ? 1 : 0,
+				 .len = sizeof(req), .seq = 1 },
+			.what = what, .since = since,
+		};
+		int n = ctl_request(path, &req, sizeof(req), buf, sizeof(buf) - 1, false);
+		const struct kcoll_msg_hdr *h = (const void *)buf;
+		const char *text = buf + sizeof(*h), *p;
+
+		if (n < 0)
+			return 1;
+		buf[n] = 0;
+		if (h->status == -EOPNOTSUPP) {
+			fprintf(stderr, "kcollctl: this kcolld has no C4 detector: run the same kcoll build\n");
+			return 1;
+		}
+		if (h->status) {
+			fprintf(stderr, "kcollctl: kcolld refused: %s\n", strerror(-h->status));
+			return 1;
+		}
+		if (!follow || !json || *text != '{' || strstr(text, "\"events\":[]") == NULL)
+			fputs(text, stdout);
+		if (!follow)
+			return 0;
+		fflush(stdout);
+		/* resume after the last id printed */
+		if (json) {
+			p = strstr(text, "\"last\":");
+			if (p)
+				since = strtoull(p + 7, NULL, 10);
+		} else {
+			for (p = text; *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : p + strlen(p))
+				if (*p >= '0' && *p <= '9')
+					since = strtoull(p, NULL, 10);
+		}
+		usleep(200000);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	const char *path = kcoll_knob_str("KCOLL_SOCKET");
 	const char *cmd = NULL, *args[2] = { NULL, NULL };
 	int json = 0, nargs = 0;
+	bool follow = false;
+	uint64_t since = 0;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json")) {
@@ -194,6 +248,15 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			path = argv[i];
+		} else if (!strcmp(argv[i], "--follow") || !strcmp(argv[i], "-f")) {
+			follow = true;
+		} else if (!strcmp(argv[i], "--since")) {
+			char *end;
+
+			if (++i == argc || (since = strtoull(argv[i], &end, 10), *end)) {
+				fprintf(stderr, "kcollctl: --since needs an event id (a number)\n");
+				return 2;
+			}
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help") || !strcmp(argv[i], "help")) {
 			usage(stdout);
 			return 0;
@@ -213,6 +276,16 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(cmd, "status"))
 		return status(path, json);
+	if ((follow || since) && strcmp(cmd, "events")) {
+		fprintf(stderr, "kcollctl: --follow and --since go with 'events'\n");
+		return 2;
+	}
+	if (!strcmp(cmd, "anomalies"))
+		return c4(path, KCOLL_C4_ANOMALIES, json, false, 0);
+	if (!strcmp(cmd, "events"))
+		return c4(path, KCOLL_C4_EVENTS, json, follow, since);
+	if (!strcmp(cmd, "plan"))
+		return c4(path, KCOLL_C4_PLAN, json, false, 0);
 	if (!strcmp(cmd, "config")) {
 		kcoll_knobs_print(stdout, json);
 		return 0;

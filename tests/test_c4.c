@@ -1,0 +1,522 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The C4 detector and planner core (include/kcoll/c4.h) on synthetic traces
+ * of each anomaly class, on noisy but healthy traces (no event allowed), and
+ * on traces recorded by kcolld on the netns cluster (tests/data/c4-*.trace,
+ * written with KCOLL_C4_TRACE): the recorded healthy run must stay silent,
+ * the recorded degraded run must name the degraded host and link.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kcoll/c4.h"
+#include "kcoll/tap.h"
+
+#define MS 1000000ull
+#define TICK (250 * MS)
+
+static struct kcoll_c4 c4;
+static uint64_t now;
+static uint32_t rng = 12345;
+
+/* Deterministic noise: uniform in [100 - pct, 100 + pct] percent of v. */
+static uint64_t noisy(uint64_t v, uint32_t pct)
+{
+	rng = rng * 1103515245u + 12345u;
+	return v * (100 - pct + (rng >> 8) % (2 * pct + 1)) / 100;
+}
+
+/* 4 hosts, one rank each, we are host 'self' with rank 'self'. */
+static void setup(uint32_t self, const struct kcoll_c4_params *p)
+{
+	uint16_t rh[4] = { 0, 1, 2, 3 };
+	struct kcoll_c4_params d;
+
+	if (!p) {
+		kcoll_c4_params_default(&d);
+		p = &d;
+	}
+	now = 1000 * MS;
+	if (kcoll_c4_init(&c4, p, 4, 4, self, 2, rh, now) || kcoll_c4_local(&c4, self)) {
+		printf("Bail out! kcoll_c4_init\n");
+		exit(1);
+	}
+}
+
+/* Ring traffic seen from host self: rx from prev, tx to next, on both links.
+ * rate[h][l] in MB/s (0: no traffic on that key). */
+static void traffic(uint32_t self, uint64_t rate_rx[2], uint64_t rate_tx[2], uint32_t noise)
+{
+	uint32_t prev = (self + 3) % 4, next = (self + 1) % 4;
+
+	for (uint32_t l = 0; l < 2; l++) {
+		for (uint32_t d = 0; d < 2; d++) {
+			uint64_t r = d ? rate_tx[l] : rate_rx[l];
+			uint64_t bytes = 8u << 20;
+			struct kcoll_c4_linkobs o = {
+				.host = d ? next : prev, .link = l, .dir = d, .bytes = bytes, .t_ns = now,
+			};
+
+			if (!r)
+				continue;
+			o.busy_ns = noisy(bytes * 1000 / r, noise);	/* bytes / (MB/s) in ns */
+			kcoll_c4_link_obs(&c4, &o);
+		}
+	}
+}
+
+/* Healthy submissions: every rank submits op seq after a think time. */
+static void ops(uint32_t self, uint64_t seq, const uint32_t think_ms[4], uint32_t noise)
+{
+	for (uint32_t r = 0; r < 4; r++) {
+		uint64_t t = noisy((uint64_t)think_ms[r] * 1000 + 200, noise);
+
+		if (r == self) {
+			kcoll_c4_complete(&c4, r, now);
+			now += t * 1000;
+			kcoll_c4_submit(&c4, r, seq, now);
+			now -= t * 1000;
+		} else {
+			struct kcoll_c4_rankrep rep = { .rank = r, .nsub = seq + 1, .age_ms = 1,
+							.think_us = (uint32_t)t, .nthink = 16 };
+
+			kcoll_c4_rank_report(&c4, &rep, now);
+		}
+	}
+}
+
+static uint32_t count_kind(uint64_t since, uint32_t kind, int raised, struct kcoll_c4_event *last)
+{
+	struct kcoll_c4_event ev[KCOLL_C4_EVQ];
+	uint32_t n = kcoll_c4_events(&c4, since, ev, KCOLL_C4_EVQ), k = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		if ((!kind || ev[i].kind == kind) && (raised < 0 || (int)ev[i].raised == raised)) {
+			k++;
+			if (last)
+				*last = ev[i];
+		}
+	return k;
+}
+
+static uint32_t all_events(void)
+{
+	return count_kind(0, 0, -1, NULL);
+}
+
+static void test_bad_input(void)
+{
+	struct kcoll_c4_params p;
+	uint16_t rh[2] = { 0, 5 };
+	struct kcoll_c4_linkobs o = { .host = 0, .link = 0, .bytes = 1 << 20, .busy_ns = 1 };
+	struct kcoll_c4_rankrep rep = { .rank = 0 };
+	struct kcoll_c4_plan pl = { 0 };
+	uint32_t shared[4] = { 3, 3, 3, 3 };
+
+	kcoll_c4_params_default(&p);
+	tap_ok(kcoll_c4_init(&c4, &p, 2, 2, 0, 1, rh, 0) == -EINVAL, "init: rank on a host that does not exist");
+	rh[1] = 1;
+	tap_ok(kcoll_c4_init(&c4, &p, 0, 2, 0, 1, rh, 0) == -EINVAL, "init: no ranks");
+	tap_ok(kcoll_c4_init(&c4, &p, 2, 2, 2, 1, rh, 0) == -EINVAL, "init: self out of range");
+	tap_ok(kcoll_c4_init(&c4, &p, 2, 2, 0, 9, rh, 0) == -EINVAL, "init: too many links");
+	p.slow_ratio_pct = 100;
+	tap_ok(kcoll_c4_init(&c4, &p, 2, 2, 0, 1, rh, 0) == -EINVAL, "init: slow ratio must exceed 100%%");
+	setup(0, NULL);
+	tap_ok(kcoll_c4_local(&c4, 1) == -EINVAL, "a rank of another host is not local");
+	tap_ok(kcoll_c4_submit(&c4, 1, 0, now) == -EINVAL, "submit of a non-local rank refused");
+	tap_ok(kcoll_c4_link_obs(&c4, &o) == -EINVAL, "observation of a link to ourselves refused");
+	o.host = 1;
+	o.link = 2;
+	tap_ok(kcoll_c4_link_obs(&c4, &o) == -EINVAL, "observation of a link we do not have refused");
+	tap_ok(kcoll_c4_rank_report(&c4, &rep, now) == -EINVAL, "a peer's report about our own rank refused");
+	rep.rank = 1;
+	rep.nthink = 99;
+	tap_ok(kcoll_c4_rank_report(&c4, &rep, now) == -EINVAL, "report with more samples than a window refused");
+	tap_ok(kcoll_c4_plan(&c4, shared, 0, now, &pl) == -EINVAL, "plan with no stream refused");
+	tap_ok(all_events() == 0, "bad input raised no event");
+}
+
+static void test_healthy_noisy(void)
+{
+	uint64_t rx[2] = { 600, 600 }, tx[2] = { 900, 900 };
+	uint32_t think[4] = { 1, 1, 1, 1 };
+
+	setup(0, NULL);
+	for (uint64_t i = 0; i < 2000; i++) {	/* 500 s */
+		/* 45% noise on every sample, and the links' means differ by 1.6x */
+		rx[1] = 600 + (i / 200 % 2) * 360;
+		traffic(0, rx, tx, 45);
+		ops(0, i, think, 80);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	tap_ok(all_events() == 0, "noisy healthy trace (45%% rate noise, 1.6x link imbalance, 500 s): "
+	       "no event (got %u)", all_events());
+}
+
+static void test_comm_slow(uint32_t self, bool own_link)
+{
+	uint64_t rx[2] = { 600, 600 }, tx[2] = { 600, 600 };
+	uint32_t think[4] = { 1, 1, 1, 1 }, shared[4] = { 3, 3, 3, 3 };
+	struct kcoll_c4_plan pl = { 0 };
+	struct kcoll_c4_event e, act[8];
+	uint32_t culprit = own_link ? self : (self + 3) % 4, i, degraded_at;
+	uint64_t t0;
+
+	setup(self, NULL);
+	for (i = 0; i < 40; i++) {
+		traffic(self, rx, tx, 20);
+		ops(self, i, think, 20);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	kcoll_c4_plan(&c4, shared, 2, now, &pl);
+	tap_ok(pl.link[culprit == self ? (self + 1) % 4 : culprit][0] == 0 &&
+	       pl.link[culprit == self ? (self + 1) % 4 : culprit][1] == 1,
+	       "healthy plan: stream 0 on link 0, stream 1 on link 1");
+	/* Degrade link 1: the rx from prev at 10% (the prev host's link), or
+	 * also our tx (our own link). */
+	rx[1] = 60;
+	if (own_link)
+		tx[1] = 60;
+	t0 = now;
+	degraded_at = i;
+	for (; i < degraded_at + 40 && !count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e); i++) {
+		traffic(self, rx, tx, 20);
+		ops(self, i, think, 20);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e) == 1 && e.host == culprit && e.link == 1,
+	       "%s link slow: communication slow names host %u link %u (got host %u link %u)",
+	       own_link ? "own" : "peer's", culprit, 1, e.host, e.link);
+	tap_ok(now - t0 <= 2000 * MS, "... within 2 s of samples (%llu ms)",
+	       (unsigned long long)((now - t0) / MS));
+	tap_ok(e.value && e.value * 2 < e.ref, "... evidence: %llu B/s against a median of "
+	       "%llu B/s", (unsigned long long)e.value, (unsigned long long)e.ref);
+	tap_ok(kcoll_c4_active(&c4, act, 8) == 1 && act[0].kind == KCOLL_C4_COMM_SLOW,
+	       "... one active anomaly");
+	tap_ok(kcoll_c4_plan(&c4, shared, 2, now, &pl) == 1, "plan changes");
+	for (uint32_t h = 0; h < 4; h++) {
+		bool touches = h != self && (culprit == self || h == culprit);
+
+		if (h == self)
+			continue;
+		if (touches)
+			tap_ok(pl.link[h][0] == 0 && pl.link[h][1] == 0 &&
+			       pl.why[h][1] == KCOLL_C4_WHY_AVOID && pl.avoided[h][1] == 1,
+			       "plan: both streams to host %u on link 0 (stream 1 avoids link 1)", h);
+		else
+			tap_ok(pl.link[h][0] == 0 && pl.link[h][1] == 1, "plan: host %u untouched", h);
+	}
+	tap_ok(kcoll_c4_plan(&c4, shared, 2, now, &pl) == 0, "same state: the plan does not change");
+	/* Heal: the detector clears after clear_evals, the planner waits heal_hold_ms more. */
+	rx[1] = tx[1] = 600;
+	t0 = now;
+	for (int k = 0; k < 60 && !count_kind(0, KCOLL_C4_COMM_SLOW, 0, NULL); k++, i++) {
+		traffic(self, rx, tx, 20);
+		ops(self, i, think, 20);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 0, &e) == 1 && e.host == culprit,
+	       "heal: cleared after %llu ms", (unsigned long long)((now - t0) / MS));
+	uint32_t peer = culprit == self ? (self + 1) % 4 : culprit;
+
+	kcoll_c4_plan(&c4, shared, 2, now, &pl);
+	tap_ok(pl.link[peer][1] == 0 && pl.why[peer][1] == KCOLL_C4_WHY_HOLD,
+	       "plan holds the healed link off for heal_hold_ms");
+	now += 2100 * MS;
+	tap_ok(kcoll_c4_plan(&c4, shared, 2, now, &pl) == 1 && pl.link[peer][1] == 1 &&
+	       pl.why[peer][1] == KCOLL_C4_WHY_SPREAD, "after heal_hold_ms: stream 1 back on link 1");
+}
+
+static void test_no_choice(void)
+{
+	uint64_t rx[2] = { 60, 60 }, tx[2] = { 600, 600 };
+	uint32_t think[4] = { 1, 1, 1, 1 }, shared[4] = { 3, 3, 3, 3 };
+	struct kcoll_c4_plan pl = { 0 };
+
+	setup(0, NULL);
+	for (uint32_t i = 0; i < 8; i++) {
+		traffic(0, (uint64_t[2]){ 600, 600 }, tx, 10);
+		ops(0, i, think, 10);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	/* Both of host 3's links slow: tx keys keep the median up. */
+	for (uint32_t i = 8; i < 30; i++) {
+		traffic(0, rx, tx, 10);
+		ops(0, i, think, 10);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	kcoll_c4_plan(&c4, shared, 2, now, &pl);
+	tap_ok(c4.culprit[3][0].slow && c4.culprit[3][1].slow && pl.link[3][0] == 0 && pl.link[3][1] == 1 &&
+	       pl.why[3][0] == KCOLL_C4_WHY_NO_CHOICE, "every link to a host degraded: keep spreading, say why");
+}
+
+static void test_noncomm_hang(bool local_culprit)
+{
+	struct kcoll_c4_params p;
+	uint32_t think[4] = { 1, 1, 1, 1 }, stuck = local_culprit ? 0 : 2;
+	struct kcoll_c4_event e = { 0 };
+	uint64_t t0;
+
+	kcoll_c4_params_default(&p);
+	p.hang_ms = 2000;
+	setup(0, &p);
+	for (uint32_t i = 0; i < 20; i++) {
+		ops(0, i, think, 10);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	/* Op 20: every rank but 'stuck' submits and waits. */
+	t0 = now;
+	if (!local_culprit)
+		kcoll_c4_submit(&c4, 0, 20, now);
+	for (int k = 0; k < 40; k++) {
+		for (uint32_t r = 1; r < 4; r++) {
+			uint64_t age = (now - t0) / MS;
+			struct kcoll_c4_rankrep rep = { .rank = r, .nsub = r == stuck ? 20 : 21,
+							.age_ms = (uint32_t)age + (r == stuck ? 5 : 0),
+							.think_us = 300, .nthink = 16 };
+
+			kcoll_c4_rank_report(&c4, &rep, now);
+		}
+		now += TICK;
+		if (kcoll_c4_evaluate(&c4, now) && count_kind(0, KCOLL_C4_NONCOMM_HANG, 1, &e))
+			break;
+		if (!local_culprit)
+			kcoll_c4_wait(&c4, 2, 1, t0, 20);
+	}
+	tap_ok(count_kind(0, KCOLL_C4_NONCOMM_HANG, 1, &e) == 1 && e.rank == stuck && e.host == stuck,
+	       "non-communication hang names exactly rank %u (%s) (got %u)", stuck,
+	       local_culprit ? "ours" : "a peer's", e.rank);
+	tap_ok(now - t0 >= 2000 * MS && now - t0 <= 2500 * MS, "... once hang_ms passed (%llu ms)",
+	       (unsigned long long)((now - t0) / MS));
+	tap_ok(count_kind(0, KCOLL_C4_COMM_HANG, 1, NULL) == 0,
+	       "... and no communication hang although the data path waits for that host");
+	tap_ok(count_kind(0, 0, 1, NULL) == 1, "... and nothing else");
+	/* It submits: cleared. */
+	if (local_culprit) {
+		kcoll_c4_submit(&c4, 0, 20, now);
+	} else {
+		struct kcoll_c4_rankrep rep = { .rank = 2, .nsub = 21, .think_us = 300, .nthink = 16 };
+
+		kcoll_c4_rank_report(&c4, &rep, now);
+	}
+	now += TICK;
+	kcoll_c4_evaluate(&c4, now);
+	tap_ok(count_kind(0, KCOLL_C4_NONCOMM_HANG, 0, NULL) == 1, "... cleared once it submits");
+}
+
+static void test_comm_hang(void)
+{
+	struct kcoll_c4_params p;
+	uint32_t think[4] = { 1, 1, 1, 1 };
+	struct kcoll_c4_event e = { 0 };
+	uint64_t t0;
+
+	kcoll_c4_params_default(&p);
+	p.hang_ms = 2000;
+	setup(0, &p);
+	for (uint32_t i = 0; i < 20; i++) {
+		ops(0, i, think, 10);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	t0 = now;
+	kcoll_c4_submit(&c4, 0, 20, now);
+	for (int k = 0; k < 40 && !count_kind(0, KCOLL_C4_COMM_HANG, 1, &e); k++) {
+		for (uint32_t r = 1; r < 4; r++) {
+			struct kcoll_c4_rankrep rep = { .rank = r, .nsub = 21,
+							.age_ms = (uint32_t)((now - t0) / MS),
+							.think_us = 300, .nthink = 16 };
+
+			kcoll_c4_rank_report(&c4, &rep, now);
+		}
+		kcoll_c4_wait(&c4, 3, 1, t0, 20);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	tap_ok(count_kind(0, KCOLL_C4_COMM_HANG, 1, &e) == 1 && e.host == 3 && e.link == 1 && e.rank == 3,
+	       "communication hang: every rank submitted, host 3's data does not come on link 1");
+	tap_ok(count_kind(0, KCOLL_C4_NONCOMM_HANG, -1, NULL) == 0, "... not blamed on a rank's submission");
+	kcoll_c4_wait(&c4, KCOLL_C4_NONE, 0, 0, 0);
+	now += TICK;
+	kcoll_c4_evaluate(&c4, now);
+	tap_ok(count_kind(0, KCOLL_C4_COMM_HANG, 0, NULL) == 1, "... cleared when data moves again");
+}
+
+static void test_straggler(bool local)
+{
+	uint32_t think[4] = { 1, 1, 1, 1 }, who = local ? 0 : 3;
+	struct kcoll_c4_event e = { 0 };
+	uint32_t i;
+
+	setup(0, NULL);
+	for (i = 0; i < 30; i++) {
+		ops(0, i, think, 50);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	think[who] = 150;
+	for (; i < 80 && !count_kind(0, KCOLL_C4_NONCOMM_SLOW, 1, &e); i++) {
+		ops(0, i, think, 20);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	tap_ok(count_kind(0, KCOLL_C4_NONCOMM_SLOW, 1, &e) == 1 && e.rank == who,
+	       "straggler (%s rank, 150 ms late each op) named: rank %u, think %llu us vs median %llu us",
+	       local ? "our" : "a peer's", e.rank, (unsigned long long)e.value, (unsigned long long)e.ref);
+	tap_ok(count_kind(0, 0, 1, NULL) == 1, "... and nothing else");
+	think[who] = 1;
+	for (int k = 0; k < 60 && !count_kind(0, KCOLL_C4_NONCOMM_SLOW, 0, NULL); k++, i++) {
+		ops(0, i, think, 20);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	tap_ok(count_kind(0, KCOLL_C4_NONCOMM_SLOW, 0, NULL) == 1, "... cleared once it keeps up again");
+}
+
+static void test_events_ring(void)
+{
+	struct kcoll_c4_event ev[4];
+	uint64_t last = 0;
+	uint32_t n, seen = 0;
+
+	/* A stuck rank raised and cleared many times: ids keep increasing and
+	 * a reader resuming from an id gets only newer events. */
+	setup(0, NULL);
+	for (uint32_t k = 0; k < 300; k++) {
+		c4.rank[1].hung = !c4.rank[1].hung;
+		c4.next_id++;
+		c4.ev[(c4.next_id - 1) % KCOLL_C4_EVQ] = (struct kcoll_c4_event){ .id = c4.next_id - 1 };
+	}
+	while ((n = kcoll_c4_events(&c4, last, ev, 4))) {
+		for (uint32_t i = 0; i < n; i++) {
+			if (ev[i].id != last + 1 && last)
+				break;
+			last = ev[i].id;
+			seen++;
+		}
+	}
+	tap_ok(seen == KCOLL_C4_EVQ && last == 300, "events: the newest %u of 300 in order, resumable (%u, last %llu)",
+	       KCOLL_C4_EVQ, seen, (unsigned long long)last);
+}
+
+/*
+ * A recorded trace: lines written by kcolld (KCOLL_C4_TRACE):
+ *   init NRANKS NHOSTS SELF NLINKS RANKHOST...
+ *   local RANK
+ *   obs T_NS HOST LINK DIR BYTES BUSY_NS
+ *   sub T_NS RANK SEQ / done T_NS RANK
+ *   rep T_NS RANK NSUB AGE_MS THINK_US NTHINK
+ *   wait T_NS HOST LINK SINCE SEQ
+ *   eval T_NS
+ */
+static int replay(const char *path, struct kcoll_c4_event *last_raise, uint32_t *nraised, uint32_t *nevals)
+{
+	char line[256];
+	FILE *f = fopen(path, "r");
+	struct kcoll_c4_params p;
+	int r = -ENOENT;
+
+	*nraised = *nevals = 0;
+	if (!f)
+		return -errno;
+	kcoll_c4_params_default(&p);
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long a[8] = { 0 };
+		char w[16];
+		int n = sscanf(line, "%15s %llu %llu %llu %llu %llu %llu %llu %llu", w, &a[0], &a[1], &a[2],
+			       &a[3], &a[4], &a[5], &a[6], &a[7]);
+
+		if (n < 2)
+			continue;
+		if (!strcmp(w, "init") && n >= 6) {
+			uint16_t rh[KCOLL_C4_MAX_RANKS];
+			char *s = line;
+
+			for (int k = 0; k < 5; k++)
+				s = strchr(s, ' ') + 1;
+			for (uint32_t k = 0; k < a[0] && k < KCOLL_C4_MAX_RANKS; k++)
+				rh[k] = (uint16_t)strtoul(s, &s, 10);
+			r = kcoll_c4_init(&c4, &p, a[0], a[1], a[2], a[3], rh, 0);
+			if (r)
+				break;
+		} else if (!strcmp(w, "local")) {
+			kcoll_c4_local(&c4, a[0]);
+		} else if (!strcmp(w, "obs") && n == 7) {
+			struct kcoll_c4_linkobs o = { .t_ns = a[0], .host = a[1], .link = a[2], .dir = a[3],
+						      .bytes = a[4], .busy_ns = a[5] };
+
+			kcoll_c4_link_obs(&c4, &o);
+		} else if (!strcmp(w, "sub") && n == 4) {
+			kcoll_c4_submit(&c4, a[1], a[2], a[0]);
+		} else if (!strcmp(w, "done") && n == 3) {
+			kcoll_c4_complete(&c4, a[1], a[0]);
+		} else if (!strcmp(w, "rep") && n == 7) {
+			struct kcoll_c4_rankrep rep = { .rank = a[1], .nsub = a[2], .age_ms = a[3],
+							.think_us = a[4], .nthink = a[5] };
+
+			kcoll_c4_rank_report(&c4, &rep, a[0]);
+		} else if (!strcmp(w, "wait") && n == 6) {
+			kcoll_c4_wait(&c4, a[1] == 4294967295ull ? KCOLL_C4_NONE : a[1], a[2], a[3], a[4]);
+		} else if (!strcmp(w, "eval")) {
+			kcoll_c4_evaluate(&c4, a[0]);
+			(*nevals)++;
+		}
+	}
+	fclose(f);
+	if (r)
+		return r;
+	*nraised = count_kind(0, 0, 1, last_raise);
+	return 0;
+}
+
+static void test_recorded(void)
+{
+	const char *dir = getenv("KCOLL_TEST_DATA") ? getenv("KCOLL_TEST_DATA") : "tests/data";
+	struct kcoll_c4_event e = { 0 };
+	uint32_t nr, ne;
+	char path[512];
+	int r;
+
+	snprintf(path, sizeof(path), "%s/c4-healthy.trace", dir);
+	r = replay(path, &e, &nr, &ne);
+	if (r)
+		tap_skip("%s: %s (run from the source tree)", path, strerror(-r));
+	else
+		tap_ok(ne > 10 && nr == 0, "recorded healthy run (%u evaluations): no anomaly (got %u)", ne, nr);
+	snprintf(path, sizeof(path), "%s/c4-degraded.trace", dir);
+	r = replay(path, &e, &nr, &ne);
+	if (r)
+		tap_skip("%s: %s (run from the source tree)", path, strerror(-r));
+	else
+		tap_ok(nr >= 1 && e.kind == KCOLL_C4_COMM_SLOW && e.host == 2 && e.link == 1,
+		       "recorded run, host 2's eth1 at 10%%: communication slow on host %u link %u (%u raised)",
+		       e.host, e.link, nr);
+}
+
+int main(void)
+{
+	printf("TAP version 13\n");
+	test_bad_input();
+	test_healthy_noisy();
+	test_comm_slow(0, false);
+	test_comm_slow(2, true);
+	test_no_choice();
+	test_noncomm_hang(false);
+	test_noncomm_hang(true);
+	test_comm_hang();
+	test_straggler(false);
+	test_straggler(true);
+	test_events_ring();
+	test_recorded();
+	printf("1..%d\n", tap_n);
+	return tap_failed ? 1 : 0;
+}

@@ -1,0 +1,673 @@
+// SPDX-License-Identifier: (GPL-2.0 OR MIT)
+/*
+ * C4 detector and planner core (include/kcoll/c4.h). Freestanding: integer
+ * arithmetic only, no allocation, no libc calls, so kcoll.ko can build it.
+ */
+#ifdef __KERNEL__
+#include <linux/errno.h>
+#else
+#include <errno.h>
+#endif
+
+#include <kcoll/c4.h>
+
+#define MS	1000000ull
+
+void kcoll_c4_params_default(struct kcoll_c4_params *p)
+{
+	*p = (struct kcoll_c4_params){
+		.slow_ratio_pct = 200,
+		.hang_ms = 5000,
+		.straggler_ms = 20,
+		.mad_k = 5,
+		.min_samples = 3,
+		.raise_evals = 2,
+		.clear_evals = 4,
+		.window_ms = 3000,
+		.heal_hold_ms = 2000,
+		.probe_ms = 5000,
+		.min_obs_bytes = 256 << 10,
+	};
+}
+
+static void zero(void *p, uint64_t n)
+{
+	uint8_t *b = p;
+
+	while (n--)
+		*b++ = 0;
+}
+
+/* Sort a small array in place (insertion sort: n <= 256). */
+static void sort_u64(uint64_t *v, uint32_t n)
+{
+	for (uint32_t i = 1; i < n; i++) {
+		uint64_t x = v[i];
+		uint32_t j = i;
+
+		for (; j && v[j - 1] > x; j--)
+			v[j] = v[j - 1];
+		v[j] = x;
+	}
+}
+
+/* The median of v[0..n) (sorts v); the lower middle's and upper middle's mean. */
+static uint64_t median(uint64_t *v, uint32_t n)
+{
+	if (!n)
+		return 0;
+	sort_u64(v, n);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static uint64_t absdiff(uint64_t a, uint64_t b)
+{
+	return a > b ? a - b : b - a;
+}
+
+static int check_params(const struct kcoll_c4_params *p)
+{
+	if (p->slow_ratio_pct <= 100 || !p->hang_ms || !p->min_samples ||
+	    p->min_samples > KCOLL_C4_WIN || !p->raise_evals || !p->clear_evals || !p->window_ms)
+		return -EINVAL;
+	return 0;
+}
+
+int kcoll_c4_set_params(struct kcoll_c4 *c, const struct kcoll_c4_params *p)
+{
+	if (check_params(p))
+		return -EINVAL;
+	c->p = *p;
+	return 0;
+}
+
+int kcoll_c4_init(struct kcoll_c4 *c, const struct kcoll_c4_params *p, uint32_t nranks,
+		  uint32_t nhosts, uint32_t self, uint32_t nlinks, const uint16_t *rank_host,
+		  uint64_t now)
+{
+	if (!nranks || nranks > KCOLL_C4_MAX_RANKS || !nhosts || nhosts > KCOLL_C4_MAX_HOSTS ||
+	    self >= nhosts || !nlinks || nlinks > KCOLL_C4_MAX_LINKS || check_params(p))
+		return -EINVAL;
+	for (uint32_t r = 0; r < nranks; r++)
+		if (rank_host[r] >= nhosts)
+			return -EINVAL;
+	zero(c, sizeof(*c));
+	c->p = *p;
+	c->nranks = nranks;
+	c->nhosts = nhosts;
+	c->self = self;
+	c->nlinks = nlinks;
+	c->start_ns = now;
+	c->wait_host = KCOLL_C4_NONE;
+	c->next_id = 1;
+	for (uint32_t r = 0; r < nranks; r++)
+		c->rank_host[r] = (uint8_t)rank_host[r];
+	return 0;
+}
+
+int kcoll_c4_local(struct kcoll_c4 *c, uint32_t rank)
+{
+	if (rank >= c->nranks || c->rank_host[rank] != c->self)
+		return -EINVAL;
+	c->rank[rank].local = true;
+	return 0;
+}
+
+static uint32_t think_median(const struct kcoll_c4_rank *r)
+{
+	uint64_t v[KCOLL_C4_WIN];
+	uint32_t n = r->nthink < KCOLL_C4_WIN ? r->nthink : KCOLL_C4_WIN;
+
+	for (uint32_t i = 0; i < n; i++)
+		v[i] = r->think_us[i];
+	return (uint32_t)median(v, n);
+}
+
+int kcoll_c4_submit(struct kcoll_c4 *c, uint32_t rank, uint64_t seq, uint64_t now)
+{
+	struct kcoll_c4_rank *r;
+
+	if (rank >= c->nranks || !c->rank[rank].local)
+		return -EINVAL;
+	r = &c->rank[rank];
+	/* Think time: from the completion of its previous op to this submission
+	 * (0 when it submitted before that op completed: pipelined). */
+	if (seq && r->last_done_ns && r->last_done_ns >= r->last_sub_ns && now >= r->last_done_ns) {
+		uint64_t us = (now - r->last_done_ns) / 1000;
+
+		r->think_us[r->think_pos] = us > 0xffffffffu ? 0xffffffffu : (uint32_t)us;
+		r->think_pos = (r->think_pos + 1) % KCOLL_C4_WIN;
+		r->nthink++;
+	}
+	if (seq + 1 > r->nsub)
+		r->nsub = seq + 1;
+	r->last_sub_ns = now;
+	return 0;
+}
+
+int kcoll_c4_complete(struct kcoll_c4 *c, uint32_t rank, uint64_t now)
+{
+	if (rank >= c->nranks || !c->rank[rank].local)
+		return -EINVAL;
+	c->rank[rank].last_done_ns = now;
+	return 0;
+}
+
+static uint64_t since_ms(uint64_t now, uint64_t t)
+{
+	return now > t ? (now - t) / MS : 0;
+}
+
+int kcoll_c4_rank_summary(const struct kcoll_c4 *c, uint32_t rank, uint64_t now,
+			  struct kcoll_c4_rankrep *out)
+{
+	const struct kcoll_c4_rank *r;
+	uint64_t age;
+
+	if (rank >= c->nranks || !c->rank[rank].local)
+		return -EINVAL;
+	r = &c->rank[rank];
+	age = since_ms(now, r->last_sub_ns ? r->last_sub_ns : c->start_ns);
+	*out = (struct kcoll_c4_rankrep){
+		.rank = rank,
+		.age_ms = age > 0xffffffffu ? 0xffffffffu : (uint32_t)age,
+		.nsub = r->nsub,
+		.think_us = think_median(r),
+		.nthink = r->nthink < KCOLL_C4_WIN ? r->nthink : KCOLL_C4_WIN,
+	};
+	return 0;
+}
+
+int kcoll_c4_rank_report(struct kcoll_c4 *c, const struct kcoll_c4_rankrep *m, uint64_t now)
+{
+	struct kcoll_c4_rank *r;
+
+	if (m->rank >= c->nranks || c->rank[m->rank].local || m->nthink > KCOLL_C4_WIN)
+		return -EINVAL;
+	r = &c->rank[m->rank];
+	r->nsub = m->nsub;
+	r->rep_ns = now;
+	r->rep_age_ms = m->age_ms;
+	r->rep_think_us = m->think_us;
+	r->rep_nthink = m->nthink;
+	return 0;
+}
+
+int kcoll_c4_link_obs(struct kcoll_c4 *c, const struct kcoll_c4_linkobs *o)
+{
+	struct kcoll_c4_link *l;
+
+	if (o->host >= c->nhosts || o->host == c->self || o->link >= c->nlinks || o->dir > 1)
+		return -EINVAL;
+	/* Small transfers measure latency, not rate: they would skew the median. */
+	if (o->bytes < c->p.min_obs_bytes || !o->busy_ns)
+		return 0;
+	l = &c->link[o->host][o->link][o->dir];
+	l->bytes[l->pos] = o->bytes;
+	l->busy[l->pos] = o->busy_ns;
+	l->t[l->pos] = o->t_ns;
+	l->pos = (l->pos + 1) % KCOLL_C4_WIN;
+	l->last_t = o->t_ns;
+	if (l->n < KCOLL_C4_WIN)
+		l->n++;
+	return 0;
+}
+
+void kcoll_c4_wait(struct kcoll_c4 *c, uint32_t host, uint32_t link, uint64_t since, uint64_t seq)
+{
+	c->wait_host = host < c->nhosts ? host : KCOLL_C4_NONE;
+	c->wait_link = link;
+	c->wait_since = since;
+	c->wait_seq = seq;
+}
+
+/* ---- evaluation --------------------------------------------------------- */
+
+static void emit(struct kcoll_c4 *c, struct kcoll_c4_event *e, uint64_t now)
+{
+	e->id = c->next_id++;
+	e->t_ns = now;
+	c->ev[e->id % KCOLL_C4_EVQ] = *e;
+}
+
+/* A rank's state is known: local, or a summary fresher than hang_ms. */
+static bool rank_known(const struct kcoll_c4 *c, const struct kcoll_c4_rank *r, uint64_t now)
+{
+	return r->local || (r->rep_ns && since_ms(now, r->rep_ns) < c->p.hang_ms);
+}
+
+static uint64_t rank_age_ms(const struct kcoll_c4 *c, const struct kcoll_c4_rank *r, uint64_t now)
+{
+	if (r->local)
+		return since_ms(now, r->last_sub_ns ? r->last_sub_ns : c->start_ns);
+	return r->rep_age_ms + since_ms(now, r->rep_ns);
+}
+
+static void rank_event(struct kcoll_c4 *c, uint32_t rank, uint32_t kind, bool raised,
+		       uint64_t value, uint64_t ref, uint64_t spread, uint32_t n, uint64_t now)
+{
+	struct kcoll_c4_event e = {
+		.kind = kind, .raised = raised, .rank = rank, .host = c->rank_host[rank],
+		.link = KCOLL_C4_NONE, .via_host = KCOLL_C4_NONE, .value = value, .ref = ref,
+		.spread = spread, .nsamples = n, .seq_lo = (uint32_t)c->rank[rank].nsub,
+	};
+
+	emit(c, &e, now);
+	if (raised)
+		c->rank_ev[rank] = e;
+}
+
+/* Non-communication hang: a rank behind the others (it never submitted the
+ * op they wait in) that has not submitted anything for hang_ms, while a rank
+ * ahead has waited that long. Ranks whose state is unknown are not judged. */
+static int judge_rank_hangs(struct kcoll_c4 *c, uint64_t now)
+{
+	uint64_t maxn = 0;
+	int nev = 0;
+
+	for (uint32_t r = 0; r < c->nranks; r++)
+		if (rank_known(c, &c->rank[r], now) && c->rank[r].nsub > maxn)
+			maxn = c->rank[r].nsub;
+	for (uint32_t r = 0; r < c->nranks; r++) {
+		struct kcoll_c4_rank *k = &c->rank[r];
+		uint64_t wait = 0, age;
+		bool hung;
+
+		if (!rank_known(c, k, now)) {
+			if (k->hung) {
+				k->hung = false;	/* its daemon went silent: not judged */
+				rank_event(c, r, KCOLL_C4_NONCOMM_HANG, false, 0, 0, 0, 0, now);
+				nev++;
+			}
+			continue;
+		}
+		for (uint32_t q = 0; q < c->nranks; q++) {
+			const struct kcoll_c4_rank *a = &c->rank[q];
+
+			if (q != r && rank_known(c, a, now) && a->nsub > k->nsub) {
+				uint64_t w = rank_age_ms(c, a, now);
+
+				if (w > wait)
+					wait = w;
+			}
+		}
+		age = rank_age_ms(c, k, now);
+		hung = k->nsub < maxn && wait >= c->p.hang_ms && age >= c->p.hang_ms;
+		if (hung != k->hung) {
+			k->hung = hung;
+			rank_event(c, r, KCOLL_C4_NONCOMM_HANG, hung, wait, age, 0, 0, now);
+			nev++;
+		}
+	}
+	return nev;
+}
+
+/* Straggler: median think time above the ranks' median by straggler_ms and
+ * mad_k MADs, raise_evals evaluations in a row; clears after clear_evals. */
+static int judge_stragglers(struct kcoll_c4 *c, uint64_t now)
+{
+	uint64_t v[KCOLL_C4_MAX_RANKS], think[KCOLL_C4_MAX_RANKS], m, mad;
+	uint32_t n = 0, ns[KCOLL_C4_MAX_RANKS];
+	int nev = 0;
+
+	for (uint32_t r = 0; r < c->nranks; r++) {
+		struct kcoll_c4_rank *k = &c->rank[r];
+
+		ns[r] = 0;
+		if (!rank_known(c, k, now))
+			continue;
+		ns[r] = k->local ? (k->nthink < KCOLL_C4_WIN ? k->nthink : KCOLL_C4_WIN) : k->rep_nthink;
+		think[r] = k->local ? think_median(k) : k->rep_think_us;
+		if (ns[r] >= c->p.min_samples)
+			v[n++] = think[r];
+	}
+	if (n < 3)
+		return 0;	/* a median of two says nothing about which one is late */
+	m = median(v, n);
+	for (uint32_t i = 0; i < n; i++)
+		v[i] = absdiff(v[i], m);
+	mad = median(v, n);
+	for (uint32_t r = 0; r < c->nranks; r++) {
+		struct kcoll_c4_rank *k = &c->rank[r];
+		bool late;
+
+		if (ns[r] < c->p.min_samples)
+			continue;
+		late = think[r] > m + (uint64_t)c->p.straggler_ms * 1000 &&
+		       think[r] - m > (uint64_t)c->p.mad_k * mad;
+		if (late) {
+			k->good = 0;
+			if (k->bad < 255)
+				k->bad++;
+		} else {
+			k->bad = 0;
+			if (k->good < 255)
+				k->good++;
+		}
+		if (!k->straggler && k->bad >= c->p.raise_evals) {
+			k->straggler = true;
+			rank_event(c, r, KCOLL_C4_NONCOMM_SLOW, true, think[r], m, mad, ns[r], now);
+			nev++;
+		} else if (k->straggler && k->good >= c->p.clear_evals) {
+			k->straggler = false;
+			rank_event(c, r, KCOLL_C4_NONCOMM_SLOW, false, think[r], m, mad, ns[r], now);
+			nev++;
+		}
+	}
+	return nev;
+}
+
+/* A link's rate over its window: bytes / busy time (B/s), 0 if too few. */
+static uint64_t link_rate(struct kcoll_c4 *c, struct kcoll_c4_link *l, uint64_t now, uint32_t *n)
+{
+	uint64_t b = 0, t = 0, horizon = (uint64_t)c->p.window_ms * MS;
+
+	*n = 0;
+	for (uint32_t i = 0; i < l->n; i++) {
+		if (now > l->t[i] && now - l->t[i] > horizon)
+			continue;
+		b += l->bytes[i];
+		t += l->busy[i];
+		(*n)++;
+	}
+	if (*n < c->p.min_samples || !t)
+		return 0;
+	/* b * 1e9 / t without overflow for b < 2^34 per sample window */
+	return b >= (1ull << 33) ? b / (t / 1000000000ull + 1) : b * 1000000000ull / t;
+}
+
+/* Communication slow: every judged (host, link, direction) against the
+ * median of them all; a link judged slow on every peer it reaches (two at
+ * least) is this host's own, else the peer's. */
+static int judge_links(struct kcoll_c4 *c, uint64_t now)
+{
+	uint32_t nsamp[KCOLL_C4_MAX_HOSTS][KCOLL_C4_MAX_LINKS][2];
+	int nev = 0;
+
+	uint64_t v[KCOLL_C4_MAX_HOSTS * KCOLL_C4_MAX_LINKS * 2], m;
+	uint32_t n = 0;
+
+	for (uint32_t h = 0; h < c->nhosts; h++)
+		for (uint32_t l = 0; l < c->nlinks; l++)
+			for (uint32_t d = 0; d < 2; d++) {
+				struct kcoll_c4_link *k = &c->link[h][l][d];
+
+				k->rate = h == c->self ? 0 : link_rate(c, k, now, &nsamp[h][l][d]);
+				if (k->rate)
+					v[n++] = k->rate;
+			}
+	m = median(v, n);
+	for (uint32_t h = 0; h < c->nhosts; h++)
+		for (uint32_t l = 0; l < c->nlinks; l++)
+			for (uint32_t d = 0; d < 2; d++) {
+				struct kcoll_c4_link *k = &c->link[h][l][d];
+				bool bad, good;
+
+				if (h == c->self)
+					continue;
+				/* Slow: the median is more than slow_ratio_pct of its rate,
+				 * and so is its own usual rate (when the whole collective
+				 * slows down, the links that wait find their data already
+				 * buffered and look fast: that inflates the median, not their
+				 * usual rate). Before its usual rate is known (a link slow
+				 * from the start), twice the margin. Healthy again above 3/4
+				 * of the threshold. */
+				bad = n >= 2 && k->rate &&
+				      (k->usual ? k->rate * c->p.slow_ratio_pct < m * 100 &&
+						  k->rate * c->p.slow_ratio_pct < k->usual * 100 :
+						  k->rate * c->p.slow_ratio_pct < m * 50);
+				/* No traffic is no evidence: a slow link the planner emptied
+				 * stays slow for probe_ms, then is tried again. */
+				if (!k->rate)
+					good = !k->slow || now - k->last_t > (uint64_t)c->p.probe_ms * MS;
+				else
+					good = n < 2 || k->rate * c->p.slow_ratio_pct * 3 >= m * 400;
+				/* the usual rate learns only while the link keeps up */
+				if (k->rate && !k->slow && !k->bad && k->rate * c->p.slow_ratio_pct >= m * 100)
+					k->usual = k->usual ? k->usual - k->usual / 8 + k->rate / 8 : k->rate;
+				if (bad) {
+					k->good = 0;
+					if (k->bad < 255)
+						k->bad++;
+				} else if (good) {
+					k->bad = 0;
+					if (k->good < 255)
+						k->good++;
+				}
+				if (!k->slow && k->bad >= c->p.raise_evals)
+					k->slow = true;
+				else if (k->slow && k->good >= c->p.clear_evals)
+					k->slow = false;
+			}
+	/* Attribute: per link, is every peer seen on it slow? */
+	for (uint32_t l = 0; l < c->nlinks; l++) {
+		uint32_t peers = 0, slow = 0;
+		bool blamed[KCOLL_C4_MAX_HOSTS];
+		bool self_bad;
+
+		for (uint32_t h = 0; h < c->nhosts; h++) {
+			bool seen = false, s = false;
+
+			for (uint32_t d = 0; d < 2; d++) {
+				seen |= c->link[h][l][d].rate != 0 || c->link[h][l][d].slow;
+				s |= c->link[h][l][d].slow;
+			}
+			peers += seen;
+			slow += s;
+			blamed[h] = s;
+		}
+		self_bad = peers >= 2 && slow == peers;
+		for (uint32_t h = 0; h < c->nhosts; h++) {
+			struct kcoll_c4_culprit *cu = &c->culprit[h][l];
+			bool now_slow = h == c->self ? self_bad : (blamed[h] && !self_bad);
+			uint32_t via = KCOLL_C4_NONE, d = 0;
+
+			if (now_slow == cu->slow)
+				continue;
+			/* the evidence: the slowest key that shows it */
+			for (uint32_t p = 0; p < c->nhosts; p++)
+				for (uint32_t dd = 0; dd < 2; dd++)
+					if (c->link[p][l][dd].slow && (h == c->self || p == h) &&
+					    (via == KCOLL_C4_NONE ||
+					     c->link[p][l][dd].rate < c->link[via][l][d].rate)) {
+						via = p;
+						d = dd;
+					}
+			struct kcoll_c4_event e = {
+				.kind = KCOLL_C4_COMM_SLOW, .raised = now_slow, .rank = KCOLL_C4_NONE,
+				.host = h, .link = l, .via_host = via,
+				.spread = (uint64_t)slow << 32 | peers,
+			};
+			if (via != KCOLL_C4_NONE) {
+				e.value = c->link[via][l][d].rate;
+				e.nsamples = nsamp[via][l][d];
+				e.ref = m;
+			}
+			cu->slow = now_slow;
+			if (now_slow) {
+				cu->since_ns = now;
+				cu->via_host = via;
+			} else {
+				cu->cleared_ns = now;
+			}
+			emit(c, &e, now);
+			if (now_slow)
+				cu->ev = e;
+			nev++;
+		}
+	}
+	return nev;
+}
+
+/* Communication hang: the data path has waited hang_ms for a host although
+ * every rank whose state is known submitted the op (else it is the rank's
+ * hang), or that host's daemon stopped telling us about its ranks. */
+static int judge_comm_hang(struct kcoll_c4 *c, uint64_t now)
+{
+	uint32_t h = c->wait_host;
+	int nev = 0;
+
+	for (uint32_t k = 0; k < c->nhosts; k++) {
+		bool hung = false;
+
+		if (k == h && since_ms(now, c->wait_since) >= c->p.hang_ms) {
+			bool all_in = true, silent = false;
+
+			for (uint32_t r = 0; r < c->nranks; r++) {
+				const struct kcoll_c4_rank *q = &c->rank[r];
+
+				if (!rank_known(c, q, now)) {
+					if (c->rank_host[r] == h)
+						silent = true;
+					continue;
+				}
+				if (q->nsub <= c->wait_seq)
+					all_in = false;
+			}
+			hung = all_in || silent;
+		}
+		if (hung == c->comm_hung[k])
+			continue;
+		c->comm_hung[k] = hung;
+		uint32_t first = KCOLL_C4_NONE;
+
+		for (uint32_t r = 0; r < c->nranks && first == KCOLL_C4_NONE; r++)
+			if (c->rank_host[r] == k)
+				first = r;
+		struct kcoll_c4_event e = {
+			.kind = KCOLL_C4_COMM_HANG, .raised = hung, .rank = first, .host = k,
+			.link = hung ? c->wait_link : c->hang_ev[k].link, .via_host = k,
+			.value = since_ms(now, c->wait_since), .seq_lo = (uint32_t)c->wait_seq,
+		};
+		emit(c, &e, now);
+		if (hung)
+			c->hang_ev[k] = e;
+		nev++;
+	}
+	return nev;
+}
+
+int kcoll_c4_evaluate(struct kcoll_c4 *c, uint64_t now)
+{
+	return judge_rank_hangs(c, now) + judge_stragglers(c, now) + judge_links(c, now) +
+	       judge_comm_hang(c, now);
+}
+
+uint32_t kcoll_c4_events(const struct kcoll_c4 *c, uint64_t since, struct kcoll_c4_event *out,
+			 uint32_t max)
+{
+	uint64_t first = c->next_id > KCOLL_C4_EVQ ? c->next_id - KCOLL_C4_EVQ : 1;
+	uint32_t n = 0;
+
+	if (since + 1 > first)
+		first = since + 1;
+	for (uint64_t id = first; id < c->next_id && n < max; id++)
+		out[n++] = c->ev[id % KCOLL_C4_EVQ];
+	return n;
+}
+
+uint32_t kcoll_c4_active(const struct kcoll_c4 *c, struct kcoll_c4_event *out, uint32_t max)
+{
+	uint32_t n = 0;
+
+	for (uint32_t r = 0; r < c->nranks && n < max; r++)
+		if (c->rank[r].hung || c->rank[r].straggler)
+			out[n++] = c->rank_ev[r];
+	for (uint32_t h = 0; h < c->nhosts; h++) {
+		for (uint32_t l = 0; l < c->nlinks && n < max; l++)
+			if (c->culprit[h][l].slow)
+				out[n++] = c->culprit[h][l].ev;
+		if (c->comm_hung[h] && n < max)
+			out[n++] = c->hang_ev[h];
+	}
+	return n;
+}
+
+const char *kcoll_c4_kind_name(uint32_t kind)
+{
+	switch (kind) {
+	case KCOLL_C4_COMM_HANG: return "communication hang";
+	case KCOLL_C4_NONCOMM_HANG: return "non-communication hang";
+	case KCOLL_C4_COMM_SLOW: return "communication slow";
+	case KCOLL_C4_NONCOMM_SLOW: return "non-communication slow (straggler)";
+	}
+	return "?";
+}
+
+/* ---- planner ------------------------------------------------------------ */
+
+/* 1: avoid, 2: cleared but held, 0: usable. */
+static int link_state(const struct kcoll_c4 *c, uint32_t h, uint32_t l, uint64_t now)
+{
+	int s = 0;
+
+	for (int k = 0; k < 2; k++) {
+		const struct kcoll_c4_culprit *cu = &c->culprit[k ? c->self : h][l];
+
+		if (cu->slow)
+			return 1;
+		if (cu->cleared_ns && now - cu->cleared_ns < (uint64_t)c->p.heal_hold_ms * MS)
+			s = 2;
+	}
+	return s;
+}
+
+int kcoll_c4_plan(const struct kcoll_c4 *c, const uint32_t *shared, uint32_t nstreams,
+		  uint64_t now, struct kcoll_c4_plan *pl)
+{
+	int changed = 0;
+
+	if (!nstreams || nstreams > KCOLL_C4_MAX_STREAMS)
+		return -EINVAL;
+	if (pl->nstreams != nstreams) {
+		pl->nstreams = nstreams;
+		changed = 1;
+	}
+	for (uint32_t h = 0; h < c->nhosts; h++) {
+		uint32_t all[KCOLL_C4_MAX_LINKS], ok[KCOLL_C4_MAX_LINKS], na = 0, nok = 0;
+		if (h == c->self)
+			continue;
+		for (uint32_t l = 0; l < c->nlinks; l++) {
+			int st;
+
+			if (!(shared[h] & (1u << l)))
+				continue;
+			all[na++] = l;
+			st = link_state(c, h, l, now);
+			if (st == 0)
+				ok[nok++] = l;
+		}
+		for (uint32_t s = 0; s < nstreams; s++) {
+			uint32_t def = na ? all[s % na] : 0, link = def, why = KCOLL_C4_WHY_SPREAD;
+
+			if (na && !nok) {
+				why = KCOLL_C4_WHY_NO_CHOICE;
+			} else if (nok && nok < na) {
+				link = ok[s % nok];
+				if (link != def)
+					why = link_state(c, h, def, now) == 2 ? KCOLL_C4_WHY_HOLD :
+										KCOLL_C4_WHY_AVOID;
+			}
+			if (pl->link[h][s] != link || pl->why[h][s] != why) {
+				changed = 1;
+				pl->link[h][s] = (uint8_t)link;
+				pl->why[h][s] = (uint8_t)why;
+				pl->avoided[h][s] = (uint8_t)(link != def ? def : KCOLL_C4_MAX_LINKS);
+			}
+		}
+	}
+	if (changed)
+		pl->version++;
+	return changed;
+}
+
+const char *kcoll_c4_why_name(uint32_t why)
+{
+	switch (why) {
+	case KCOLL_C4_WHY_SPREAD: return "spread";
+	case KCOLL_C4_WHY_AVOID: return "avoid degraded link";
+	case KCOLL_C4_WHY_HOLD: return "link healed, holding off";
+	case KCOLL_C4_WHY_NO_CHOICE: return "every link degraded";
+	}
+	return "?";
+}

@@ -1,0 +1,823 @@
+// SPDX-License-Identifier: MIT
+/*
+ * C4 in kcolld: one detector and planner (include/kcoll/c4.h, shared with
+ * kcoll.ko) per multi-host communicator, fed with
+ *
+ *   - each local rank's submissions and completions (comm.c, under
+ *     comm->lock, which those paths hold anyway: no new lock on the data path);
+ *   - the other hosts' rank summaries, sent every tick over the control
+ *     connections (KD_P_C4);
+ *   - the bytes and busy time of large pieces on each data stream
+ *     (xport_tcp.c adds them to relaxed atomics; the tick turns deltas into
+ *     struct kcoll_c4_linkobs, the same struct BPF flow statistics can fill);
+ *   - what the net thread waits for and since when.
+ *
+ * The control thread evaluates every KD_C4_TICK, logs events (warn when
+ * raised, info when cleared), keeps the last ones for `kcollctl events`, and
+ * recomputes the plan (`kcollctl plan`). docs/c4.md has the long form.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <kcoll/c4.h>
+
+#include "config.h"
+#include "kcolld.h"
+#include "log.h"
+#include "net.h"
+
+#define KD_C4_TICK	(250 * 1000000LL)
+#define KD_C4_LOG	256
+#define KD_C4_LEAD	4		/* a plan applies this many ops after the proposal */
+#define KD_C4_ANSWER_NS	(2000 * 1000000LL)	/* a proposal unanswered this long is dropped */
+
+struct kd_c4 {
+	struct kcoll_c4 core;			/* comm->lock */
+	struct kcoll_c4_plan plan;		/* control thread */
+	uint64_t seen_bytes[KD_MAX_HOSTS][KD_MAX_STREAMS][2];
+	uint64_t seen_busy[KD_MAX_HOSTS][KD_MAX_STREAMS][2];
+	uint64_t consumed;			/* last core event logged */
+	bool trace;				/* this comm writes the trace */
+};
+
+struct kd_c4_logent {
+	uint64_t id;
+	char comm[17];
+	uint32_t self;
+	int64_t wall_ms;
+	struct kcoll_c4_event e;
+	char text[320];
+};
+
+/* Control thread only. */
+static struct {
+	struct kd_c4_logent log[KD_C4_LOG];
+	uint64_t next_id;
+	int64_t last_tick;
+	FILE *trace;
+	bool trace_taken;
+} c4d = { .next_id = 1 };
+
+static void trace(const struct kd_c4 *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void trace(const struct kd_c4 *c, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!c->trace || !c4d.trace)
+		return;
+	va_start(ap, fmt);
+	vfprintf(c4d.trace, fmt, ap);
+	va_end(ap);
+}
+
+static const char *hname(const struct kd_mh *mh, uint32_t h)
+{
+	return h < mh->nhosts ? mh->hosts[h].info.name : "?";
+}
+
+static void params(struct kcoll_c4_params *p)
+{
+	kcoll_c4_params_default(p);
+	p->slow_ratio_pct = (uint32_t)__atomic_load_n(&kd.c4_slow_ratio_pct, __ATOMIC_RELAXED);
+	p->hang_ms = (uint32_t)__atomic_load_n(&kd.c4_hang_ms, __ATOMIC_RELAXED);
+	p->straggler_ms = (uint32_t)__atomic_load_n(&kd.c4_straggler_ms, __ATOMIC_RELAXED);
+}
+
+int kd_c4_attach(struct kd_comm *comm)
+{
+	struct kd_mh *mh = comm->mh;
+	struct kcoll_c4_params p;
+	struct kd_c4 *c = calloc(1, sizeof(*c));
+	int r;
+
+	if (!c)
+		return -ENOMEM;
+	params(&p);
+	r = kcoll_c4_init(&c->core, &p, comm->nranks, mh->nhosts, mh->self, kd_net_nlinks(),
+			  mh->rank_host, (uint64_t)kd_now_ns());
+	if (r) {
+		kc_warn("comm %s: C4 detector off: %s", comm->name, strerror(-r));
+		free(c);
+		return 0;	/* the communicator works without it */
+	}
+	for (uint32_t rk = 0; rk < comm->nranks; rk++)
+		if (comm->clients[rk])
+			kcoll_c4_local(&c->core, rk);
+	if (!c4d.trace_taken && kcoll_knob_is_set("KCOLL_C4_TRACE")) {
+		c4d.trace_taken = true;
+		char path[512];
+		const char *t = kcoll_knob_str("KCOLL_C4_TRACE"), *pp = strstr(t, "%p");
+
+		/* %p: our pid, so that daemons sharing an environment write apart */
+		if (pp)
+			snprintf(path, sizeof(path), "%.*s%d%s", (int)(pp - t), t, (int)getpid(), pp + 2);
+		else
+			snprintf(path, sizeof(path), "%s", t);
+		c4d.trace = fopen(path, "a");
+		if (!c4d.trace)
+			kc_warn("KCOLL_C4_TRACE: cannot open %s: %m", path);
+		else
+			setvbuf(c4d.trace, NULL, _IOLBF, 0);
+		c->trace = c4d.trace != NULL;
+		trace(c, "init %u %u %u %u", comm->nranks, mh->nhosts, mh->self, kd_net_nlinks());
+		for (uint32_t rk = 0; rk < comm->nranks; rk++)
+			trace(c, " %u", mh->rank_host[rk]);
+		trace(c, "\n");
+		for (uint32_t rk = 0; rk < comm->nranks; rk++)
+			if (comm->clients[rk])
+				trace(c, "local %u\n", rk);
+	}
+	pthread_mutex_lock(&comm->lock);
+	mh->c4 = c;
+	pthread_mutex_unlock(&comm->lock);
+	return 0;
+}
+
+void kd_c4_detach(struct kd_mh *mh)
+{
+	struct kd_c4 *c = mh->c4;
+
+	pthread_mutex_destroy(&mh->plan_lock);
+	if (!c)
+		return;
+	pthread_mutex_lock(&mh->comm->lock);
+	mh->c4 = NULL;
+	pthread_mutex_unlock(&mh->comm->lock);
+	if (c->trace && c4d.trace) {
+		fclose(c4d.trace);
+		c4d.trace = NULL;
+	}
+	free(c);
+}
+
+void kd_c4_submitted(struct kd_comm *comm, uint32_t rank, uint64_t seq)
+{
+	struct kd_c4 *c = comm->mh ? comm->mh->c4 : NULL;
+	int64_t now;
+
+	if (!c)
+		return;
+	now = kd_now_ns();
+	kcoll_c4_submit(&c->core, rank, seq, (uint64_t)now);
+	trace(c, "sub %" PRId64 " %u %" PRIu64 "\n", now, rank, seq);
+}
+
+void kd_c4_completed(struct kd_comm *comm, const struct kd_op *op)
+{
+	struct kd_c4 *c = comm->mh ? comm->mh->c4 : NULL;
+	int64_t now;
+
+	if (!c)
+		return;
+	now = kd_now_ns();
+	for (uint32_t rk = 0; rk < comm->nranks; rk++) {
+		if (!op->c[rk].present)
+			continue;
+		kcoll_c4_complete(&c->core, rk, (uint64_t)now);
+		trace(c, "done %" PRId64 " %u\n", now, rk);
+	}
+}
+
+void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
+{
+	const struct kd_p_c4 *m = (const void *)h;
+	const struct kd_p_c4_rank *rr = (const void *)(m + 1);
+	struct kd_mh *mh = comm->mh;
+	int64_t now = kd_now_ns();
+
+	if (h->len < sizeof(*m) || m->n > KD_MAX_RANKS || h->len != sizeof(*m) + m->n * sizeof(*rr)) {
+		kc_warn("comm %s: host %u sent a malformed C4 report; ignored", comm->name, from_host);
+		return;
+	}
+	mh->hosts[from_host].peer_want = m->want_avoid & ((1u << mh->nstreams) - 1);
+	pthread_mutex_lock(&comm->lock);
+	for (uint32_t i = 0; mh->c4 && i < m->n; i++) {
+		struct kcoll_c4_rankrep rep = { .rank = rr[i].rank, .age_ms = rr[i].age_ms, .nsub = rr[i].nsub,
+						.think_us = rr[i].think_us, .nthink = rr[i].nthink };
+
+		/* A host speaks for its own ranks only. */
+		if (rep.rank >= comm->nranks || mh->rank_host[rep.rank] != from_host)
+			continue;
+		if (!kcoll_c4_rank_report(&mh->c4->core, &rep, (uint64_t)now))
+			trace(mh->c4, "rep %" PRId64 " %u %" PRIu64 " %u %u %u\n", now, rep.rank, rep.nsub,
+			      rep.age_ms, rep.think_us, rep.nthink);
+	}
+	pthread_mutex_unlock(&comm->lock);
+}
+
+/* ---- the plan between a host pair ----------------------------------------- */
+
+void kd_c4_op_start(struct kd_mh *mh, struct kd_op *op)
+{
+	int64_t t0 = kd_now_ns();
+
+	for (;;) {
+		bool wait = false;
+
+		pthread_mutex_lock(&mh->plan_lock);
+		if (mh->started < op->seq + 1)
+			mh->started = op->seq + 1;
+		for (uint32_t h = 0; h < mh->nhosts; h++) {
+			struct kd_mh_host *hh = &mh->hosts[h];
+
+			if (hh->next_valid && op->seq >= hh->next_from) {
+				hh->avoid = hh->next_avoid;
+				hh->next_valid = false;
+			}
+			wait |= hh->prop_out && op->seq >= hh->prop_from;
+		}
+		pthread_mutex_unlock(&mh->plan_lock);
+		/* Our proposal for this op is unanswered: the peer may switch at
+		 * it. The answer comes in a round trip; a peer that never answers
+		 * is dropped by the control thread (prop_out cleared). */
+		if (!wait || op->seq >= __atomic_load_n(&op->comm->limit_seq, __ATOMIC_RELAXED) ||
+		    kd_now_ns() - t0 > 2 * KD_C4_ANSWER_NS)
+			return;
+		usleep(500);
+	}
+}
+
+static void plan_send(struct kd_mh *mh, uint32_t h, uint32_t verb, uint32_t avoid, uint64_t from,
+		      uint64_t started)
+{
+	struct kd_p_plan m = { .verb = verb, .avoid = avoid, .from = from, .started = started };
+
+	kd_net_ctrl_send(mh, h, &m, KD_P_PLAN, sizeof(m));
+}
+
+/* Lower host of the pair: propose the union of both wishes when it changed. */
+static void plan_propose(struct kd_comm *comm, uint32_t h, uint32_t mine, int64_t now)
+{
+	struct kd_mh *mh = comm->mh;
+	struct kd_mh_host *hh = &mh->hosts[h];
+	uint32_t want = (mine | hh->peer_want) & ((1u << mh->nstreams) - 1);
+	uint64_t from;
+
+	if (want == ((1u << mh->nstreams) - 1))
+		want = 0;	/* every stream avoided: use them all */
+	pthread_mutex_lock(&mh->plan_lock);
+	if (hh->prop_out && now - hh->prop_sent > KD_C4_ANSWER_NS) {
+		kc_warn("comm %s: host %u did not answer a stream plan; dropping it", comm->name, h);
+		hh->prop_out = false;
+	}
+	if (hh->prop_out || want == hh->agreed) {
+		pthread_mutex_unlock(&mh->plan_lock);
+		return;
+	}
+	from = mh->started + KD_C4_LEAD;
+	hh->prop_out = true;
+	hh->prop_avoid = want;
+	hh->prop_from = from;
+	hh->prop_sent = now;
+	pthread_mutex_unlock(&mh->plan_lock);
+	plan_send(mh, h, KD_PLAN_PROPOSE, want, from, 0);
+}
+
+void kd_c4_on_plan(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
+{
+	const struct kd_p_plan *m = (const void *)h;
+	struct kd_mh *mh = comm->mh;
+	struct kd_mh_host *hh = &mh->hosts[from_host];
+	uint32_t all = (1u << mh->nstreams) - 1;
+	uint64_t started;
+	bool ok;
+
+	if (h->len != sizeof(*m) || (m->avoid & ~all) || m->avoid == all || m->verb > KD_PLAN_REFUSE ||
+	    (m->verb == KD_PLAN_PROPOSE) != (from_host < mh->self)) {
+		kc_warn("comm %s: host %u sent a malformed stream plan; ignored", comm->name, from_host);
+		return;
+	}
+	pthread_mutex_lock(&mh->plan_lock);
+	switch (m->verb) {
+	case KD_PLAN_PROPOSE:
+		/* Accept unless the data path already started that op. */
+		started = mh->started;
+		ok = started <= m->from;
+		if (ok) {
+			hh->next_avoid = m->avoid;
+			hh->next_from = m->from;
+			hh->next_valid = true;
+			hh->agreed = m->avoid;
+		}
+		pthread_mutex_unlock(&mh->plan_lock);
+		plan_send(mh, from_host, ok ? KD_PLAN_ACCEPT : KD_PLAN_REFUSE, m->avoid, m->from, started);
+		if (ok)
+			kc_info("comm %s: C4 streams to host %u (%s): %s from op %" PRIu64 " (agreed with it)",
+				comm->name, from_host, hname(mh, from_host),
+				m->avoid ? "some left unused" : "all in use", m->from);
+		return;
+	case KD_PLAN_ACCEPT:
+		if (hh->prop_out && m->from == hh->prop_from && m->avoid == hh->prop_avoid) {
+			hh->next_avoid = m->avoid;
+			hh->next_from = m->from;
+			hh->next_valid = true;
+			hh->agreed = m->avoid;
+			hh->prop_out = false;
+			pthread_mutex_unlock(&mh->plan_lock);
+			kc_info("comm %s: C4 streams to host %u (%s): avoid mask 0x%x from op %" PRIu64,
+				comm->name, from_host, hname(mh, from_host), m->avoid, m->from);
+			return;
+		}
+		break;
+	case KD_PLAN_REFUSE:
+		if (hh->prop_out && m->from == hh->prop_from)
+			hh->prop_out = false;	/* proposed again at the next tick, further ahead */
+		break;
+	}
+	pthread_mutex_unlock(&mh->plan_lock);
+}
+
+/* Streams toward host h the plan wants unused: those whose link it moves. */
+static uint32_t plan_avoid(const struct kd_mh *mh, const struct kcoll_c4_plan *pl, uint32_t h)
+{
+	uint32_t m = 0;
+
+	for (uint32_t s = 0; s < mh->nstreams; s++)
+		if (pl->link[h][s] != mh->hosts[h].link[s])
+			m |= 1u << s;
+	return m;
+}
+
+/* ---- rendering ---------------------------------------------------------- */
+
+static const char *kind_key(uint32_t k)
+{
+	switch (k) {
+	case KCOLL_C4_COMM_HANG: return "comm_hang";
+	case KCOLL_C4_NONCOMM_HANG: return "noncomm_hang";
+	case KCOLL_C4_COMM_SLOW: return "comm_slow";
+	case KCOLL_C4_NONCOMM_SLOW: return "straggler";
+	}
+	return "?";
+}
+
+/* "link 1 (eth1 10.20.0.3)" for ours, "link 1 (10.20.0.3)" for a peer's. */
+static void link_str(const struct kd_mh *mh, uint32_t h, uint32_t l, char *buf, size_t len)
+{
+	char addr[20], ifn[20];
+
+	if (l == KCOLL_C4_NONE) {
+		snprintf(buf, len, "no link");
+		return;
+	}
+	kd_net_link_addr(mh, h, l, addr, sizeof(addr));
+	if (h == mh->self) {
+		kd_net_link_ifname(l, ifn, sizeof(ifn));
+		snprintf(buf, len, "link %u (%s %s)", l, ifn, addr);
+	} else {
+		snprintf(buf, len, "link %u (%s)", l, addr);
+	}
+}
+
+static size_t event_text(const struct kd_mh *mh, const struct kcoll_c4_event *e, char *b, size_t cap)
+{
+	char ls[64];
+
+	link_str(mh, e->host, e->link, ls, sizeof(ls));
+	switch (e->kind) {
+	case KCOLL_C4_COMM_SLOW:
+		if (!e->raised)
+			return snprintf(b, cap, "communication slow cleared: host %u (%s) %s", e->host,
+					hname(mh, e->host), ls);
+		return snprintf(b, cap, "communication slow: host %u (%s) %s: %.1f MB/s against a median of "
+				"%.1f MB/s over the links (seen on traffic with host %u; %u of %u peers on "
+				"that link slow; %u samples)", e->host, hname(mh, e->host), ls, e->value / 1e6,
+				e->ref / 1e6, e->via_host, (uint32_t)(e->spread >> 32), (uint32_t)e->spread,
+				e->nsamples);
+	case KCOLL_C4_COMM_HANG:
+		if (!e->raised)
+			return snprintf(b, cap, "communication hang cleared: host %u (%s)", e->host,
+					hname(mh, e->host));
+		return snprintf(b, cap, "communication hang: op %u: every rank submitted it, but no data from "
+				"host %u (%s, rank %u) on %s for %" PRIu64 " ms", e->seq_lo, e->host,
+				hname(mh, e->host), e->rank, ls, e->value);
+	case KCOLL_C4_NONCOMM_HANG:
+		if (!e->raised)
+			return snprintf(b, cap, "non-communication hang cleared: rank %u (host %u, %s)", e->rank,
+					e->host, hname(mh, e->host));
+		return snprintf(b, cap, "non-communication hang: rank %u (host %u, %s) never submitted op %u; "
+				"other ranks have waited %" PRIu64 " ms, it submitted nothing for %" PRIu64
+				" ms", e->rank, e->host, hname(mh, e->host), e->seq_lo, e->value, e->ref);
+	case KCOLL_C4_NONCOMM_SLOW:
+		if (!e->raised)
+			return snprintf(b, cap, "straggler cleared: rank %u (host %u, %s)", e->rank, e->host,
+					hname(mh, e->host));
+		return snprintf(b, cap, "straggler: rank %u (host %u, %s) submits %.1f ms after its previous "
+				"op completes; the ranks' median is %.1f ms (MAD %.1f ms, %u samples)", e->rank,
+				e->host, hname(mh, e->host), e->value / 1e3, e->ref / 1e3, e->spread / 1e3,
+				e->nsamples);
+	}
+	return snprintf(b, cap, "?");
+}
+
+/* JSON string body: the texts are ours, but host names come from peers. */
+static size_t jstr(char *b, size_t cap, const char *s)
+{
+	size_t n = 0;
+
+	for (; *s && n + 7 < cap; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			n += snprintf(b + n, cap - n, "\\%c", ch);
+		else if (ch < 0x20 || ch >= 0x7f)
+			n += snprintf(b + n, cap - n, "\\u%04x", ch);
+		else
+			b[n++] = ch;
+	}
+	if (n < cap)
+		b[n] = 0;
+	return n;
+}
+
+#define PUT(...)                                                              \
+	do {                                                                  \
+		int w_ = snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__); \
+		if (w_ > 0)                                                   \
+			n += (size_t)w_;                                      \
+	} while (0)
+
+static size_t event_json(const struct kd_mh *mh, const struct kcoll_c4_event *e, char *buf, size_t cap)
+{
+	char addr[20], t[320], js[400];
+	size_t n = 0;
+
+	addr[0] = 0;
+	if (e->link != KCOLL_C4_NONE)
+		kd_net_link_addr(mh, e->host, e->link, addr, sizeof(addr));
+	event_text(mh, e, t, sizeof(t));
+	jstr(js, sizeof(js), t);
+	PUT("{\"kind\":\"%s\",\"raised\":%s,\"rank\":%d,\"host\":%u,\"host_name\":\"", kind_key(e->kind),
+	    e->raised ? "true" : "false", e->rank == KCOLL_C4_NONE ? -1 : (int)e->rank, e->host);
+	n += jstr(buf + n, n < cap ? cap - n : 0, hname(mh, e->host));
+	PUT("\",\"link\":%d,\"link_addr\":\"%s\",\"via_host\":%d,\"value\":%" PRIu64 ",\"ref\":%" PRIu64
+	    ",\"spread\":%" PRIu64 ",\"samples\":%u,\"op\":%u,\"text\":\"%s\"}",
+	    e->link == KCOLL_C4_NONE ? -1 : (int)e->link, addr,
+	    e->via_host == KCOLL_C4_NONE ? -1 : (int)e->via_host, e->value, e->ref, e->spread, e->nsamples,
+	    e->seq_lo, js);
+	return n;
+}
+
+static int64_t wall_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+static void log_event(struct kd_comm *comm, const struct kcoll_c4_event *e)
+{
+	struct kd_c4_logent *le = &c4d.log[c4d.next_id % KD_C4_LOG];
+	struct kd_mh *mh = comm->mh;
+
+	le->id = c4d.next_id++;
+	memcpy(le->comm, comm->name, sizeof(le->comm));
+	le->self = mh->self;
+	le->wall_ms = wall_ms();
+	le->e = *e;
+	event_text(mh, e, le->text, sizeof(le->text));
+	if (e->raised)
+		kc_warn("comm %s: C4: %s", comm->name, le->text);
+	else
+		kc_info("comm %s: C4: %s", comm->name, le->text);
+}
+
+/* ---- the tick ------------------------------------------------------------ */
+
+static void feed_links(struct kd_mh *mh, struct kd_c4 *c, uint64_t now)
+{
+	for (uint32_t h = 0; h < mh->nhosts; h++) {
+		struct kd_mh_host *hh = &mh->hosts[h];
+
+		if (h == mh->self)
+			continue;
+		for (uint32_t s = 0; s < mh->nstreams; s++) {
+			for (uint32_t d = 0; d < 2; d++) {
+				uint64_t b = atomic_load_explicit(&hh->obs_bytes[s][d], memory_order_relaxed);
+				uint64_t t = atomic_load_explicit(&hh->obs_busy[s][d], memory_order_relaxed);
+				struct kcoll_c4_linkobs o = {
+					.host = h, .link = hh->link[s], .dir = d, .t_ns = now,
+					.bytes = b - c->seen_bytes[h][s][d], .busy_ns = t - c->seen_busy[h][s][d],
+				};
+
+				c->seen_bytes[h][s][d] = b;
+				c->seen_busy[h][s][d] = t;
+				if (!o.bytes)
+					continue;
+				kcoll_c4_link_obs(&c->core, &o);
+				if (o.bytes >= c->core.p.min_obs_bytes)
+					trace(c, "obs %" PRIu64 " %u %u %u %" PRIu64 " %" PRIu64 "\n", now, h, o.link,
+					      d, o.bytes, o.busy_ns);
+			}
+		}
+	}
+}
+
+static void plan_log(struct kd_comm *comm, struct kd_c4 *c, const struct kcoll_c4_plan *old)
+{
+	struct kd_mh *mh = comm->mh;
+
+	for (uint32_t h = 0; h < mh->nhosts; h++) {
+		if (h == mh->self)
+			continue;
+		for (uint32_t s = 0; s < mh->nstreams; s++) {
+			char from[64], to[64];
+
+			if (old->version && old->link[h][s] == c->plan.link[h][s] && old->why[h][s] == c->plan.why[h][s])
+				continue;
+			if (!old->version && c->plan.why[h][s] == KCOLL_C4_WHY_SPREAD)
+				continue;
+			link_str(mh, mh->self, old->version ? old->link[h][s] : mh->hosts[h].link[s], from,
+				 sizeof(from));
+			link_str(mh, mh->self, c->plan.link[h][s], to, sizeof(to));
+			kc_info("comm %s: C4 plan %" PRIu64 ": host %u (%s) stream %u: %s -> %s (%s)", comm->name,
+				c->plan.version, h, hname(mh, h), s, from, to, kcoll_c4_why_name(c->plan.why[h][s]));
+		}
+	}
+}
+
+static void tick_comm(struct kd_comm *comm, int64_t now)
+{
+	struct kd_mh *mh = comm->mh;
+	struct kd_c4 *c = mh->c4;
+	struct kcoll_c4_params p;
+	struct kcoll_c4_event ev[16];
+	struct kcoll_c4_plan old;
+	uint32_t shared[KD_MAX_HOSTS] = { 0 }, nev, nrep = 0;
+	struct {
+		struct kd_p_c4 m;
+		struct kd_p_c4_rank r[KD_MAX_RANKS];
+	} rep;
+	uint64_t running = atomic_load(&mh->running_seq);
+	bool enforce = kcoll_knob_ll("KCOLL_C4_PLAN") != 0;
+
+	params(&p);
+	for (uint32_t h = 0; h < mh->nhosts; h++)
+		shared[h] = h == mh->self ? 0 : kd_net_shared_links(mh, h);
+	pthread_mutex_lock(&comm->lock);
+	if (memcmp(&p, &c->core.p, sizeof(p)) && kcoll_c4_set_params(&c->core, &p))
+		kc_warn("comm %s: C4 thresholds out of range; keeping the previous ones", comm->name);
+	feed_links(mh, c, (uint64_t)now);
+	if (running != UINT64_MAX && mh->wait_host < mh->nhosts) {
+		uint64_t since = (uint64_t)atomic_load(&mh->last_progress);
+		uint32_t link = mh->hosts[mh->wait_host].link[mh->wait_stream % KD_MAX_STREAMS];
+
+		kcoll_c4_wait(&c->core, mh->wait_host, link, since, running);
+		trace(c, "wait %" PRId64 " %u %u %" PRIu64 " %" PRIu64 "\n", now, mh->wait_host, link, since,
+		      running);
+	} else {
+		kcoll_c4_wait(&c->core, KCOLL_C4_NONE, 0, 0, 0);
+		trace(c, "wait %" PRId64 " %u 0 0 0\n", now, KCOLL_C4_NONE);
+	}
+	kcoll_c4_evaluate(&c->core, (uint64_t)now);
+	trace(c, "eval %" PRId64 "\n", now);
+	nev = kcoll_c4_events(&c->core, c->consumed, ev, 16);
+	if (nev)
+		c->consumed = ev[nev - 1].id;
+	for (uint32_t rk = 0; rk < comm->nranks; rk++) {
+		struct kcoll_c4_rankrep s;
+
+		if (comm->clients[rk] && !kcoll_c4_rank_summary(&c->core, rk, (uint64_t)now, &s))
+			rep.r[nrep++] = (struct kd_p_c4_rank){ .rank = s.rank, .age_ms = s.age_ms, .nsub = s.nsub,
+								.think_us = s.think_us, .nthink = s.nthink };
+	}
+	old = c->plan;
+	if (kcoll_c4_plan(&c->core, shared, mh->nstreams, (uint64_t)now, &c->plan) > 0)
+		plan_log(comm, c, &old);
+	pthread_mutex_unlock(&comm->lock);
+
+	for (uint32_t i = 0; i < nev; i++)
+		log_event(comm, &ev[i]);
+	for (uint32_t h = 0; h < mh->nhosts; h++) {
+		uint32_t want = enforce ? plan_avoid(mh, &c->plan, h) : 0;
+
+		if (h == mh->self || mh->hosts[h].dead)
+			continue;
+		rep.m = (struct kd_p_c4){ .n = nrep, .want_avoid = want };
+		kd_net_ctrl_send(mh, h, &rep, KD_P_C4, sizeof(rep.m) + nrep * sizeof(rep.r[0]));
+		if (h > mh->self)
+			plan_propose(comm, h, want, now);
+	}
+}
+
+void kd_c4_tick(int64_t now)
+{
+	if (now - c4d.last_tick < KD_C4_TICK)
+		return;
+	c4d.last_tick = now;
+	for (struct kd_comm *comm = kd.comms; comm; comm = comm->next)
+		if (comm->mh && comm->mh->c4 && comm->state == KD_COMM_ACTIVE)
+			tick_comm(comm, now);
+}
+
+/* ---- kcollctl ------------------------------------------------------------ */
+
+static size_t render_events(uint64_t since, char *buf, size_t cap, int json)
+{
+	uint64_t first = c4d.next_id > KD_C4_LOG ? c4d.next_id - KD_C4_LOG : 1;
+	size_t n = 0;
+	bool any = false;
+
+	if (since + 1 > first)
+		first = since + 1;
+	if (json)
+		PUT("{\"last\":%" PRIu64 ",\"events\":[", c4d.next_id - 1);
+	for (uint64_t id = first; id < c4d.next_id && n + 1024 < cap; id++) {
+		const struct kd_c4_logent *le = &c4d.log[id % KD_C4_LOG];
+		char js[400];
+
+		if (json) {
+			jstr(js, sizeof(js), le->text);
+			PUT("%s{\"id\":%" PRIu64 ",\"comm\":\"%s\",\"observer\":%u,\"time_ms\":%" PRId64
+			    ",\"kind\":\"%s\",\"raised\":%s,\"rank\":%d,\"host\":%u,\"link\":%d,\"text\":\"%s\"}",
+			    any ? "," : "", le->id, le->comm, le->self, le->wall_ms, kind_key(le->e.kind),
+			    le->e.raised ? "true" : "false",
+			    le->e.rank == KCOLL_C4_NONE ? -1 : (int)le->e.rank, le->e.host,
+			    le->e.link == KCOLL_C4_NONE ? -1 : (int)le->e.link, js);
+		} else {
+			time_t t = le->wall_ms / 1000;
+			struct tm tm;
+			char ts[32];
+
+			gmtime_r(&t, &tm);
+			strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
+			PUT("%" PRIu64 " %s.%03d comm %s: %s\n", le->id, ts, (int)(le->wall_ms % 1000), le->comm,
+			    le->text);
+		}
+		any = true;
+	}
+	if (json)
+		PUT("]}\n");
+	return n;
+}
+
+static size_t render_anomalies(char *buf, size_t cap, int json)
+{
+	size_t n = 0;
+	bool firstc = true;
+
+	if (json)
+		PUT("{\"comms\":[");
+	for (struct kd_comm *comm = kd.comms; comm && n + 4096 < cap; comm = comm->next) {
+		struct kd_mh *mh = comm->mh;
+		struct kcoll_c4_event act[32];
+		struct kcoll_c4 *c;
+		uint32_t na;
+
+		if (!mh || !mh->c4 || comm->state != KD_COMM_ACTIVE)
+			continue;
+		pthread_mutex_lock(&comm->lock);
+		c = &mh->c4->core;
+		na = kcoll_c4_active(c, act, 32);
+		if (json) {
+			PUT("%s{\"comm\":\"%s\",\"host\":%u,\"active\":[", firstc ? "" : ",", comm->name, mh->self);
+			for (uint32_t i = 0; i < na && n + 2048 < cap; i++) {
+				PUT("%s", i ? "," : "");
+				n += event_json(mh, &act[i], buf + n, n < cap ? cap - n : 0);
+			}
+			PUT("],\"links\":[");
+		} else {
+			PUT("comm %s (host %u of %u): %u active anomal%s\n", comm->name, mh->self, mh->nhosts, na,
+			    na == 1 ? "y" : "ies");
+			for (uint32_t i = 0; i < na; i++) {
+				char t[320];
+
+				event_text(mh, &act[i], t, sizeof(t));
+				PUT("  %s\n", t);
+			}
+			PUT("  links (rate of large pieces over the last %u ms, MB/s):\n", c->p.window_ms);
+			PUT("    %-5s %-16s %-5s %-22s %10s %s\n", "HOST", "NAME", "DIR", "LINK", "RATE", "STATE");
+		}
+		bool first = true;
+
+		for (uint32_t h = 0; h < mh->nhosts; h++)
+			for (uint32_t l = 0; l < c->nlinks; l++)
+				for (uint32_t d = 0; d < 2; d++) {
+					const struct kcoll_c4_link *k = &c->link[h][l][d];
+					char ls[64];
+
+					if (h == mh->self || (!k->rate && !k->slow))
+						continue;
+					link_str(mh, h, l, ls, sizeof(ls));
+					if (json)
+						PUT("%s{\"host\":%u,\"link\":%u,\"dir\":\"%s\",\"rate\":%" PRIu64
+						    ",\"slow\":%s}", first ? "" : ",", h, l, d ? "tx" : "rx", k->rate,
+						    k->slow ? "true" : "false");
+					else
+						PUT("    %-5u %-16.16s %-5s %-22s %10.1f %s\n", h, hname(mh, h),
+						    d ? "tx" : "rx", ls, k->rate / 1e6, k->slow ? "SLOW" : "ok");
+					first = false;
+				}
+		if (json)
+			PUT("],\"ranks\":[");
+		else
+			PUT("  ranks:\n    %-5s %-5s %-16s %8s %10s %10s %s\n", "RANK", "HOST", "NAME", "OPS",
+			    "AGE_MS", "THINK_MS", "STATE");
+		for (uint32_t r = 0; r < comm->nranks && n + 512 < cap; r++) {
+			const struct kcoll_c4_rank *k = &c->rank[r];
+			struct kcoll_c4_rankrep s = { 0 };
+			bool known = k->local || k->rep_ns;
+
+			if (k->local)
+				kcoll_c4_rank_summary(c, r, (uint64_t)kd_now_ns(), &s);
+			else
+				s = (struct kcoll_c4_rankrep){ .nsub = k->nsub, .think_us = k->rep_think_us,
+							       .age_ms = k->rep_age_ms };
+			const char *st = k->hung ? "HUNG" : k->straggler ? "STRAGGLER" : known ? "ok" : "unknown";
+
+			if (json)
+				PUT("%s{\"rank\":%u,\"host\":%u,\"local\":%s,\"ops\":%" PRIu64 ",\"age_ms\":%u,"
+				    "\"think_us\":%u,\"state\":\"%s\"}", r ? "," : "", r, c->rank_host[r],
+				    k->local ? "true" : "false", s.nsub, s.age_ms, s.think_us, st);
+			else
+				PUT("    %-5u %-5u %-16.16s %8" PRIu64 " %10u %10.2f %s\n", r, c->rank_host[r],
+				    hname(mh, c->rank_host[r]), s.nsub, s.age_ms, s.think_us / 1e3, st);
+		}
+		if (json)
+			PUT("]}");
+		pthread_mutex_unlock(&comm->lock);
+		firstc = false;
+	}
+	if (json)
+		PUT("]}\n");
+	else if (firstc)
+		PUT("no multi-host communicator: nothing to judge\n");
+	return n;
+}
+
+static size_t render_plan(char *buf, size_t cap, int json)
+{
+	size_t n = 0;
+	bool firstc = true;
+
+	if (json)
+		PUT("{\"enforced\":%s,\"comms\":[", kcoll_knob_ll("KCOLL_C4_PLAN") ? "true" : "false");
+	for (struct kd_comm *comm = kd.comms; comm && n + 4096 < cap; comm = comm->next) {
+		struct kd_mh *mh = comm->mh;
+		const struct kcoll_c4_plan *pl;
+		bool first = true;
+
+		if (!mh || !mh->c4 || comm->state != KD_COMM_ACTIVE)
+			continue;
+		pl = &mh->c4->plan;
+		if (json)
+			PUT("%s{\"comm\":\"%s\",\"host\":%u,\"version\":%" PRIu64 ",\"streams\":[", firstc ? "" : ",",
+			    comm->name, mh->self, pl->version);
+		else
+			PUT("comm %s (host %u): plan version %" PRIu64 ", %u streams per peer\n"
+			    "  %-5s %-16s %-6s %-22s %-22s %s\n", comm->name, mh->self, pl->version, mh->nstreams,
+			    "HOST", "NAME", "STREAM", "NOW", "PLAN", "WHY");
+		for (uint32_t h = 0; h < mh->nhosts; h++) {
+			if (h == mh->self)
+				continue;
+			for (uint32_t s = 0; s < mh->nstreams; s++) {
+				char now[64], want[64];
+
+				link_str(mh, mh->self, mh->hosts[h].link[s], now, sizeof(now));
+				link_str(mh, mh->self, pl->link[h][s], want, sizeof(want));
+				if (json)
+					PUT("%s{\"host\":%u,\"stream\":%u,\"link_now\":%u,\"link\":%u,\"why\":\"%s\"}",
+					    first ? "" : ",", h, s, mh->hosts[h].link[s], pl->link[h][s],
+					    kcoll_c4_why_name(pl->why[h][s]));
+				else
+					PUT("  %-5u %-16.16s %-6u %-22s %-22s %s\n", h, hname(mh, h), s, now, want,
+					    kcoll_c4_why_name(pl->why[h][s]));
+				first = false;
+			}
+		}
+		if (json)
+			PUT("]}");
+		firstc = false;
+	}
+	if (json)
+		PUT("]}\n");
+	else if (firstc)
+		PUT("no multi-host communicator: nothing to plan\n");
+	return n;
+}
+
+size_t kd_c4_render(uint32_t what, uint64_t since, char *buf, size_t cap, int json)
+{
+	size_t n;
+
+	switch (what) {
+	case KCOLL_C4_EVENTS:
+		n = render_events(since, buf, cap, json);
+		break;
+	case KCOLL_C4_PLAN:
+		n = render_plan(buf, cap, json);
+		break;
+	default:
+		n = render_anomalies(buf, cap, json);
+		break;
+	}
+	return n < cap ? n : cap - 1;
+}
