@@ -930,7 +930,12 @@ void kd_mh_queue(struct kd_op *op)
 			push(mh, op);
 			op = NULL;
 		}
-		pthread_cond_broadcast(&mh->qcond);	/* the net thread, kd_mh_stop */
+		/* Wake the net thread (or kd_mh_stop) only if it has something to
+		 * do: after every small op it would otherwise wake, take the lock,
+		 * find nothing and sleep again (two context switches per op and
+		 * host, on CPUs the peers need). */
+		if (mh->queue || mh->stop)
+			pthread_cond_broadcast(&mh->qcond);
 		pthread_mutex_unlock(&mh->qlock);
 		fail_chain(op);
 		return;

@@ -206,11 +206,24 @@ static int try_recv(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 		ssize_t n;
 
 		if (c->hdone < sizeof(c->hdr)) {
-			n = recv(c->fd, (uint8_t *)&c->hdr + c->hdone, sizeof(c->hdr) - c->hdone, MSG_DONTWAIT);
+			/* Header and payload in one call: a small piece then costs one
+			 * recvmsg. The payload bytes land before the header is checked;
+			 * a bad header fails the op, whose buffers are then undefined. */
+			struct iovec iov[2] = {
+				{ (uint8_t *)&c->hdr + c->hdone, sizeof(c->hdr) - c->hdone },
+				{ c->rx ? c->rx : c->dst + p->off, p->len },
+			};
+			struct msghdr mhdr = { .msg_iov = iov, .msg_iovlen = p->len ? 2 : 1 };
+
+			n = recvmsg(c->fd, &mhdr, MSG_DONTWAIT);
 			if (n > 0) {
 				*progress = true;
 				if (!c->hdone && p->len >= KD_C4_OBS_MIN)
 					c->t0 = kd_now_ns();
+				if ((size_t)n > iov[0].iov_len) {
+					c->pdone = n - iov[0].iov_len;
+					n = iov[0].iov_len;
+				}
 				c->hdone += n;
 				if (c->hdone < sizeof(c->hdr))
 					continue;
