@@ -60,7 +60,7 @@ void kd_bpf_start(void)
 	if (kcoll_knob_ll("KCOLL_BPF") != 1)
 		return;
 	o.pin_dir = kcoll_knob_str("KCOLL_BPF_PIN");
-	n = kd_net_self(&port, addrs, KCOLL_ID_MAX_ADDRS);
+	n = kd_net_self_addrs(&port, addrs, KCOLL_ID_MAX_ADDRS);
 	if (!port || !n) {
 		kc_warn("flow tracking (KCOLL_BPF=1) is off: this kcolld does not listen for peers");
 		return;

@@ -420,7 +420,7 @@ static void find_addrs(const char *spec)
 
 void (*kd_net_table_hook)(const struct kd_p_hostinfo *hosts, uint32_t nhosts, uint32_t you);
 
-int kd_net_self(uint16_t *port, uint32_t *addrs, int max)
+int kd_net_self_addrs(uint16_t *port, uint32_t *addrs, int max)
 {
 	int n = net.me.naddrs < max ? net.me.naddrs : max;
 

@@ -305,7 +305,7 @@ struct kd_mh {
 int kd_net_start(const char *listen_spec, const char *addrs_spec);
 /* Who this daemon is to its peers (after kd_net_start): listen port (0 when
  * not listening) and up to max advertised addresses; returns how many. */
-int kd_net_self(uint16_t *port, uint32_t *addrs, int max);
+int kd_net_self_addrs(uint16_t *port, uint32_t *addrs, int max);
 /* Called on the control thread when a communicator's host table is installed
  * (flow tracking learns peers' addresses and ports from it); NULL: none. */
 extern void (*kd_net_table_hook)(const struct kd_p_hostinfo *hosts, uint32_t nhosts, uint32_t you);
