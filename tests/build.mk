@@ -20,3 +20,12 @@ $(TBIN)/mh_rank: $(OBJ)/tests/mh_rank.o $(LIB)/libkcoll.a $(COMMON_LIB)
 
 ALL_TARGETS += $(TBIN)/mh_rank
 CHECK_TARGETS += $(TBIN)/mh_rank
+
+# One side of the cross-host KV tests (tests/t_kv_cluster.sh).
+$(TBIN)/kv_peer: $(OBJ)/tests/kv_peer.o $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS)
+
+ALL_TARGETS += $(TBIN)/kv_peer
+CHECK_TARGETS += $(TBIN)/kv_peer
