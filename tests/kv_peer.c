@@ -147,6 +147,8 @@ static int owner(const char *dir, size_t size, int unreg)
 		check(r == 0 && h == h2, "unregister_quiet", "(%s; %s)", kcoll_strerror(r),
 		      h == h2 ? "no write after unregister" : "buffer changed after unregister");
 		file_write(dir, "unreg_done", "1", 1);
+		kcoll_disconnect(k);
+		free(buf);
 		return failed;
 	}
 	r = kcoll_seg_notify_wait(seg, 1, 1, 120000);
@@ -207,8 +209,8 @@ static int initiator(const char *dir)
 	uint64_t h;
 	int r;
 
-	if (file_read(dir, "desc", &d, sizeof(d), 30)) {
-		fprintf(stderr, "kv_peer: no descriptor in %s\n", dir);
+	if (file_read(dir, "desc", &d, sizeof(d), 30) || !src || !back || !e) {
+		fprintf(stderr, "kv_peer: no descriptor in %s (or out of memory)\n", dir);
 		return 2;
 	}
 	for (size_t i = 0; i < lsize; i++)
@@ -276,6 +278,10 @@ static int initiator(const char *dir)
 	kcoll_seg_unregister(ls);
 	kcoll_seg_unregister(lb);
 	kcoll_disconnect(k);
+	free(image);
+	free(src);
+	free(back);
+	free(e);
 	return failed;
 }
 
@@ -314,6 +320,10 @@ static int flood(const char *dir)
 		}
 	}
 	check(!hung && first == -EIDRM, "flood_error", "-> %s, %d hung", kcoll_strerror(first), hung);
+	kcoll_rseg_close(rs);
+	kcoll_seg_unregister(ls);
+	kcoll_disconnect(k);
+	free(src);
 	return failed;
 }
 

@@ -296,6 +296,10 @@ static int seg_import(struct kd_client *c, const struct kcoll_seg_wire *w,
 		*why = "not a kcoll segment descriptor (or one from another kcoll version)";
 		return -EINVAL;
 	}
+	if (w->nonce != me.nonce && w->port == me.port && w->addrs[0] == me.addrs[0]) {
+		*why = "the descriptor is from this kcolld before a restart: re-export it";
+		return -ESTALE;
+	}
 	if (w->nonce != me.nonce) {
 		/* Another kcolld's: its token is checked there, on the first
 		 * transfer (connecting now would stall this control thread). */
