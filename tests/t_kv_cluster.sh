@@ -43,39 +43,44 @@ ok $? "cluster of 2 hosts up (prefix $P)" || { cat "$T/up.log"; echo "1..$n"; ex
 tap_checks() {	# file
 	while read -r _ name verdict rest; do
 		name=${name%:}
+		name=${name/:/ }
 		[ "$verdict" = PASS ]; ok $? "$name $rest"
 	done < <(grep '^check ' "$1")
 }
 
-# ---- integrity, bad input, notify across hosts --------------------------------
-mkdir -p "$T/a"
-"$C" exec 0 "$PEER" owner "$T/a" $((48 * 1024 * 1024)) >"$T/owner.out" 2>&1 &
-owner=$!
-timeout -k 5 180 "$C" exec 1 "$PEER" init "$T/a" >"$T/init.out" 2>&1
-irc=$?
-wait "$owner"
-orc=$?
-tap_checks "$T/init.out"
-tap_checks "$T/owner.out"
-[ $irc -eq 0 ] && [ $orc -eq 0 ]; ok $? "initiator and owner exit 0 (init $irc, owner $orc)"
-cmp -s "$T/a/init_hash" "$T/a/owner_hash"
-ok $? "the owner's 48 MiB buffer matches the initiator's image (checksum)"
+# ---- integrity, bad input, notify across hosts; then unregister during a flood.
+# The owner's buffer: malloc (kcolld writes it with process_vm_writev) or
+# kcoll_mem_alloc (kcolld receives frames straight into it).
+for mem in malloc shm; do
+	mkdir -p "$T/a-$mem" "$T/b-$mem"
+	"$C" exec 0 "$PEER" owner "$T/a-$mem" $((48 * 1024 * 1024)) $mem >"$T/owner.out" 2>&1 &
+	owner=$!
+	timeout -k 5 180 "$C" exec 1 "$PEER" init "$T/a-$mem" >"$T/init.out" 2>&1
+	irc=$?
+	wait "$owner"
+	orc=$?
+	sed -i "s/^check \([a-z_]*\):/check $mem:\1:/" "$T/init.out" "$T/owner.out"
+	tap_checks "$T/init.out"
+	tap_checks "$T/owner.out"
+	[ $irc -eq 0 ] && [ $orc -eq 0 ]; ok $? "$mem: initiator and owner exit 0 (init $irc, owner $orc)"
+	cmp -s "$T/a-$mem/init_hash" "$T/a-$mem/owner_hash"
+	ok $? "$mem: the owner's 48 MiB buffer matches the initiator's image (checksum)"
 
-# ---- unregister while the initiator floods the segment ------------------------
-mkdir -p "$T/b"
-"$C" exec 0 "$PEER" unreg "$T/b" $((32 * 1024 * 1024)) >"$T/unreg.out" 2>&1 &
-owner=$!
-timeout -k 5 120 "$C" exec 1 "$PEER" flood "$T/b" >"$T/flood.out" 2>&1
-frc=$?
-wait "$owner"
-orc=$?
-tap_checks "$T/flood.out"
-tap_checks "$T/unreg.out"
-[ $frc -ne 124 ] && [ $frc -ne 137 ]; ok $? "the flooding initiator ends on its own (exit $frc)"
+	"$C" exec 0 "$PEER" unreg "$T/b-$mem" $((32 * 1024 * 1024)) $mem >"$T/unreg.out" 2>&1 &
+	owner=$!
+	timeout -k 5 120 "$C" exec 1 "$PEER" flood "$T/b-$mem" >"$T/flood.out" 2>&1
+	frc=$?
+	wait "$owner"
+	sed -i "s/^check \([a-z_]*\):/check $mem:\1:/" "$T/flood.out" "$T/unreg.out"
+	tap_checks "$T/flood.out"
+	tap_checks "$T/unreg.out"
+	[ $frc -ne 124 ] && [ $frc -ne 137 ]; ok $? "$mem: the flooding initiator ends on its own (exit $frc)"
+	cat "$T"/*.out >>"$T/all.log"
+done
 
 # Both daemons are still alive.
 for h in 0 1; do
 	"$C" exec "$h" sh -c 'test -S "$KCOLL_SOCKET"'; ok $? "host $h's kcolld still serves"
 done
-if [ -n "${KCOLL_TEST_VERBOSE:-}" ]; then cat "$T"/*.out; fi
+if [ -n "${KCOLL_TEST_VERBOSE:-}" ]; then cat "$T/all.log"; fi
 echo "1..$n"

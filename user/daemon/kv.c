@@ -30,6 +30,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -64,10 +65,20 @@ struct kd_seg {
 	atomic_bool dead;
 	atomic_int refs;
 	struct kv_remote *rm;		/* imported from another kcolld (NULL: ours) */
+	pthread_mutex_t conns_lock;
+	struct kv_conn *conns;		/* peers' connections serving this segment */
 	struct kd_seg *next;
 };
 
 struct kv_remote;
+
+/* A peer kcolld's connection to one of our segments (served by kv_serve). */
+struct kv_conn {
+	int fd;
+	int how;		/* what seg_kill shuts down: SHUT_RD (serving), SHUT_RDWR (sending) */
+	struct kd_seg *seg;	/* held by the serving thread; the batch holds it for streams */
+	struct kv_conn *next;	/* seg->conns */
+};
 
 /* One block of a batch: source and destination offsets in their segments. */
 struct kv_piece {
@@ -104,14 +115,21 @@ static void seg_put(struct kd_seg *s)
 	if (s->counters)
 		munmap(s->counters, s->counters_len);
 	pthread_rwlock_destroy(&s->lock);
+	pthread_mutex_destroy(&s->conns_lock);
 	free(s);
 }
 
 /* Mark dead and wait for the round in progress, if any: afterwards no
- * transfer touches the segment's memory. */
+ * transfer touches the segment's memory. A peer's frame may be arriving
+ * straight into the segment under the reader lock: shutting its connection
+ * down ends that receive at once, however slow the peer. */
 static void seg_kill(struct kd_seg *s)
 {
 	atomic_store(&s->dead, true);
+	pthread_mutex_lock(&s->conns_lock);
+	for (struct kv_conn *cn = s->conns; cn; cn = cn->next)
+		shutdown(cn->fd, cn->how);
+	pthread_mutex_unlock(&s->conns_lock);
 	pthread_rwlock_wrlock(&s->lock);
 	pthread_rwlock_unlock(&s->lock);
 }
@@ -193,6 +211,7 @@ static int seg_register(struct kd_client *c, const struct kcoll_msg_seg_reg *m,
 	s->size = m->size;
 	s->nr_notify = m->nr_notify;
 	pthread_rwlock_init(&s->lock, NULL);
+	pthread_mutex_init(&s->conns_lock, NULL);
 	atomic_init(&s->refs, 1);
 	if (s->nr_notify) {
 		r = seg_counters_create(s, fd);
@@ -225,6 +244,7 @@ err_counters:
 		munmap(s->counters, s->counters_len);
 err_lock:
 	pthread_rwlock_destroy(&s->lock);
+	pthread_mutex_destroy(&s->conns_lock);
 err_free:
 	free(s);
 	return r;
@@ -813,6 +833,7 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
  * and the connection set of remote_connect(); the batch logic stays.
  */
 #define KV_FRAME_BYTES		(4u << 20)
+#define KV_FRAME_MIN		(64u << 10)
 #define KV_FRAME_ENTRIES	4096
 #define KV_MAX_STREAMS		8
 
@@ -897,6 +918,7 @@ static int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 	s->size = w->size;
 	s->nr_notify = w->nr_notify;
 	pthread_rwlock_init(&s->lock, NULL);
+	pthread_mutex_init(&s->conns_lock, NULL);
 	atomic_init(&s->refs, 1);
 	*out = s;
 	return 0;
@@ -979,6 +1001,8 @@ struct kv_stream {
 	int err;
 	uint64_t moved;
 	pthread_t tid;
+	struct iovec *iov;		/* KV_FRAME_ENTRIES + 2: a frame sent from the mapping */
+	struct kv_conn node;		/* in the local segment's conns while the batch runs */
 };
 
 /* Copy between a frame buffer and the local segment (under its lock). */
@@ -1020,6 +1044,54 @@ static int local_io(struct kv_stream *st, const struct kv_frame *f, uint8_t *buf
 	return r;
 }
 
+/* Send n iovecs whole (IOV_MAX at a time); 0, -ETIMEDOUT or -ECONNRESET. */
+static int send_iovs(int fd, struct iovec *iov, size_t n)
+{
+	while (n) {
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n < 1024 ? n : 1024 };
+		ssize_t k = sendmsg(fd, &mh, MSG_NOSIGNAL | (n > 1024 ? MSG_MORE : 0));
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k < 0 && errno == EAGAIN ? -ETIMEDOUT : -ECONNRESET;
+		while (n && (size_t)k >= iov->iov_len) {
+			k -= iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (k) {
+			iov->iov_base = (uint8_t *)iov->iov_base + k;
+			iov->iov_len -= k;
+		}
+	}
+	return 0;
+}
+
+/* A write frame straight from the mapped local segment, under its reader
+ * lock: seg_kill shuts this stream down instead of waiting for the peer. */
+static int frame_send_mapped(struct kv_stream *st, const struct kv_frame *f, struct kv_req *rq,
+			     struct kv_fent *fe, size_t total)
+{
+	struct kv_side *l = st->local;
+	size_t n = 2;
+	int r = lock_sides(l, l);
+
+	if (r)
+		return r;
+	st->iov[0] = (struct iovec){ rq, sizeof(*rq) };
+	st->iov[1] = (struct iovec){ fe, f->n * sizeof(*fe) };
+	for (uint32_t i = 0; i < f->n; i++) {
+		const struct kv_piece *p = &st->sp[f->first + i];
+
+		st->iov[n++] = (struct iovec){ l->buf.direct + p->src, p->len };
+	}
+	r = send_iovs(st->fd, st->iov, n);
+	unlock_sides(l, l);
+	(void)total;
+	return r;
+}
+
 static int frame_send(struct kv_stream *st, uint32_t fi, uint8_t *buf, struct kv_fent *fe)
 {
 	const struct kv_frame *f = &st->frames[fi];
@@ -1034,13 +1106,15 @@ static int frame_send(struct kv_stream *st, uint32_t fi, uint8_t *buf, struct kv
 
 		fe[i] = (struct kv_fent){ st->write ? p->dst : p->src, p->len };
 	}
-	if (st->write && (r = local_io(st, f, buf)))
-		return r;
 	rq.op = st->write ? KV_OP_WRITE : KV_OP_READ;
 	rq.nr = f->n;
 	rq.tag = fi;
 	total = sizeof(rq) + f->n * sizeof(*fe) + (st->write ? f->bytes : 0);
 	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = (uint32_t)total };
+	if (st->write && st->local->buf.direct)
+		return frame_send_mapped(st, f, &rq, fe, total);
+	if (st->write && (r = local_io(st, f, buf)))
+		return r;
 	iov[0] = (struct iovec){ &rq, sizeof(rq) };
 	iov[1] = (struct iovec){ fe, f->n * sizeof(*fe) };
 	iov[2] = (struct iovec){ buf, f->bytes };
@@ -1073,11 +1147,12 @@ static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 
 	if (r)
 		return r;
-	if (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP || rs.tag != fi ||
-	    rs.hdr.len != sizeof(rs) + (!st->write && !rs.status ? f->bytes : 0))
+	if (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP)
 		return -EPROTO;
-	if (rs.status)
+	if (rs.status)	/* an error may answer an earlier frame or none (tag ~0) */
 		return rs.status > 0 ? -EPROTO : rs.status;
+	if (rs.tag != fi || rs.hdr.len != sizeof(rs) + (!st->write ? f->bytes : 0))
+		return -EPROTO;
 	if (!st->write) {
 		r = io_full(st->fd, buf, f->bytes, false);
 		if (!r)
@@ -1086,6 +1161,23 @@ static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 	if (!r)
 		st->moved += f->bytes;
 	return r;
+}
+
+/* A stream broke: the owner may have said why first (-EIDRM, tag ~0). */
+static int last_word(int fd, int err)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	struct kv_resp rs;
+
+	if (poll(&p, 1, 100) != 1 || recv(fd, &rs, sizeof(rs), MSG_DONTWAIT) != sizeof(rs))
+		return err;
+	/* Unread answers of earlier frames may come first: those are fine. */
+	while (rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP && rs.tag != UINT64_MAX &&
+	       !rs.status && rs.hdr.len == sizeof(rs))
+		if (recv(fd, &rs, sizeof(rs), MSG_DONTWAIT) != sizeof(rs))
+			return err;
+	return rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP && rs.status < 0 ?
+	       rs.status : err;
 }
 
 /* One stream's frames, two in flight: send the next before the previous'
@@ -1097,7 +1189,10 @@ static void *stream_run(void *arg)
 	uint8_t *sbuf = malloc(KV_FRAME_BYTES), *rbuf = malloc(KV_FRAME_BYTES);
 	struct kv_fent *fe = malloc(KV_FRAME_ENTRIES * sizeof(*fe));
 	uint32_t prev = UINT32_MAX;
-	int r = sbuf && rbuf && fe ? 0 : -ENOMEM;
+	int r;
+
+	st->iov = malloc((KV_FRAME_ENTRIES + 2) * sizeof(*st->iov));
+	r = sbuf && rbuf && fe && st->iov ? 0 : -ENOMEM;
 
 	for (uint32_t fi = st->first; fi < st->nframes && !r; fi += st->step) {
 		if (atomic_load(&st->c->stop) || atomic_load(&st->c->dead)) {
@@ -1111,7 +1206,10 @@ static void *stream_run(void *arg)
 	}
 	if (!r && prev != UINT32_MAX)
 		r = frame_recv(st, prev, rbuf);
+	if (r == -ECONNRESET)
+		r = atomic_load(&st->local->seg->dead) ? -EIDRM : last_word(st->fd, r);
 	st->err = r;
+	free(st->iov);
 	free(sbuf);
 	free(rbuf);
 	free(fe);
@@ -1141,14 +1239,18 @@ static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n,
 	struct kv_stream st[KV_MAX_STREAMS];
 	struct kv_piece *sp = NULL;
 	struct kv_frame *fr = NULL;
-	uint64_t nsp = 0, total = 0;
+	uint64_t nsp = 0, total = 0, fb;
 	uint32_t nfr = 0, used;
 	int r;
 
-	for (uint32_t i = 0; i < n; i++) {
-		nsp += (p[i].len + KV_FRAME_BYTES - 1) / KV_FRAME_BYTES;
+	/* Frames small enough that even a modest batch spreads over every
+	 * stream, large enough to keep per-frame costs low. */
+	for (uint32_t i = 0; i < n; i++)
 		total += p[i].len;
-	}
+	fb = (total / rm->nstreams + 4095) & ~4095ULL;
+	fb = fb < KV_FRAME_MIN ? KV_FRAME_MIN : fb > KV_FRAME_BYTES ? KV_FRAME_BYTES : fb;
+	for (uint32_t i = 0; i < n; i++)
+		nsp += (p[i].len + fb - 1) / fb;
 	sp = malloc((nsp ? nsp : 1) * sizeof(*sp));
 	fr = malloc((nsp ? nsp : 1) * sizeof(*fr));
 	if (!sp || !fr) {
@@ -1158,14 +1260,14 @@ static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n,
 	/* Split what exceeds a frame; then fill frames in order. */
 	nsp = 0;
 	for (uint32_t i = 0; i < n; i++)
-		for (uint64_t off = 0; off < p[i].len; off += KV_FRAME_BYTES) {
-			uint64_t len = p[i].len - off < KV_FRAME_BYTES ? p[i].len - off : KV_FRAME_BYTES;
+		for (uint64_t off = 0; off < p[i].len; off += fb) {
+			uint64_t len = p[i].len - off < fb ? p[i].len - off : fb;
 
 			sp[nsp++] = (struct kv_piece){ p[i].src + off, p[i].dst + off, len };
 		}
 	for (uint32_t i = 0; i < nsp; i++) {
 		if (!nfr || fr[nfr - 1].n == KV_FRAME_ENTRIES ||
-		    fr[nfr - 1].bytes + sp[i].len > KV_FRAME_BYTES)
+		    fr[nfr - 1].bytes + sp[i].len > fb)
 			fr[nfr++] = (struct kv_frame){ i, 0, 0 };
 		fr[nfr - 1].n++;
 		fr[nfr - 1].bytes += sp[i].len;
@@ -1179,6 +1281,11 @@ static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n,
 		st[s] = (struct kv_stream){ .c = c, .local = local, .sp = sp, .frames = fr,
 					    .nframes = nfr, .first = s, .step = used, .write = write,
 					    .fd = rm->fd[s] };
+		st[s].node = (struct kv_conn){ .fd = rm->fd[s], .how = SHUT_RDWR, .seg = local->seg };
+		pthread_mutex_lock(&local->seg->conns_lock);
+		st[s].node.next = local->seg->conns;
+		local->seg->conns = &st[s].node;
+		pthread_mutex_unlock(&local->seg->conns_lock);
 		if (s && pthread_create(&st[s].tid, NULL, stream_run, &st[s]))
 			st[s].err = -EAGAIN, st[s].tid = 0;
 	}
@@ -1190,6 +1297,14 @@ static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n,
 		if (st[s].err && !r)
 			r = st[s].err;
 		*moved += st[s].moved;
+		pthread_mutex_lock(&local->seg->conns_lock);
+		for (struct kv_conn **pp = &local->seg->conns; *pp; pp = &(*pp)->next) {
+			if (*pp == &st[s].node) {
+				*pp = st[s].node.next;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&local->seg->conns_lock);
 	}
 	if (!r && notify_id != KCOLL_NOTIFY_NONE)
 		r = remote_notify(rm->fd[0], notify_id);
@@ -1200,16 +1315,10 @@ out_unlock:
 out:
 	free(sp);
 	free(fr);
-	(void)total;
 	return r;
 }
 
 /* ---- the owner's side ---------------------------------------------------- */
-
-struct kv_conn {
-	int fd;
-	struct kd_seg *seg;	/* held */
-};
 
 /* Apply one frame to the segment; entries already range-checked. */
 static int frame_apply(struct kd_seg *s, uint32_t op, const struct kv_fent *fe, uint32_t nr,
@@ -1259,6 +1368,39 @@ out:
 	return r;
 }
 
+/*
+ * A write frame into a mapped segment: receive it in place, under the reader
+ * lock (seg_kill shuts the connection down rather than wait for a slow
+ * peer). 1: done; 0: not mapped or dead, receive into the buffer instead;
+ * -1: the connection failed (the frame may be partly written: the
+ * initiator gets an error for the batch).
+ */
+static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr)
+{
+	struct kv_side side = { .seg = cn->seg };
+	int r = 0;
+
+	if (lock_sides(&side, &side))
+		return 0;
+	kd_buf_resolve(cn->seg->owner, cn->seg->addr, cn->seg->size, &side.buf);
+	if (side.buf.direct) {
+		r = 1;
+		for (uint32_t i = 0; i < nr && r == 1; i++)
+			if (io_full(cn->fd, side.buf.direct + fe[i].off, fe[i].len, false))
+				r = -1;
+	}
+	kd_buf_release(&side.buf);
+	unlock_sides(&side, &side);
+	if (r < 0 && atomic_load(&cn->seg->dead)) {
+		/* Unregistered under us: say so before the connection goes. */
+		struct kv_resp rs = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
+					      .len = sizeof(rs) }, .status = -EIDRM, .tag = UINT64_MAX };
+
+		send(cn->fd, &rs, sizeof(rs), MSG_NOSIGNAL | MSG_DONTWAIT);
+	}
+	return r;
+}
+
 static void *kv_serve(void *arg)
 {
 	struct kv_conn *cn = arg;
@@ -1286,10 +1428,19 @@ static void *kv_serve(void *arg)
 		if (bytes > KV_FRAME_BYTES ||
 		    rq.hdr.len != sizeof(rq) + rq.nr * sizeof(*fe) + (rq.op == KV_OP_WRITE ? bytes : 0))
 			break;	/* not our protocol: drop the connection */
+		if (rq.op == KV_OP_WRITE && !status) {
+			int got = recv_direct(cn, fe, rq.nr);
+
+			if (got < 0)
+				break;
+			if (got)
+				goto answer;	/* landed in place */
+		}
 		if (rq.op == KV_OP_WRITE && io_full(cn->fd, buf, bytes, false))
 			break;
 		if (!status)
 			status = frame_apply(s, rq.op, fe, rq.nr, buf, rq.notify_id);
+answer:
 		rs.status = status;
 		rs.tag = rq.tag;
 		rs.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
@@ -1302,7 +1453,15 @@ static void *kv_serve(void *arg)
 	}
 	free(buf);
 	free(fe);
-	close(cn->fd);
+	pthread_mutex_lock(&s->conns_lock);
+	for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
+		if (*pp == cn) {
+			*pp = cn->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->conns_lock);
+	close(cn->fd);	/* only now: seg_kill must not shut down a reused number */
 	seg_put(s);
 	free(cn);
 	return NULL;
@@ -1334,11 +1493,20 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 		ack.status = -ECONNRESET;
 	if (!ack.status) {
 		cn->fd = fd;
+		cn->how = SHUT_RD;	/* kv_serve may still answer -EIDRM */
 		cn->seg = s;
+		pthread_mutex_lock(&s->conns_lock);
+		cn->next = s->conns;
+		s->conns = cn;
+		pthread_mutex_unlock(&s->conns_lock);
 		pthread_attr_init(&attr);
 		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		if (pthread_create(&tid, &attr, kv_serve, cn))
+		if (pthread_create(&tid, &attr, kv_serve, cn)) {
 			ack.status = -EAGAIN;	/* the peer sees the connection close */
+			pthread_mutex_lock(&s->conns_lock);
+			s->conns = cn->next;
+			pthread_mutex_unlock(&s->conns_lock);
+		}
 		pthread_attr_destroy(&attr);
 	}
 	if (!ack.status)
