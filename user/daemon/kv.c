@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * KV-cache transfer engine, same host (docs/kv.md).
+ * KV-cache transfer engine (docs/kv.md): segments, batches on the same host,
+ * and (below) across hosts over KD_CONN_KV streams between kcollds.
  *
  * A segment is a client buffer registered by SEG_REG: it gets a daemon-wide
  * id, a random token and optional notify counters (a sealed memfd the owner
@@ -1071,7 +1072,7 @@ static int send_iovs(int fd, struct iovec *iov, size_t n)
 /* A write frame straight from the mapped local segment, under its reader
  * lock: seg_kill shuts this stream down instead of waiting for the peer. */
 static int frame_send_mapped(struct kv_stream *st, const struct kv_frame *f, struct kv_req *rq,
-			     struct kv_fent *fe, size_t total)
+			     struct kv_fent *fe)
 {
 	struct kv_side *l = st->local;
 	size_t n = 2;
@@ -1088,7 +1089,6 @@ static int frame_send_mapped(struct kv_stream *st, const struct kv_frame *f, str
 	}
 	r = send_iovs(st->fd, st->iov, n);
 	unlock_sides(l, l);
-	(void)total;
 	return r;
 }
 
@@ -1112,7 +1112,7 @@ static int frame_send(struct kv_stream *st, uint32_t fi, uint8_t *buf, struct kv
 	total = sizeof(rq) + f->n * sizeof(*fe) + (st->write ? f->bytes : 0);
 	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = (uint32_t)total };
 	if (st->write && st->local->buf.direct)
-		return frame_send_mapped(st, f, &rq, fe, total);
+		return frame_send_mapped(st, f, &rq, fe);
 	if (st->write && (r = local_io(st, f, buf)))
 		return r;
 	iov[0] = (struct iovec){ &rq, sizeof(rq) };
