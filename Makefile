@@ -52,7 +52,7 @@ all:
 # common helpers first, then the GPU loader (kcollctl links it), then the rest.
 include user/common/build.mk $(wildcard gpu/build.mk)
 include $(sort $(filter-out user/common/build.mk,$(wildcard user/*/build.mk)))
-include $(wildcard rdma/build.mk bpf/build.mk) tests/build.mk
+include $(wildcard rdma/build.mk bpf/build.mk examples/build.mk) tests/build.mk
 
 # The ABI proofs: compile-only, native and 32-bit (needs gcc-multilib).
 ABI_CHECKS := $(sort $(wildcard include/kcoll/abi_check*.c))

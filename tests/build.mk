@@ -29,3 +29,12 @@ $(TBIN)/c4_rank: $(OBJ)/tests/c4_rank.o $(LIB)/libkcoll.a $(COMMON_LIB)
 
 ALL_TARGETS += $(TBIN)/c4_rank
 CHECK_TARGETS += $(TBIN)/c4_rank
+
+# One side of the cross-host KV tests (tests/t_kv_cluster.sh).
+$(TBIN)/kv_peer: $(OBJ)/tests/kv_peer.o $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS)
+
+ALL_TARGETS += $(TBIN)/kv_peer
+CHECK_TARGETS += $(TBIN)/kv_peer

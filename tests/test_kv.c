@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
 
 #include <kcoll/kcoll.h>
 #include <kcoll/proto.h>
@@ -530,8 +531,29 @@ static void test_validation(struct kcoll *owner)
 	w.nonce ^= 1;
 	memcpy(d.bytes, &w, sizeof(w));
 	r = kcoll_seg_import(k, &d, &rself);
-	tap_ok(r == -EREMOTE, "validation: descriptor of another kcolld instance -> -EREMOTE (got %s)",
-	       kcoll_strerror(r));
+	tap_ok(r == -ESTALE, "validation: descriptor from this kcolld before a restart -> -ESTALE "
+	       "(got %s)", kcoll_strerror(r));
+	/* another kcolld's, at an address where nobody listens: the import is
+	 * lazy, the transfer fails and writes nothing */
+	w.port = 1;
+	w.addrs[0] = htonl(0x7f000001);
+	w.naddrs = 1;
+	memcpy(d.bytes, &w, sizeof(w));
+	r = kcoll_seg_import(k, &d, &rself);
+	if (tap_ok(r == 0, "validation: descriptor of another kcolld is imported (%s)",
+		   kcoll_strerror(r))) {
+		e[0] = (struct kcoll_xfer_entry){ 0, 0, 4096 };
+		r = xfer_sync(1, lseg, rself, e, 1, 0);
+		tap_ok(r == -ECONNREFUSED && all_bytes(dst, BV_SIZE, 0xaa),
+		       "validation: transfer to a kcolld that does not answer -> -ECONNREFUSED (got %s)",
+		       kcoll_strerror(r));
+		kcoll_rseg_close(rself);
+	}
+	w.naddrs = 0;
+	memcpy(d.bytes, &w, sizeof(w));
+	r = kcoll_seg_import(k, &d, &rself);
+	tap_ok(r == -EREMOTE, "validation: descriptor of another kcolld without an address -> -EREMOTE "
+	       "(got %s)", kcoll_strerror(r));
 	memset(&d, 0x33, sizeof(d));
 	r = kcoll_seg_import(k, &d, &rself);
 	tap_ok(r == -EINVAL, "validation: garbage descriptor -> -EINVAL (got %s)", kcoll_strerror(r));

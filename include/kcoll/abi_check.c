@@ -75,3 +75,5 @@ ABI_OFF(struct kcoll_ring_hdr, cq_head, 4 * KCOLL_RING_LINE);
 ABI_OFF(struct kcoll_ring_hdr, cq_flags, 4 * KCOLL_RING_LINE + 4);
 _Static_assert(sizeof(struct kcoll_ring_hdr) <= KCOLL_RING_HDR_SIZE, "header fits its page");
 _Static_assert(KCOLL_DTYPE_MAX == 10 && KCOLL_REDOP_MAX == 5 && KCOLL_OP_MAX == 8, "enum ranges");
+_Static_assert(KCOLL_XFER_MAX_ENTRIES == 4096 && KCOLL_SEG_MAX_NOTIFY == 1024 &&
+	       KCOLL_NOTIFY_NONE == 0xffffffffU, "KV transfer limits are ABI");

@@ -168,7 +168,9 @@ int kcoll_seg_register(struct kcoll *k, void *ptr, size_t len, const struct kcol
 int kcoll_seg_unregister(struct kcoll_seg *seg);
 int kcoll_seg_export(const struct kcoll_seg *seg, kcoll_seg_desc_t *desc);
 /* -EACCES wrong token, -EIDRM unregistered (expired descriptor), -ENOENT no
- * such segment, -EPERM another uid without a grant, -EREMOTE another host's. */
+ * such segment, -EPERM another uid without a grant, -ESTALE issued by this
+ * kcolld before a restart. Another host's segment is imported without a
+ * round trip: its token is checked there on the first transfer. */
 int kcoll_seg_import(struct kcoll *k, const kcoll_seg_desc_t *desc, struct kcoll_rseg **out);
 int kcoll_rseg_close(struct kcoll_rseg *rseg);
 uint64_t kcoll_rseg_size(const struct kcoll_rseg *rseg);

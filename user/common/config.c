@@ -21,6 +21,7 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_ADDRS", "", "kcolld: IPv4 addresses to advertise to other daemons, comma separated (empty: every up interface)" },
 	{ "KCOLL_ALGO", "auto", "multi-host all-reduce: auto, ring, rd (recursive doubling), rabenseifner" },
 	{ "KCOLL_NET_STREAMS", "0", "TCP streams per peer daemon, spread over the interfaces (1..8; 0: one per network both hosts are on)" },
+	{ "KCOLL_KV_STREAMS", "4", "KV transfers to another host: TCP streams per imported segment (1..8)" },
 	{ "KCOLL_NET_CHUNK_BYTES", "1048576", "bytes per piece of a transfer between daemons (pieces alternate between streams)" },
 	{ "KCOLL_BENCH_LAUNCH", "", "kcoll-bench --hosts: command template starting a rank on host %h (empty: scripts/netns-cluster.sh exec %h)" },
 	{ "KCOLL_MPI_MIN_BYTES", "16M", "libkcoll_mpi.so: smallest MPI collective (bytes, K/M suffixes) sent to kcolld" },

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * KV-cache transfer engine, same host (docs/kv.md).
+ * KV-cache transfer engine (docs/kv.md): segments, batches on the same host,
+ * and (below) across hosts over KD_CONN_KV streams between kcollds.
  *
  * A segment is a client buffer registered by SEG_REG: it gets a daemon-wide
  * id, a random token and optional notify counters (a sealed memfd the owner
@@ -30,8 +31,10 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -39,6 +42,7 @@
 
 #include "kcolld.h"
 #include "log.h"
+#include "config.h"
 #include "net.h"
 
 #define KV_ROUND_BYTES		(1u << 20)
@@ -61,8 +65,28 @@ struct kd_seg {
 	pthread_rwlock_t lock;		/* readers: a copy round; writer: unregister */
 	atomic_bool dead;
 	atomic_int refs;
+	struct kv_remote *rm;		/* imported from another kcolld (NULL: ours) */
+	pthread_mutex_t conns_lock;
+	struct kv_conn *conns;		/* peers' connections serving this segment */
 	struct kd_seg *next;
 };
+
+struct kv_remote;
+
+/* A peer kcolld's connection to one of our segments (served by kv_serve). */
+struct kv_conn {
+	int fd;
+	int how;		/* what seg_kill shuts down: SHUT_RD (serving), SHUT_RDWR (sending) */
+	struct kd_seg *seg;	/* held by the serving thread; the batch holds it for streams */
+	struct kv_conn *next;	/* seg->conns */
+};
+
+/* One block of a batch: source and destination offsets in their segments. */
+struct kv_piece {
+	uint64_t src, dst, len;
+};
+
+struct kv_side;
 
 struct kd_kv_client {
 	struct kd_seg *imports[KV_MAX_IMPORTS];	/* index = handle - 1, held */
@@ -78,21 +102,35 @@ static struct {
 
 static __thread uint8_t *kv_stage;
 
+static void remote_free(struct kv_remote *rm);
+static int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out);
+static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
+		      struct kv_side *local, struct kd_seg *rs, uint32_t notify_id, uint64_t *moved);
+
 static void seg_put(struct kd_seg *s)
 {
 	if (atomic_fetch_sub(&s->refs, 1) != 1)
 		return;
+	if (s->rm)
+		remote_free(s->rm);
 	if (s->counters)
 		munmap(s->counters, s->counters_len);
 	pthread_rwlock_destroy(&s->lock);
+	pthread_mutex_destroy(&s->conns_lock);
 	free(s);
 }
 
 /* Mark dead and wait for the round in progress, if any: afterwards no
- * transfer touches the segment's memory. */
+ * transfer touches the segment's memory. A peer's frame may be arriving
+ * straight into the segment under the reader lock: shutting its connection
+ * down ends that receive at once, however slow the peer. */
 static void seg_kill(struct kd_seg *s)
 {
 	atomic_store(&s->dead, true);
+	pthread_mutex_lock(&s->conns_lock);
+	for (struct kv_conn *cn = s->conns; cn; cn = cn->next)
+		shutdown(cn->fd, cn->how);
+	pthread_mutex_unlock(&s->conns_lock);
 	pthread_rwlock_wrlock(&s->lock);
 	pthread_rwlock_unlock(&s->lock);
 }
@@ -174,6 +212,7 @@ static int seg_register(struct kd_client *c, const struct kcoll_msg_seg_reg *m,
 	s->size = m->size;
 	s->nr_notify = m->nr_notify;
 	pthread_rwlock_init(&s->lock, NULL);
+	pthread_mutex_init(&s->conns_lock, NULL);
 	atomic_init(&s->refs, 1);
 	if (s->nr_notify) {
 		r = seg_counters_create(s, fd);
@@ -206,6 +245,7 @@ err_counters:
 		munmap(s->counters, s->counters_len);
 err_lock:
 	pthread_rwlock_destroy(&s->lock);
+	pthread_mutex_destroy(&s->conns_lock);
 err_free:
 	free(s);
 	return r;
@@ -270,17 +310,27 @@ static int seg_import(struct kd_client *c, const struct kcoll_seg_wire *w,
 	struct kd_p_hostinfo me;
 	struct kd_seg *s;
 	uint32_t next;
-	int r = -ENOSPC;
+	int r;
 
 	kd_net_self(&me);
 	if (w->magic != KCOLL_SEG_MAGIC || w->version != KCOLL_PROTO_VERSION) {
 		*why = "not a kcoll segment descriptor (or one from another kcoll version)";
 		return -EINVAL;
 	}
+	if (w->nonce != me.nonce && w->port == me.port && w->addrs[0] == me.addrs[0]) {
+		*why = "the descriptor is from this kcolld before a restart: re-export it";
+		return -ESTALE;
+	}
 	if (w->nonce != me.nonce) {
-		*why = "segment of another kcolld (other host, or before a restart): "
-		       "cross-host KV transfers are not in this build";
-		return -EREMOTE;
+		/* Another kcolld's: its token is checked there, on the first
+		 * transfer (connecting now would stall this control thread). */
+		r = remote_import(w, &s);
+		if (r) {
+			*why = r == -EREMOTE ? "the descriptor names no reachable address "
+					       "(another kcolld without a listener)" : "out of memory";
+			return r;
+		}
+		goto add;
 	}
 	pthread_mutex_lock(&kv.lock);
 	next = kv.next_id;
@@ -301,6 +351,8 @@ static int seg_import(struct kd_client *c, const struct kcoll_seg_wire *w,
 		r = -EPERM;
 		goto err_put;
 	}
+add:
+	r = -ENOSPC;
 	pthread_mutex_lock(&c->lock);
 	if (!c->kv)
 		c->kv = calloc(1, sizeof(*c->kv));
@@ -436,9 +488,6 @@ void kd_kv_thread_done(void)
 /* ---------------------------------------------------------------------------
  * One batch
  */
-struct kv_piece {
-	uint64_t src, dst, len;
-};
 
 struct kv_side {
 	struct kd_seg *seg;
@@ -697,6 +746,14 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 	r = check_batch(p, x->nr_entries, src, dst, &why);
 	if (r)
 		goto out;
+	if (remote.seg->rm) {
+		r = side_resolve(&local);
+		if (!r)
+			r = run_remote(c, p, x->nr_entries, write, &local, remote.seg, x->notify_id, &moved);
+		if (r)
+			why = "transfer to another kcolld failed";
+		goto out;
+	}
 	r = side_resolve(&local);
 	if (!r)
 		r = side_resolve(&remote);
@@ -756,4 +813,708 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
 			     nsegs, atomic_load(&kv.xfers_ok), atomic_load(&kv.xfers_failed),
 			     atomic_load(&kv.bytes));
 	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
+}
+
+/* ---------------------------------------------------------------------------
+ * Across hosts: the initiator's kcolld talks to the owner's over TCP streams
+ * (KD_CONN_KV connections, opened on the first transfer of an import).
+ *
+ *   initiator -> owner   HELLO {kind KV, token, from_host = seg_id, stream}
+ *   owner -> initiator   KV_ACK {status}: 0, -ENOENT, -EIDRM or -EACCES
+ *   initiator -> owner   KV_REQ {op, nr, notify_id, tag} kv_fent[nr] [payload]
+ *   owner -> initiator   KV_RESP {status, tag} [payload of a read]
+ *
+ * A batch is validated whole here first, then cut into frames of at most
+ * KV_FRAME_BYTES / KV_FRAME_ENTRIES (small blocks coalesce, large ones are
+ * split), dealt round-robin to the streams; each stream keeps two frames in
+ * flight. The notify is one last NOTIFY frame once every data frame was
+ * acknowledged. The owner copies a frame into the segment under its reader
+ * lock only after the whole frame arrived, so a stalled peer never holds it.
+ * Another transport (RDMA) replaces the frame exchange of stream_run()
+ * and the connection set of remote_connect(); the batch logic stays.
+ */
+#define KV_FRAME_BYTES		(4u << 20)
+#define KV_FRAME_MIN		(64u << 10)
+#define KV_FRAME_ENTRIES	4096
+#define KV_MAX_STREAMS		8
+
+enum { KV_OP_WRITE = 0, KV_OP_READ = 1, KV_OP_NOTIFY = 2 };
+
+struct kv_fent {
+	uint64_t off, len;
+};
+
+struct kv_req {
+	struct kd_phdr hdr;
+	uint32_t op, nr, notify_id, reserved;
+	uint64_t tag;
+};
+
+struct kv_resp {
+	struct kd_phdr hdr;
+	int32_t status;
+	uint32_t reserved;
+	uint64_t tag;
+};
+
+struct kv_ack {
+	struct kd_phdr hdr;
+	int32_t status;
+	uint32_t reserved;
+};
+
+struct kv_remote {
+	struct kcoll_seg_wire w;
+	pthread_mutex_t lock;		/* one batch at a time uses the streams */
+	int nstreams;
+	int fd[KV_MAX_STREAMS];
+};
+
+static int io_full(int fd, void *buf, size_t n, bool out)
+{
+	uint8_t *p = buf;
+
+	while (n) {
+		ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, MSG_WAITALL);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k == 0 || errno != EAGAIN ? -ECONNRESET : -ETIMEDOUT;
+		p += k;
+		n -= k;
+	}
+	return 0;
+}
+
+static void sock_timeouts(int fd, int64_t ns)
+{
+	struct timeval tv = { .tv_sec = ns / 1000000000, .tv_usec = ns % 1000000000 / 1000 };
+
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+static int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
+{
+	struct kd_seg *s;
+	struct kv_remote *rm;
+	int64_t streams = kcoll_knob_ll("KCOLL_KV_STREAMS");
+
+	if (!w->port || !w->naddrs || w->naddrs > KCOLL_ID_MAX_ADDRS)
+		return -EREMOTE;
+	s = calloc(1, sizeof(*s));
+	rm = calloc(1, sizeof(*rm));
+	if (!s || !rm) {
+		free(s);
+		free(rm);
+		return -ENOMEM;
+	}
+	rm->w = *w;
+	rm->nstreams = streams < 1 ? 1 : streams > KV_MAX_STREAMS ? KV_MAX_STREAMS : (int)streams;
+	for (int i = 0; i < KV_MAX_STREAMS; i++)
+		rm->fd[i] = -1;
+	pthread_mutex_init(&rm->lock, NULL);
+	s->rm = rm;
+	s->size = w->size;
+	s->nr_notify = w->nr_notify;
+	pthread_rwlock_init(&s->lock, NULL);
+	pthread_mutex_init(&s->conns_lock, NULL);
+	atomic_init(&s->refs, 1);
+	*out = s;
+	return 0;
+}
+
+static void remote_close_streams(struct kv_remote *rm)
+{
+	for (int i = 0; i < KV_MAX_STREAMS; i++) {
+		if (rm->fd[i] >= 0)
+			close(rm->fd[i]);
+		rm->fd[i] = -1;
+	}
+}
+
+static void remote_free(struct kv_remote *rm)
+{
+	remote_close_streams(rm);
+	pthread_mutex_destroy(&rm->lock);
+	free(rm);
+}
+
+/* Open the streams that are not open; the owner's verdict on the token. */
+static int remote_connect(struct kv_remote *rm)
+{
+	struct kd_p_hostinfo me;
+
+	kd_net_self(&me);
+	for (int i = 0; i < rm->nstreams; i++) {
+		struct kd_p_hello h = { 0 };
+		struct kv_ack ack;
+		int fd, r;
+
+		if (rm->fd[i] >= 0)
+			continue;
+		fd = kd_net_connect(rm->w.addrs[i % rm->w.naddrs], rm->w.port);
+		if (fd < 0)
+			return fd == -ETIMEDOUT ? -EHOSTUNREACH : fd;
+		sock_timeouts(fd, kd.timeout_ns);
+		h.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_HELLO, .len = sizeof(h) };
+		h.version = KD_PEER_VERSION;
+		h.kind = KD_CONN_KV;
+		memcpy(h.token, rm->w.token, sizeof(h.token));
+		h.from_host = rm->w.seg_id;
+		h.stream = i;
+		h.nonce = me.nonce;
+		r = io_full(fd, &h, sizeof(h), true);
+		if (!r)
+			r = io_full(fd, &ack, sizeof(ack.hdr), false);
+		/* A REJECT (older peer, bad version) is longer than an ACK: its
+		 * header says so; either way the connection is over. */
+		if (!r && (ack.hdr.magic != KD_PEER_MAGIC || ack.hdr.type != KD_P_KV_ACK ||
+			   ack.hdr.len != sizeof(ack)))
+			r = -EPROTO;
+		if (!r)
+			r = io_full(fd, &ack.status, sizeof(ack) - sizeof(ack.hdr), false);
+		if (!r)
+			r = ack.status > 0 ? -EPROTO : ack.status;
+		if (r) {
+			close(fd);
+			return r;
+		}
+		rm->fd[i] = fd;
+	}
+	return 0;
+}
+
+struct kv_frame {
+	uint32_t first, n;	/* sub-pieces */
+	uint64_t bytes;
+};
+
+struct kv_stream {
+	struct kd_client *c;
+	struct kv_side *local;
+	const struct kv_piece *sp;	/* sub-pieces: src/dst in the batch's direction */
+	const struct kv_frame *frames;
+	uint32_t nframes, first, step;	/* frames first, first + step, ... */
+	bool write;
+	int fd;
+	int err;
+	uint64_t moved;
+	pthread_t tid;
+	struct iovec *iov;		/* KV_FRAME_ENTRIES + 2: a frame sent from the mapping */
+	struct kv_conn node;		/* in the local segment's conns while the batch runs */
+};
+
+/* Copy between a frame buffer and the local segment (under its lock). */
+static int local_io(struct kv_stream *st, const struct kv_frame *f, uint8_t *buf)
+{
+	struct kv_side *l = st->local;
+	struct iovec liov[KV_ROUND_IOVS], riov[KV_ROUND_IOVS];
+	uint64_t at = 0;
+	int r = lock_sides(l, l);
+
+	if (r)
+		return r;
+	for (uint32_t i = 0; i < f->n && !r;) {
+		uint32_t k = 0;
+		size_t bytes = 0;
+
+		for (; i < f->n && k < KV_ROUND_IOVS; i++, k++) {
+			const struct kv_piece *p = &st->sp[f->first + i];
+			/* write: the local side is the source; read: the destination */
+			uint64_t off = st->write ? p->src : p->dst;
+
+			if (l->buf.direct) {
+				if (st->write)
+					memcpy(buf + at, l->buf.direct + off, p->len);
+				else
+					memcpy(l->buf.direct + off, buf + at, p->len);
+			}
+			riov[k] = (struct iovec){ (void *)(uintptr_t)(l->seg->addr + off), p->len };
+			at += p->len;
+			bytes += p->len;
+		}
+		if (l->buf.direct)
+			continue;
+		liov[0] = (struct iovec){ buf + at - bytes, bytes };
+		r = vm_err(st->write ? process_vm_readv(l->seg->pid, liov, 1, riov, k, 0) :
+			   process_vm_writev(l->seg->pid, liov, 1, riov, k, 0), bytes);
+	}
+	unlock_sides(l, l);
+	return r;
+}
+
+/* Send n iovecs whole (IOV_MAX at a time); 0, -ETIMEDOUT or -ECONNRESET. */
+static int send_iovs(int fd, struct iovec *iov, size_t n)
+{
+	while (n) {
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n < 1024 ? n : 1024 };
+		ssize_t k = sendmsg(fd, &mh, MSG_NOSIGNAL | (n > 1024 ? MSG_MORE : 0));
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k < 0 && errno == EAGAIN ? -ETIMEDOUT : -ECONNRESET;
+		while (n && (size_t)k >= iov->iov_len) {
+			k -= iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (k) {
+			iov->iov_base = (uint8_t *)iov->iov_base + k;
+			iov->iov_len -= k;
+		}
+	}
+	return 0;
+}
+
+/* A write frame straight from the mapped local segment, under its reader
+ * lock: seg_kill shuts this stream down instead of waiting for the peer. */
+static int frame_send_mapped(struct kv_stream *st, const struct kv_frame *f, struct kv_req *rq,
+			     struct kv_fent *fe)
+{
+	struct kv_side *l = st->local;
+	size_t n = 2;
+	int r = lock_sides(l, l);
+
+	if (r)
+		return r;
+	st->iov[0] = (struct iovec){ rq, sizeof(*rq) };
+	st->iov[1] = (struct iovec){ fe, f->n * sizeof(*fe) };
+	for (uint32_t i = 0; i < f->n; i++) {
+		const struct kv_piece *p = &st->sp[f->first + i];
+
+		st->iov[n++] = (struct iovec){ l->buf.direct + p->src, p->len };
+	}
+	r = send_iovs(st->fd, st->iov, n);
+	unlock_sides(l, l);
+	return r;
+}
+
+static int frame_send(struct kv_stream *st, uint32_t fi, uint8_t *buf, struct kv_fent *fe)
+{
+	const struct kv_frame *f = &st->frames[fi];
+	struct kv_req rq = { 0 };
+	struct iovec iov[3];
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = st->write ? 3 : 2 };
+	size_t total;
+	int r;
+
+	for (uint32_t i = 0; i < f->n; i++) {
+		const struct kv_piece *p = &st->sp[f->first + i];
+
+		fe[i] = (struct kv_fent){ st->write ? p->dst : p->src, p->len };
+	}
+	rq.op = st->write ? KV_OP_WRITE : KV_OP_READ;
+	rq.nr = f->n;
+	rq.tag = fi;
+	total = sizeof(rq) + f->n * sizeof(*fe) + (st->write ? f->bytes : 0);
+	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = (uint32_t)total };
+	if (st->write && st->local->buf.direct)
+		return frame_send_mapped(st, f, &rq, fe);
+	if (st->write && (r = local_io(st, f, buf)))
+		return r;
+	iov[0] = (struct iovec){ &rq, sizeof(rq) };
+	iov[1] = (struct iovec){ fe, f->n * sizeof(*fe) };
+	iov[2] = (struct iovec){ buf, f->bytes };
+	while (total) {
+		ssize_t k = sendmsg(st->fd, &mh, MSG_NOSIGNAL);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k < 0 && errno == EAGAIN ? -ETIMEDOUT : -ECONNRESET;
+		total -= k;
+		while (k && (size_t)k >= mh.msg_iov->iov_len) {
+			k -= mh.msg_iov->iov_len;
+			mh.msg_iov++;
+			mh.msg_iovlen--;
+		}
+		if (k) {
+			mh.msg_iov->iov_base = (uint8_t *)mh.msg_iov->iov_base + k;
+			mh.msg_iov->iov_len -= k;
+		}
+	}
+	return 0;
+}
+
+static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
+{
+	const struct kv_frame *f = &st->frames[fi];
+	struct kv_resp rs;
+	int r = io_full(st->fd, &rs, sizeof(rs), false);
+
+	if (r)
+		return r;
+	if (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP)
+		return -EPROTO;
+	if (rs.status)	/* an error may answer an earlier frame or none (tag ~0) */
+		return rs.status > 0 ? -EPROTO : rs.status;
+	if (rs.tag != fi || rs.hdr.len != sizeof(rs) + (!st->write ? f->bytes : 0))
+		return -EPROTO;
+	if (!st->write) {
+		r = io_full(st->fd, buf, f->bytes, false);
+		if (!r)
+			r = local_io(st, f, buf);
+	}
+	if (!r)
+		st->moved += f->bytes;
+	return r;
+}
+
+/* A stream broke: the owner may have said why first (-EIDRM, tag ~0). */
+static int last_word(int fd, int err)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	struct kv_resp rs;
+
+	if (poll(&p, 1, 100) != 1 || recv(fd, &rs, sizeof(rs), MSG_DONTWAIT) != sizeof(rs))
+		return err;
+	/* Unread answers of earlier frames may come first: those are fine. */
+	while (rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP && rs.tag != UINT64_MAX &&
+	       !rs.status && rs.hdr.len == sizeof(rs))
+		if (recv(fd, &rs, sizeof(rs), MSG_DONTWAIT) != sizeof(rs))
+			return err;
+	return rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP && rs.status < 0 ?
+	       rs.status : err;
+}
+
+/* One stream's frames, two in flight: send the next before the previous'
+ * answer is read (a read's answer is large, its request small, so neither
+ * side can block the other). */
+static void *stream_run(void *arg)
+{
+	struct kv_stream *st = arg;
+	uint8_t *sbuf = malloc(KV_FRAME_BYTES), *rbuf = malloc(KV_FRAME_BYTES);
+	struct kv_fent *fe = malloc(KV_FRAME_ENTRIES * sizeof(*fe));
+	uint32_t prev = UINT32_MAX;
+	int r;
+
+	st->iov = malloc((KV_FRAME_ENTRIES + 2) * sizeof(*st->iov));
+	r = sbuf && rbuf && fe && st->iov ? 0 : -ENOMEM;
+
+	for (uint32_t fi = st->first; fi < st->nframes && !r; fi += st->step) {
+		if (atomic_load(&st->c->stop) || atomic_load(&st->c->dead)) {
+			r = -ECANCELED;
+			break;
+		}
+		r = frame_send(st, fi, sbuf, fe);
+		if (!r && prev != UINT32_MAX)
+			r = frame_recv(st, prev, rbuf);
+		prev = fi;
+	}
+	if (!r && prev != UINT32_MAX)
+		r = frame_recv(st, prev, rbuf);
+	if (r == -ECONNRESET)
+		r = atomic_load(&st->local->seg->dead) ? -EIDRM : last_word(st->fd, r);
+	st->err = r;
+	free(st->iov);
+	free(sbuf);
+	free(rbuf);
+	free(fe);
+	return NULL;
+}
+
+static int remote_notify(int fd, uint32_t id)
+{
+	struct kv_req rq = { .op = KV_OP_NOTIFY, .notify_id = id, .tag = UINT32_MAX };
+	struct kv_resp rs;
+	int r;
+
+	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = sizeof(rq) };
+	r = io_full(fd, &rq, sizeof(rq), true);
+	if (!r)
+		r = io_full(fd, &rs, sizeof(rs), false);
+	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
+		   rs.hdr.len != sizeof(rs) || rs.tag != UINT32_MAX))
+		r = -EPROTO;
+	return r ? r : rs.status > 0 ? -EPROTO : rs.status;
+}
+
+static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
+		      struct kv_side *local, struct kd_seg *rs, uint32_t notify_id, uint64_t *moved)
+{
+	struct kv_remote *rm = rs->rm;
+	struct kv_stream st[KV_MAX_STREAMS];
+	struct kv_piece *sp = NULL;
+	struct kv_frame *fr = NULL;
+	uint64_t nsp = 0, total = 0, fb;
+	uint32_t nfr = 0, used;
+	int r;
+
+	/* Frames small enough that even a modest batch spreads over every
+	 * stream, large enough to keep per-frame costs low. */
+	for (uint32_t i = 0; i < n; i++)
+		total += p[i].len;
+	fb = (total / rm->nstreams + 4095) & ~4095ULL;
+	fb = fb < KV_FRAME_MIN ? KV_FRAME_MIN : fb > KV_FRAME_BYTES ? KV_FRAME_BYTES : fb;
+	for (uint32_t i = 0; i < n; i++)
+		nsp += (p[i].len + fb - 1) / fb;
+	sp = malloc((nsp ? nsp : 1) * sizeof(*sp));
+	fr = malloc((nsp ? nsp : 1) * sizeof(*fr));
+	if (!sp || !fr) {
+		r = -ENOMEM;
+		goto out;
+	}
+	/* Split what exceeds a frame; then fill frames in order. */
+	nsp = 0;
+	for (uint32_t i = 0; i < n; i++)
+		for (uint64_t off = 0; off < p[i].len; off += fb) {
+			uint64_t len = p[i].len - off < fb ? p[i].len - off : fb;
+
+			sp[nsp++] = (struct kv_piece){ p[i].src + off, p[i].dst + off, len };
+		}
+	for (uint32_t i = 0; i < nsp; i++) {
+		if (!nfr || fr[nfr - 1].n == KV_FRAME_ENTRIES ||
+		    fr[nfr - 1].bytes + sp[i].len > fb)
+			fr[nfr++] = (struct kv_frame){ i, 0, 0 };
+		fr[nfr - 1].n++;
+		fr[nfr - 1].bytes += sp[i].len;
+	}
+	pthread_mutex_lock(&rm->lock);
+	r = remote_connect(rm);
+	if (r)
+		goto out_unlock;
+	used = nfr < (uint32_t)rm->nstreams ? nfr : (uint32_t)rm->nstreams;
+	for (uint32_t s = 0; s < used; s++) {
+		st[s] = (struct kv_stream){ .c = c, .local = local, .sp = sp, .frames = fr,
+					    .nframes = nfr, .first = s, .step = used, .write = write,
+					    .fd = rm->fd[s] };
+		st[s].node = (struct kv_conn){ .fd = rm->fd[s], .how = SHUT_RDWR, .seg = local->seg };
+		pthread_mutex_lock(&local->seg->conns_lock);
+		st[s].node.next = local->seg->conns;
+		local->seg->conns = &st[s].node;
+		pthread_mutex_unlock(&local->seg->conns_lock);
+		if (s && pthread_create(&st[s].tid, NULL, stream_run, &st[s]))
+			st[s].err = -EAGAIN, st[s].tid = 0;
+	}
+	if (used)
+		stream_run(&st[0]);
+	for (uint32_t s = 0; s < used; s++) {
+		if (s && st[s].tid)
+			pthread_join(st[s].tid, NULL);
+		if (st[s].err && !r)
+			r = st[s].err;
+		*moved += st[s].moved;
+		pthread_mutex_lock(&local->seg->conns_lock);
+		for (struct kv_conn **pp = &local->seg->conns; *pp; pp = &(*pp)->next) {
+			if (*pp == &st[s].node) {
+				*pp = st[s].node.next;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&local->seg->conns_lock);
+	}
+	if (!r && notify_id != KCOLL_NOTIFY_NONE)
+		r = remote_notify(rm->fd[0], notify_id);
+	if (r)
+		remote_close_streams(rm);	/* mid-frame state unknown: start afresh */
+out_unlock:
+	pthread_mutex_unlock(&rm->lock);
+out:
+	free(sp);
+	free(fr);
+	return r;
+}
+
+/* ---- the owner's side ---------------------------------------------------- */
+
+/* Apply one frame to the segment; entries already range-checked. */
+static int frame_apply(struct kd_seg *s, uint32_t op, const struct kv_fent *fe, uint32_t nr,
+		       uint8_t *buf, uint32_t notify_id)
+{
+	struct kv_side side = { .seg = s };
+	struct iovec liov[1], riov[KV_ROUND_IOVS];
+	uint64_t at = 0;
+	int r = lock_sides(&side, &side);
+
+	if (r)
+		return r;
+	if (op == KV_OP_NOTIFY) {
+		if (notify_id >= s->nr_notify) {
+			r = -EINVAL;
+		} else {
+			__atomic_fetch_add(&s->counters[notify_id], 1, __ATOMIC_SEQ_CST);
+			kcoll_futex_wake(&s->counters[notify_id], INT_MAX);
+		}
+		goto out;
+	}
+	kd_buf_resolve(s->owner, s->addr, s->size, &side.buf);
+	for (uint32_t i = 0; i < nr && !r;) {
+		uint32_t k = 0;
+		size_t bytes = 0;
+
+		for (; i < nr && k < KV_ROUND_IOVS; i++, k++) {
+			if (side.buf.direct) {
+				if (op == KV_OP_WRITE)
+					memcpy(side.buf.direct + fe[i].off, buf + at, fe[i].len);
+				else
+					memcpy(buf + at, side.buf.direct + fe[i].off, fe[i].len);
+			}
+			riov[k] = (struct iovec){ (void *)(uintptr_t)(s->addr + fe[i].off), fe[i].len };
+			at += fe[i].len;
+			bytes += fe[i].len;
+		}
+		if (side.buf.direct)
+			continue;
+		liov[0] = (struct iovec){ buf + at - bytes, bytes };
+		r = vm_err(op == KV_OP_WRITE ? process_vm_writev(s->pid, liov, 1, riov, k, 0) :
+			   process_vm_readv(s->pid, liov, 1, riov, k, 0), bytes);
+	}
+	kd_buf_release(&side.buf);
+out:
+	unlock_sides(&side, &side);
+	return r;
+}
+
+/*
+ * A write frame into a mapped segment: receive it in place, under the reader
+ * lock (seg_kill shuts the connection down rather than wait for a slow
+ * peer). 1: done; 0: not mapped or dead, receive into the buffer instead;
+ * -1: the connection failed (the frame may be partly written: the
+ * initiator gets an error for the batch).
+ */
+static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr)
+{
+	struct kv_side side = { .seg = cn->seg };
+	int r = 0;
+
+	if (lock_sides(&side, &side))
+		return 0;
+	kd_buf_resolve(cn->seg->owner, cn->seg->addr, cn->seg->size, &side.buf);
+	if (side.buf.direct) {
+		r = 1;
+		for (uint32_t i = 0; i < nr && r == 1; i++)
+			if (io_full(cn->fd, side.buf.direct + fe[i].off, fe[i].len, false))
+				r = -1;
+	}
+	kd_buf_release(&side.buf);
+	unlock_sides(&side, &side);
+	if (r < 0 && atomic_load(&cn->seg->dead)) {
+		/* Unregistered under us: say so before the connection goes. */
+		struct kv_resp rs = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
+					      .len = sizeof(rs) }, .status = -EIDRM, .tag = UINT64_MAX };
+
+		send(cn->fd, &rs, sizeof(rs), MSG_NOSIGNAL | MSG_DONTWAIT);
+	}
+	return r;
+}
+
+static void *kv_serve(void *arg)
+{
+	struct kv_conn *cn = arg;
+	struct kd_seg *s = cn->seg;
+	uint8_t *buf = malloc(KV_FRAME_BYTES);
+	struct kv_fent *fe = malloc(KV_FRAME_ENTRIES * sizeof(*fe));
+
+	while (buf && fe) {
+		struct kv_req rq;
+		struct kv_resp rs = { 0 };
+		uint64_t bytes = 0;
+		int status = 0;
+
+		if (io_full(cn->fd, &rq, sizeof(rq), false))
+			break;
+		if (rq.hdr.magic != KD_PEER_MAGIC || rq.hdr.type != KD_P_KV_REQ ||
+		    rq.op > KV_OP_NOTIFY || rq.nr > KV_FRAME_ENTRIES ||
+		    io_full(cn->fd, fe, rq.nr * sizeof(*fe), false))
+			break;
+		for (uint32_t i = 0; i < rq.nr; i++) {
+			if (fe[i].off > s->size || fe[i].len > s->size - fe[i].off)
+				status = -ERANGE;
+			bytes += fe[i].len;
+		}
+		if (bytes > KV_FRAME_BYTES ||
+		    rq.hdr.len != sizeof(rq) + rq.nr * sizeof(*fe) + (rq.op == KV_OP_WRITE ? bytes : 0))
+			break;	/* not our protocol: drop the connection */
+		if (rq.op == KV_OP_WRITE && !status) {
+			int got = recv_direct(cn, fe, rq.nr);
+
+			if (got < 0)
+				break;
+			if (got)
+				goto answer;	/* landed in place */
+		}
+		if (rq.op == KV_OP_WRITE && io_full(cn->fd, buf, bytes, false))
+			break;
+		if (!status)
+			status = frame_apply(s, rq.op, fe, rq.nr, buf, rq.notify_id);
+answer:
+		rs.status = status;
+		rs.tag = rq.tag;
+		rs.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
+					   .len = sizeof(rs) + (rq.op == KV_OP_READ && !status ? bytes : 0) };
+		if (io_full(cn->fd, &rs, sizeof(rs), true) ||
+		    (rs.hdr.len > sizeof(rs) && io_full(cn->fd, buf, bytes, true)))
+			break;
+		if (!status && rq.op != KV_OP_NOTIFY)
+			atomic_fetch_add(&kv.bytes, bytes);
+	}
+	free(buf);
+	free(fe);
+	pthread_mutex_lock(&s->conns_lock);
+	for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
+		if (*pp == cn) {
+			*pp = cn->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->conns_lock);
+	close(cn->fd);	/* only now: seg_kill must not shut down a reused number */
+	seg_put(s);
+	free(cn);
+	return NULL;
+}
+
+void kd_kv_accept(int fd, const struct kd_p_hello *m)
+{
+	struct kv_ack ack = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_ACK, .len = sizeof(ack) } };
+	struct kd_seg *s = seg_find(m->from_host);
+	struct kv_conn *cn = NULL;
+	pthread_attr_t attr;
+	pthread_t tid;
+	uint32_t next;
+
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+	sock_timeouts(fd, kd.timeout_ns);
+	pthread_mutex_lock(&kv.lock);
+	next = kv.next_id;
+	pthread_mutex_unlock(&kv.lock);
+	if (!s)
+		ack.status = m->from_host && m->from_host < next ? -EIDRM : -ENOENT;
+	else if (!token_eq(s->token, m->token))
+		ack.status = -EACCES;
+	else if (!(cn = malloc(sizeof(*cn))))
+		ack.status = -ENOMEM;
+	/* Answer first (a fresh socket: it goes out without blocking), then
+	 * the serving thread owns the fd. */
+	if (send(fd, &ack, sizeof(ack), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(ack) && !ack.status)
+		ack.status = -ECONNRESET;
+	if (!ack.status) {
+		cn->fd = fd;
+		cn->how = SHUT_RD;	/* kv_serve may still answer -EIDRM */
+		cn->seg = s;
+		pthread_mutex_lock(&s->conns_lock);
+		cn->next = s->conns;
+		s->conns = cn;
+		pthread_mutex_unlock(&s->conns_lock);
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		if (pthread_create(&tid, &attr, kv_serve, cn)) {
+			ack.status = -EAGAIN;	/* the peer sees the connection close */
+			pthread_mutex_lock(&s->conns_lock);
+			s->conns = cn->next;
+			pthread_mutex_unlock(&s->conns_lock);
+		}
+		pthread_attr_destroy(&attr);
+	}
+	if (!ack.status)
+		return;
+	kc_dbg("kv: refused a peer's connection to segment %u: %s", m->from_host,
+	       strerror(-ack.status));
+	close(fd);
+	free(cn);
+	if (s)
+		seg_put(s);
 }

@@ -1227,6 +1227,14 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 
 	if (m->version != KD_PEER_VERSION)
 		return reject(pc, "peer protocol version differs: run the same kcoll on every host");
+	if (m->kind == KD_CONN_KV) {
+		/* The KV engine answers and serves it from its own thread. */
+		epoll_ctl(kd.epfd, EPOLL_CTL_DEL, pc->fd, NULL);
+		kd_kv_accept(pc->fd, m);
+		pc->fd = -1;
+		pc_close(pc);
+		return;
+	}
 	if (m->kind == KD_CONN_BOOT) {
 		if (!boot_find(m->token))
 			return reject(pc, "this daemon did not issue that unique id (wrong token, or expired)");
@@ -1677,4 +1685,14 @@ void kd_net_self(struct kd_p_hostinfo *me)
 {
 	*me = net.me;
 	me->nonce = kd.nonce;
+}
+
+/* A blocking-mode TCP connection to a peer daemon (KV streams). */
+int kd_net_connect(uint32_t addr, uint16_t port)
+{
+	int fd = tcp_connect(0, addr, port);
+
+	if (fd >= 0)
+		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+	return fd;
 }

@@ -44,9 +44,14 @@ enum kd_pmsg_type {
 	KD_P_DATA = 10,		/* data stream: one piece of one step */
 	KD_P_C4 = 11,		/* control: our ranks' submission summaries (c4d.c) */
 	KD_P_PLAN = 12,		/* control: which streams the pair leaves unused (c4d.c) */
+	KD_P_KV_ACK = 13,	/* KV connection: the owner's verdict on the HELLO (kv.c) */
+	KD_P_KV_REQ = 14,	/* KV connection: a frame of a batch, or its notify */
+	KD_P_KV_RESP = 15,
 };
 
-enum kd_conn_kind { KD_CONN_BOOT = 1, KD_CONN_CTRL = 2, KD_CONN_DATA = 3 };
+/* KD_CONN_KV: HELLO.token is a segment token, from_host its segment id,
+ * stream the stream index; kv.c owns the connection after the HELLO. */
+enum kd_conn_kind { KD_CONN_BOOT = 1, KD_CONN_CTRL = 2, KD_CONN_DATA = 3, KD_CONN_KV = 4 };
 
 struct kd_phdr {
 	uint32_t magic;
@@ -312,8 +317,12 @@ extern void (*kd_net_table_hook)(const struct kd_p_hostinfo *hosts, uint32_t nho
 void kd_net_stop(void);
 void kd_net_event(struct kd_pconn *pc, uint32_t events);
 void kd_net_fill_id(struct kcoll_id *id);
+/* kv.c: a KD_CONN_KV HELLO; takes the connection's fd (answers and serves it). */
+void kd_kv_accept(int fd, const struct kd_p_hello *m);
 /* This daemon's address and instance nonce, for KV segment descriptors. */
 void kd_net_self(struct kd_p_hostinfo *me);
+/* TCP connection to addr:port (network-order address), blocking mode; fd or -errno. */
+int kd_net_connect(uint32_t addr, uint16_t port);
 /* A local rank joined comm (FORMING): register it with the id's root. */
 int kd_net_join(struct kd_comm *comm, const struct kcoll_id *id, uint32_t rank, const char **why);
 /* Abort comm from op from_seq on and tell every peer (control thread or any). */

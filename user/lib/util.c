@@ -112,8 +112,10 @@ const char *kcoll_strerror(int err)
 		return "the segment was unregistered (its owner ended it or died): import a fresh descriptor";
 	case EACCES:
 		return "wrong access token in the segment descriptor";
+	case ESTALE:
+		return "the segment descriptor is from before kcolld restarted: export it again";
 	case EREMOTE:
-		return "the segment belongs to another kcolld (another host or an earlier instance)";
+		return "the segment descriptor names another kcolld without an address to reach it";
 	case ENOENT:
 		return "no such segment or handle (never registered, or already closed)";
 	default:

@@ -85,3 +85,12 @@ $(GLOO_BENCH): $(GLOO_OBJ) $(GLOO_COMMON_OBJ)
 
 ALL_TARGETS += $(GLOO_BENCH)
 endif
+
+# kcoll-kvbench: KV-cache transfers (docs/kv.md).
+$(BIN)/kcoll-kvbench: $(OBJ)/user/tools/kcoll-kvbench.o $(BENCH_COMMON_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $(OBJ)/user/tools/kcoll-kvbench.o $(BENCH_COMMON_OBJ) $(LIB)/libkcoll.a \
+		$(COMMON_LIB) $(LDFLAGS) -lm
+
+ALL_TARGETS += $(BIN)/kcoll-kvbench

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# kcoll-kvbench and examples/kv_prefill_decode against the test kcolld:
+# usage errors, a short local sweep (table and JSON: every row measured,
+# percentiles ordered, the memcpy anchor beside), read and many-to-one,
+# target + initiator as two processes through a descriptor file, and the
+# prefill/decode example moving a paged KV cache intact. No timing
+# assertions. TAP.
+set -u
+B=${KCOLL_BUILD:?run through tests/run.sh}
+KV="$B/bin/kcoll-kvbench"
+EX="$B/bin/kv_prefill_decode"
+T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/kvtools.XXXXXX")
+trap 'jobs -p | xargs -r kill 2>/dev/null; rm -rf "$T"' EXIT
+n=0
+ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fi; }
+
+"$KV" --help | grep -q -- "--pattern"; ok $? "kcoll-kvbench --help"
+"$KV" --batch 5000 >/dev/null 2>&1; [ $? -eq 2 ]; ok $? "batch over the limit: usage error (exit 2)"
+"$KV" --mode initiator >/dev/null 2>"$T/err"; [ $? -eq 2 ] && grep -q "need --desc" "$T/err"
+ok $? "initiator without --desc: says what is missing"
+
+# JSON checks: rows, fields, order of percentiles.
+jcheck() {	# file nrows anchor(0/1)
+	python3 - "$@" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = d["rows"]
+assert len(rows) == int(sys.argv[2]), rows
+for r in rows:
+    assert r["batches"] > 0 and r["GBps"] > 0, r
+    assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"], r
+    if sys.argv[3] == "1":
+        assert r["memcpy_GBps"] > 0 and abs(r["ratio"] - r["GBps"] / r["memcpy_GBps"]) < 0.01, r
+PY
+}
+"$KV" -d 0.2 -b 4K,64K,1M -B 32 -s 16M --json >"$T/a.json" 2>"$T/a.err"
+jcheck "$T/a.json" 3 1; ok $? "local write sweep: 3 rows with GB/s, percentiles and the memcpy ratio"
+"$KV" -d 0.2 -b 64K -B 16 -s 8M -o read -M malloc -t 2 -p many-to-one --json >"$T/b.json" 2>"$T/b.err"
+jcheck "$T/b.json" 1 1; ok $? "read, malloc buffers, 2 threads many-to-one"
+"$KV" -d 0.2 -b 4K,1M -B 8 -s 8M | grep -cE '^ +[0-9]+ +8 ' | grep -qx 2; ok $? "table: one row per block size"
+
+"$KV" --mode target --desc "$T/desc" -s 8M 2>"$T/t.err" &
+tgt=$!
+"$KV" --mode initiator --desc "$T/desc" -d 0.2 -b 64K -B 16 -s 8M --json >"$T/c.json" 2>"$T/c.err"
+jcheck "$T/c.json" 1 0; ok $? "target and initiator processes through a descriptor file"
+kill -TERM $tgt; wait $tgt; ok $? "the target ends cleanly on SIGTERM"
+
+"$EX" --help | grep -q -- "--layers"; ok $? "kv_prefill_decode --help"
+"$EX" --layers 4 --heads 4 --head-dim 64 --block-tokens 16 --blocks 64 --requests 6 \
+	--max-tokens 512 >"$T/ex.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "arrived intact" "$T/ex.out" && [ "$(grep -c '^decode  request' "$T/ex.out")" -eq 6 ]
+ok $? "prefill/decode example: 6 requests, every page intact (exit $rc)"
+grep "^prefill:" "$T/ex.out" | sed 's/^/# /'
+"$EX" --max-tokens 4096 --blocks 64 >/dev/null 2>&1; [ $? -eq 2 ]; ok $? "example: a pool too small is refused"
+echo "1..$n"
