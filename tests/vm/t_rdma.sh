@@ -52,6 +52,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+ip link set lo up
 ip link add $IF type veth peer name ${IF}p && ip link set $IF up && ip link set ${IF}p up
 for ((i = 0; i < H; i++)); do ip addr add 10.31.0.$((i + 1))/24 dev $IF; done
 rdma link add $RXE type rxe netdev $IF
@@ -111,21 +112,6 @@ for nh in 2 3 4; do
 	fi
 done
 
-js=$(timeout 10 "$CTL" -s "$(sock 0)" status --json 2>/dev/null)
-python3 - "$js" <<'EOF'
-import json, sys
-s = json.loads(sys.argv[1])
-comms = s.get("net", {}).get("comms", [])
-rd = [p for c in comms if c.get("xport") == "rdma" for p in c.get("rdma", [])]
-assert rd, "no comm with an rdma peer in status"
-for p in rd:
-    assert p["gid"] == "::ffff:10.31.0.1", p
-    assert len(p["qps"]) == 2, p
-    assert all(q["state"] == "RTS" for q in p["qps"]), p
-assert sum(p["pieces_in"] + p["pieces_out"] for p in rd) > 0, "no piece moved over rdma"
-print("# status: %d rdma peers, QPs %s" % (len(rd), [q["state"] for p in rd for q in p["qps"]]))
-EOF
-ok $? "status --json: rdma peers on GID ::ffff:10.31.0.1, 2 QPs each in RTS, pieces moved"
 
 # ---- a GID that cannot work: clear error, no hang --------------------------------
 kill -KILL "${pids[1]}" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
@@ -139,6 +125,27 @@ gidmsg=$?
 ok $? "KCOLL_IB_GID_INDEX=99: ops fail with the reason logged, no hang (status $rc_all, $ms ms)"
 kill -KILL "${pids[1]}" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
 start_daemon 1
+
+# While a communicator runs: status --json shows its rdma peers, QPs, states.
+check_status() {
+	local js
+	js=$(timeout 10 "$CTL" -s "$(sock 0)" status --json 2>/dev/null)
+	python3 - "$js" <<'EOF'
+import json, sys
+s = json.loads(sys.argv[1])
+comms = s.get("net", {}).get("comms", [])
+rd = [p for c in comms if c.get("xport") == "rdma" for p in c.get("rdma", [])]
+assert rd, "no comm with an rdma peer in status: %s" % comms
+for p in rd:
+    assert p["gid"] == "::ffff:10.31.0.1", p
+    assert len(p["qps"]) == 2, p
+    assert all(q["state"] == "RTS" for q in p["qps"]), p
+assert sum(p["pieces_in"] + p["pieces_out"] for p in rd) > 0, "no piece moved over rdma"
+print("# status: %d rdma peers, QPs %s" % (len(rd), [q["state"] for p in rd for q in p["qps"]]))
+EOF
+	ok $? "status --json during a run: rdma peers on GID ::ffff:10.31.0.1, 2 QPs each in RTS, pieces moved"
+	timeout 10 "$CTL" -s "$(sock 0)" status 2>/dev/null | grep -E "transport|rdma host" | sed 's/^/# /'
+}
 
 # ---- faults -----------------------------------------------------------------------
 # mh_rank loop: checked all-reduces until one fails; "fault err=..." at the end.
@@ -155,6 +162,7 @@ fault_run() {	# tag nhosts victim-action
 		[ "$(ls "$T/$tag"/ready.* 2>/dev/null | wc -l)" -eq "$nh" ] && break
 		sleep 0.1
 	done
+	[ -z "${4:-}" ] || eval "$4"
 	t_strike=$(now_ms)
 	eval "$3"
 	for i in "${p[@]}"; do wait "$i"; done
@@ -174,7 +182,7 @@ judge_fault() {	# tag label ranks...
 	[ -z "$bad" ] || { cat "$T/$tag".*.out | head -10 | sed 's/^/# /'; dump; }
 }
 
-fault_run kill 3 'kill -KILL ${pids[2]}'
+fault_run kill 3 'kill -KILL ${pids[2]}' check_status
 judge_fault kill "kcolld of host 2 killed mid-transfer" 0 1
 wait "${pids[2]}" 2>/dev/null
 run_ranks after check 2 240
