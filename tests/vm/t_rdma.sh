@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The RDMA transport (issue 6) on Soft-RoCE, in the VM (tests/vm/run.sh runs
 # it; needs root, rdma_rxe and the host's build):
+#   0. rdma_onesided: the verbs layer's calls (one-sided API) on rxe
 #   1. one kcolld per "host", each with its own address; the transport is
 #      rdma (the log says so) and each daemon's GID is the RoCE v2 GID of its
 #      own address (automatic selection)
@@ -57,6 +58,13 @@ ip link add $IF type veth peer name ${IF}p && ip link set $IF up && ip link set 
 for ((i = 0; i < H; i++)); do ip addr add 10.31.0.$((i + 1))/24 dev $IF; done
 rdma link add $RXE type rxe netdev $IF
 ok $? "rxe device $RXE on $IF (addresses 10.31.0.1..$H)"
+
+# The verbs layer's own calls (the KV engine's API), checked byte for byte.
+out=$(timeout 60 "$B/tests/rdma_onesided" 10.31.0.1 10.31.0.2 2>&1); rc=$?
+sed 's/^/# /' <<<"$out"
+np=$(grep -c '^ok ' <<<"$out")
+[ $rc -eq 0 ] && ! grep -q '^not ok\|SKIP' <<<"$out" && [ "$np" -ge 15 ]
+ok $? "rdma_onesided: endpoints, GID choice, WRITE_WITH_IMM / WRITE / READ, registration cache, errors ($np checks)"
 
 sock() { echo "$T/h$1.sock"; }
 start_daemon() {	# host [env...]
