@@ -70,6 +70,14 @@ struct kcoll_rdma_path {
 	uint8_t traffic_class;
 };
 
+/*
+ * The RoCE v2 UDP source port a QP with this flow label uses on devices that
+ * follow the kernel's convention (rdma_rxe since 5.x, most RoCE NICs): the
+ * label's low 14 bits XOR its high 6, in the 0xC000 range. Label 0: the
+ * device derives one from the two QP numbers (lqpn, rqpn), symmetrically.
+ */
+uint16_t kcoll_rdma_udp_sport(uint32_t flow_label, uint32_t lqpn, uint32_t rqpn);
+
 struct kcoll_rdma_ep {
 	struct kcoll_rdma_port port;
 	struct ibv_cq *cq;

@@ -400,6 +400,18 @@ const char *kcoll_rdma_qp_state_name(int s)
 	return s >= 0 && s < (int)(sizeof(n) / sizeof(n[0])) ? n[s] : "?";
 }
 
+uint16_t kcoll_rdma_udp_sport(uint32_t fl, uint32_t lqpn, uint32_t rqpn)
+{
+	if (!fl) {
+		uint64_t v = (uint64_t)lqpn * rqpn;
+
+		v ^= v >> 20;
+		v ^= v >> 40;
+		fl = (uint32_t)(v & 0xfffff);
+	}
+	return (uint16_t)(((fl & 0x3fff) ^ ((fl & 0xfc000) >> 14)) | 0xc000);
+}
+
 /* ---- registration cache ----------------------------------------------- */
 
 int kcoll_rdma_mr_get(int dev, void *addr, size_t len, struct ibv_mr **out)

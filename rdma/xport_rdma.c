@@ -796,8 +796,11 @@ size_t kd_rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
 			int s = kcoll_rdma_ep_qp_state(p->ep, i);
 
 			if (json)
-				PUT("%s{\"qpn\":%u,\"state\":\"%s\",\"flow_label\":%u}", i ? "," : "",
-				    p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s), p->ep->path[i].flow_label);
+				PUT("%s{\"qpn\":%u,\"state\":\"%s\",\"flow_label\":%u,\"udp_sport\":%u}",
+				    i ? "," : "", p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s),
+				    p->ep->path[i].flow_label,
+				    kcoll_rdma_udp_sport(p->ep->path[i].flow_label, p->ep->qp[i]->qp_num,
+							 p->ep->remote.qpn[i]));
 			else
 				PUT(" %u=%s", p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s));
 		}

@@ -38,7 +38,9 @@ now_ms() { date +%s%3N; }
 [ -x "$RANK" ] && [ -x "$D" ] || { echo "Bail out! $B has no kcolld/mh_rank: run make"; exit 1; }
 modprobe veth 2>/dev/null
 modprobe crc32_generic 2>/dev/null
-modprobe rdma_rxe 2>/dev/null || skip_all "no rdma_rxe module in this kernel"
+why=$(modprobe rdma_rxe 2>&1)
+[ -d /sys/module/rdma_rxe ] || skip_all "cannot load rdma_rxe: ${why:-no such module in this kernel}"
+[ -z "$why" ] || echo "# modprobe rdma_rxe: $why"
 
 T=$(mktemp -d /tmp/rdma-vm.XXXXXX)
 IF=krdma0
@@ -70,7 +72,8 @@ sock() { echo "$T/h$1.sock"; }
 start_daemon() {	# host [env...]
 	local h=$1
 	shift
-	env KCOLL_NET_XPORT=rdma KCOLL_NET_CHUNK_BYTES=65536 KCOLL_IB_QPS=2 KCOLL_SPIN_US=0 "$@" \
+	env KCOLL_NET_XPORT=rdma KCOLL_NET_CHUNK_BYTES=65536 KCOLL_IB_QPS=2 KCOLL_SPIN_US=0 \
+		KCOLL_IB_FLOW_LABEL=4096 "$@" \
 		"$D" -f -s "$(sock "$h")" -l "$T/h$h.log" --listen "10.31.0.$((h + 1)):0" \
 		--addrs "10.31.0.$((h + 1))" >"$T/h$h.out" 2>&1 &
 	pids[h]=$!
@@ -148,10 +151,13 @@ for p in rd:
     assert p["gid"] == "::ffff:10.31.0.1", p
     assert len(p["qps"]) == 2, p
     assert all(q["state"] == "RTS" for q in p["qps"]), p
+    # KCOLL_IB_FLOW_LABEL=4096: QP i gets label 4096 + i, UDP source port 0xD000 + i
+    assert [q["flow_label"] for q in p["qps"]] == [4096, 4097], p
+    assert [q["udp_sport"] for q in p["qps"]] == [0xD000, 0xD001], p
 assert sum(p["pieces_in"] + p["pieces_out"] for p in rd) > 0, "no piece moved over rdma"
 print("# status: %d rdma peers, QPs %s" % (len(rd), [q["state"] for p in rd for q in p["qps"]]))
 EOF
-	ok $? "status --json during a run: rdma peers on GID ::ffff:10.31.0.1, 2 QPs each in RTS, pieces moved"
+	ok $? "status --json during a run: rdma peers on GID ::ffff:10.31.0.1, 2 QPs each in RTS with flow labels 4096, 4097 (UDP ports 0xd000, 0xd001), pieces moved"
 	timeout 10 "$CTL" -s "$(sock 0)" status 2>/dev/null | grep -E "transport|rdma host" | sed 's/^/# /'
 }
 
