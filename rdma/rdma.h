@@ -19,7 +19,7 @@
 #include <infiniband/verbs.h>
 
 #define KCOLL_RDMA_MAX_QPS	8
-#define KCOLL_RDMA_WHY		256
+#define KCOLL_RDMA_WHY		512
 
 /* A local port and GID picked for traffic from one IPv4 address. */
 struct kcoll_rdma_port {
@@ -46,6 +46,15 @@ struct ibv_pd *kcoll_rdma_pd(int dev);
  * diagnosis (the GIDs that exist and why none fits) in why.
  */
 int kcoll_rdma_pick_gid(uint32_t ip, struct kcoll_rdma_port *out, char *why, size_t whylen);
+
+/*
+ * Read the device's pending async events (non-blocking) and say whether
+ * port is usable: -ENETDOWN after IBV_EVENT_PORT_ERR (until PORT_ACTIVE),
+ * -EIO after IBV_EVENT_DEVICE_FATAL, with the reason in why. The async fd
+ * (kcoll_rdma_async_fd) becomes readable when an event is pending.
+ */
+int kcoll_rdma_port_check(int dev, uint8_t port, char *why, size_t whylen);
+int kcoll_rdma_async_fd(int dev);
 
 /* ---- endpoints: RC QPs to one peer ------------------------------------ */
 
