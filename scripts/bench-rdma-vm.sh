@@ -86,13 +86,13 @@ for line in open(sys.argv[1]):
 json.dump({"what": "rdma_rxe in the QEMU/TCG guest, one run", "ib_write_bw_MBps": perf, "kcoll": kc},
           open(sys.argv[2], "w"), indent=1)
 def rows(tag):
-    return {r["bytes"]: r for r in kc.get(tag, {}).get("rows", [])}
+    return {r["size"]: r for r in kc.get(tag, {}).get("rows", [])}
 bc = rows("rdma-bcast")
 print("| size | ib_write_bw | kcoll broadcast, 2 hosts over rdma | kcoll / ib_write_bw |")
 print("|---|---|---|---|")
 for s in sorted(perf):
     r = bc.get(s)
-    k = s / r["time_us_oop"] if r else float("nan")       # bytes/us = MB/s
+    k = s / r["time_us"] if r else float("nan")       # bytes/us = MB/s
     print(f"| {s >> 10} KiB | {perf[s]:.1f} MB/s | {k:.1f} MB/s | {k / perf[s]:.2f} |")
 ra, rt = rows("rdma-allreduce"), rows("tcp-allreduce")
 print()
@@ -100,7 +100,7 @@ print("| size | all-reduce over rdma | over tcp | tcp time / rdma time |")
 print("|---|---|---|---|")
 for s in sorted(ra):
     if s in rt:
-        a, t = ra[s]["time_us_oop"], rt[s]["time_us_oop"]
+        a, t = ra[s]["time_us"], rt[s]["time_us"]
         print(f"| {s >> 10} KiB | {a:.0f} us | {t:.0f} us | {t / a:.2f} |")
 print(f"(json: {sys.argv[2]})")
 PY
