@@ -178,7 +178,8 @@ static int peer_prepare(struct kd_mh *mh, struct rstate *rs, uint32_t h, struct 
 	struct kcoll_rdma_port port;
 	struct sockaddr_in sa;
 	socklen_t sl = sizeof(sa);
-	size_t bytes = NSLOT * rs->slot_bytes;
+	/* aligned_alloc wants a multiple of the alignment */
+	size_t bytes = (NSLOT * rs->slot_bytes + 4095) & ~(size_t)4095;
 	uint32_t depth = 2 * NSLOT + 2;
 	int r;
 
