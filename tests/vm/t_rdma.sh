@@ -224,5 +224,17 @@ run_ranks afterlink check 2 240
 ok $? "link up again: a new communicator over RDMA works"
 [ "$rc_all" -eq 0 ] || { cat "$T"/afterlink.*.out | head -10 | sed 's/^/# /'; dump; }
 
+# Every daemon stops cleanly on SIGTERM; no sanitizer report anywhere (the
+# ASan build: tests/vm/t_rdma.sh build-asan).
+bad=
+for ((i = 0; i < H; i++)); do
+	kill -TERM "${pids[i]}" 2>/dev/null
+	wait "${pids[i]}" 2>/dev/null || bad+=" h$i(status $?)"
+done
+pids=()
+grep -l "ERROR: AddressSanitizer\|runtime error:\|LeakSanitizer" "$T"/h*.out >/dev/null 2>&1 && bad+=" sanitizer report"
+[ -z "$bad" ]; ok $? "daemons exit 0 on SIGTERM, no sanitizer report${bad:+ (got:$bad)}"
+[ -z "$bad" ] || head -n 30 "$T"/h*.out | sed 's/^/# /'
+
 echo "1..$n"
 exit $failed
