@@ -10,3 +10,14 @@ TEST_DAEMON_OBJS += $(RDMA_OBJS)
 $(BIN)/kcolld: $(RDMA_OBJS)
 $(BIN)/kcolld: LDFLAGS += -libverbs
 $(TBIN)/test_%: LDFLAGS += -libverbs
+
+# The verbs layer's public calls on a real device (tests/vm/t_rdma.sh runs it;
+# not a test_* program: the host tier has no RDMA device).
+$(OBJ)/tests/rdma_onesided.o: CPPFLAGS += -Irdma
+$(TBIN)/rdma_onesided: $(OBJ)/tests/rdma_onesided.o $(OBJ)/rdma/verbs.o $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) -libverbs
+
+ALL_TARGETS += $(TBIN)/rdma_onesided
+CHECK_TARGETS += $(TBIN)/rdma_onesided

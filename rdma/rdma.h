@@ -19,7 +19,7 @@
 #include <infiniband/verbs.h>
 
 #define KCOLL_RDMA_MAX_QPS	8
-#define KCOLL_RDMA_WHY		256
+#define KCOLL_RDMA_WHY		512
 
 /* A local port and GID picked for traffic from one IPv4 address. */
 struct kcoll_rdma_port {
@@ -47,6 +47,15 @@ struct ibv_pd *kcoll_rdma_pd(int dev);
  */
 int kcoll_rdma_pick_gid(uint32_t ip, struct kcoll_rdma_port *out, char *why, size_t whylen);
 
+/*
+ * Read the device's pending async events (non-blocking) and say whether
+ * port is usable: -ENETDOWN after IBV_EVENT_PORT_ERR (until PORT_ACTIVE),
+ * -EIO after IBV_EVENT_DEVICE_FATAL, with the reason in why. The async fd
+ * (kcoll_rdma_async_fd) becomes readable when an event is pending.
+ */
+int kcoll_rdma_port_check(int dev, uint8_t port, char *why, size_t whylen);
+int kcoll_rdma_async_fd(int dev);
+
 /* ---- endpoints: RC QPs to one peer ------------------------------------ */
 
 /* What one side tells the other to connect (sent as is: both sides are
@@ -69,6 +78,14 @@ struct kcoll_rdma_path {
 	uint32_t flow_label;		/* 20 bits */
 	uint8_t traffic_class;
 };
+
+/*
+ * The RoCE v2 UDP source port a QP with this flow label uses on devices that
+ * follow the kernel's convention (rdma_rxe since 5.x, most RoCE NICs): the
+ * label's low 14 bits XOR its high 6, in the 0xC000 range. Label 0: the
+ * device derives one from the two QP numbers (lqpn, rqpn), symmetrically.
+ */
+uint16_t kcoll_rdma_udp_sport(uint32_t flow_label, uint32_t lqpn, uint32_t rqpn);
 
 struct kcoll_rdma_ep {
 	struct kcoll_rdma_port port;

@@ -5,6 +5,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -26,6 +27,8 @@ struct dev {
 	struct ibv_pd *pd;
 	char name[IBV_SYSFS_NAME_MAX];
 	uint8_t nports;
+	uint32_t port_down;		/* bit p: port p reported an error (async event) */
+	bool fatal;
 };
 
 struct mrc {
@@ -130,6 +133,10 @@ int kcoll_rdma_init(void)
 		}
 		snprintf(d->name, sizeof(d->name), "%s", name);
 		d->nports = da.phys_port_cnt;
+		d->port_down = 0;
+		d->fatal = false;
+		/* async events are read when a transfer checks its port */
+		fcntl(d->ctx->async_fd, F_SETFL, fcntl(d->ctx->async_fd, F_GETFL) | O_NONBLOCK);
 		rd.ndev++;
 	}
 	ibv_free_device_list(list);
@@ -192,7 +199,7 @@ static int fill_port(int d, uint8_t p, const struct ibv_gid_entry *e, struct kco
 int kcoll_rdma_pick_gid(uint32_t ip, struct kcoll_rdma_port *out, char *why, size_t whylen)
 {
 	long long want = kcoll_knob_ll("KCOLL_IB_GID_INDEX");
-	char ipb[INET_ADDRSTRLEN], seen[160] = "";
+	char ipb[INET_ADDRSTRLEN], seen[300] = "";
 	size_t sl = 0;
 
 	inet_ntop(AF_INET, &ip, ipb, sizeof(ipb));
@@ -240,6 +247,46 @@ int kcoll_rdma_pick_gid(uint32_t ip, struct kcoll_rdma_port *out, char *why, siz
 			 "(rdma link add NAME type rxe netdev IF) or set KCOLL_IB_HCA/KCOLL_IB_GID_INDEX",
 			 ipb, sl ? seen : "none");
 	return -EADDRNOTAVAIL;
+}
+
+int kcoll_rdma_async_fd(int d)
+{
+	return d >= 0 && d < rd.ndev ? rd.dev[d].ctx->async_fd : -1;
+}
+
+int kcoll_rdma_port_check(int d, uint8_t port, char *why, size_t whylen)
+{
+	struct dev *dv = &rd.dev[d];
+	struct ibv_async_event ev;
+	int r = 0;
+
+	pthread_mutex_lock(&rd.lock);
+	while (!ibv_get_async_event(dv->ctx, &ev)) {
+		switch (ev.event_type) {
+		case IBV_EVENT_PORT_ERR:
+			dv->port_down |= 1u << (ev.element.port_num & 31);
+			kc_warn("rdma: %s port %d went down (IBV_EVENT_PORT_ERR)", dv->name, ev.element.port_num);
+			break;
+		case IBV_EVENT_PORT_ACTIVE:
+			dv->port_down &= ~(1u << (ev.element.port_num & 31));
+			kc_info("rdma: %s port %d is active again", dv->name, ev.element.port_num);
+			break;
+		case IBV_EVENT_DEVICE_FATAL:
+			dv->fatal = true;
+			kc_warn("rdma: %s reported a fatal error (IBV_EVENT_DEVICE_FATAL)", dv->name);
+			break;
+		default:
+			break;	/* QP and CQ events show up as failed completions too */
+		}
+		ibv_ack_async_event(&ev);
+	}
+	if (dv->fatal || (dv->port_down & (1u << (port & 31)))) {
+		snprintf(why, whylen, "%s port %u %s: check 'rdma link' and the netdev under it (ip link)",
+			 dv->name, port, dv->fatal ? "had a fatal error" : "is down");
+		r = dv->fatal ? -EIO : -ENETDOWN;
+	}
+	pthread_mutex_unlock(&rd.lock);
+	return r;
 }
 
 /* ---- endpoints -------------------------------------------------------- */
@@ -398,6 +445,18 @@ const char *kcoll_rdma_qp_state_name(int s)
 	static const char *const n[] = { "RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR" };
 
 	return s >= 0 && s < (int)(sizeof(n) / sizeof(n[0])) ? n[s] : "?";
+}
+
+uint16_t kcoll_rdma_udp_sport(uint32_t fl, uint32_t lqpn, uint32_t rqpn)
+{
+	if (!fl) {
+		uint64_t v = (uint64_t)lqpn * rqpn;
+
+		v ^= v >> 20;
+		v ^= v >> 40;
+		fl = (uint32_t)(v & 0xfffff);
+	}
+	return (uint16_t)(((fl & 0x3fff) ^ ((fl & 0xfc000) >> 14)) | 0xc000);
 }
 
 /* ---- registration cache ----------------------------------------------- */

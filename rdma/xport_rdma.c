@@ -178,7 +178,8 @@ static int peer_prepare(struct kd_mh *mh, struct rstate *rs, uint32_t h, struct 
 	struct kcoll_rdma_port port;
 	struct sockaddr_in sa;
 	socklen_t sl = sizeof(sa);
-	size_t bytes = NSLOT * rs->slot_bytes;
+	/* aligned_alloc wants a multiple of the alignment */
+	size_t bytes = (NSLOT * rs->slot_bytes + 4095) & ~(size_t)4095;
 	uint32_t depth = 2 * NSLOT + 2;
 	int r;
 
@@ -382,6 +383,28 @@ static int wc_fail(struct kd_mh *mh, uint32_t h, const struct ibv_wc *wc)
 	return r;
 }
 
+/* A port of ours that went down fails every peer on it. */
+static int ports_ok(struct kd_mh *mh, struct rstate *rs, uint32_t *bad_host)
+{
+	char why[KCOLL_RDMA_WHY];
+
+	for (uint32_t h = 0; h < mh->nhosts; h++) {
+		struct rpeer *p = &rs->peer[h];
+		int r;
+
+		if (p->state != 1)
+			continue;
+		r = kcoll_rdma_port_check(p->ep->port.dev, p->ep->port.port, why, sizeof(why));
+		if (r) {
+			kc_warn("comm %s: rdma to host %u (%s): %s", mh->comm->name, h, mh->hosts[h].info.name,
+				why);
+			*bad_host = h;
+			return p->state = r;
+		}
+	}
+	return 0;
+}
+
 /* Take what the CQs of the peers in use hold. */
 static int drain(struct kd_mh *mh, struct rstate *rs, bool *progress, uint32_t *bad_host)
 {
@@ -544,7 +567,7 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 	uint32_t nc = 0, k = 0, nl = 0, nwant = 0, want[KD_MAX_HOSTS];
 	struct cursor *cs = NULL;
 	struct piece **lists = NULL;
-	struct pollfd pfd[2 * KD_MAX_HOSTS + 1];
+	struct pollfd pfd[3 * KD_MAX_HOSTS + 1];
 	int64_t slack = comm->timeout_ns + 2000000000LL, idle_since = 0;
 	int r = 0;
 
@@ -653,8 +676,12 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 			atomic_store(&mh->last_progress, kd_now_ns());
 			continue;
 		}
-		if (!idle_since)
+		if (!idle_since) {
 			idle_since = kd_now_ns();
+			r = ports_ok(mh, rs, bad_host);
+			if (r)
+				goto out;
+		}
 		if (kd_now_ns() - idle_since < kd.spin_ns) {
 			sched_yield();
 			continue;
@@ -675,6 +702,9 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 			pfd[np++] = (struct pollfd){ .fd = rs->peer[h].ep->ch->fd, .events = POLLIN };
 			/* A peer that dies closes its TCP streams: that wakes us. */
 			pfd[np++] = (struct pollfd){ .fd = mh->hosts[h].data[0], .events = POLLIN | POLLRDHUP };
+			/* A port going down raises an async event. */
+			pfd[np++] = (struct pollfd){ .fd = kcoll_rdma_async_fd(rs->peer[h].ep->port.dev),
+						     .events = POLLIN };
 		}
 		for (uint32_t i = 0; i < nc; i++)
 			if (!cs[i].done && !cs[i].send && !gated(&cs[i]))
@@ -695,9 +725,13 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 			if (!pfd[i].revents)
 				continue;
 			for (uint32_t j = 0, q = 0; j < mh->nhosts; j++)
-				if (rs->peer[j].state == 1 && q++ == i / 2)
+				if (rs->peer[j].state == 1 && q++ == i / 3)
 					h = j;
-			if (i % 2 == 0) {
+			if (i % 3 == 2) {
+				r = ports_ok(mh, rs, bad_host);
+				if (r)
+					goto out;
+			} else if (i % 3 == 0) {
 				struct ibv_cq *cq;
 				void *ctx;
 
@@ -796,8 +830,11 @@ size_t kd_rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
 			int s = kcoll_rdma_ep_qp_state(p->ep, i);
 
 			if (json)
-				PUT("%s{\"qpn\":%u,\"state\":\"%s\",\"flow_label\":%u}", i ? "," : "",
-				    p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s), p->ep->path[i].flow_label);
+				PUT("%s{\"qpn\":%u,\"state\":\"%s\",\"flow_label\":%u,\"udp_sport\":%u}",
+				    i ? "," : "", p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s),
+				    p->ep->path[i].flow_label,
+				    kcoll_rdma_udp_sport(p->ep->path[i].flow_label, p->ep->qp[i]->qp_num,
+							 p->ep->remote.qpn[i]));
 			else
 				PUT(" %u=%s", p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s));
 		}

@@ -355,7 +355,7 @@ fi
 guest_log=$top/build/vm/out.log
 rm -f "$guest_log" "$top/build/vm/dmesg.log"
 set +e
-vm_run "${timeout_s:-420}" bash tests/vm/run.sh "$kobj/kmod/kcoll.ko" "$vmbin"
+vm_run "${timeout_s:-900}" bash tests/vm/run.sh "$kobj/kmod/kcoll.ko" "$vmbin"
 rc=$?
 set -e
 touch "$guest_log"

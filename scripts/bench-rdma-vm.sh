@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# RDMA transport benchmark in the VM (issue 6), one run, side by side on one
+# Soft-RoCE device (two addresses, two GIDs, real RC traffic through rxe):
+#   1. point-to-point write bandwidth, 64 KiB..4 MiB: perftest's ib_write_bw
+#      vs kcoll between two daemons (a 2-host broadcast: the root's daemon
+#      writes the buffer into the other's slots; the time includes both
+#      clients' round trips through their daemons)
+#   2. 2-host all-reduce (f32 sum): kcoll over rdma vs kcoll over tcp on the
+#      same pair of addresses
+# TCG distorts absolute numbers; the ratios within one run are the result.
+#   scripts/bench-rdma-vm.sh [BUILD]      host side (run under flock): boots
+#                                         the VM, prints tables, writes
+#                                         docs/perf/rdma-vm-<date>.json
+#   scripts/bench-rdma-vm.sh --guest B    inside the guest
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+iters=${BENCH_RDMA_ITERS:-20}
+sizes="65536 262144 1048576 4194304"
+
+guest() {
+	local B=$1 T pids=() s
+	T=$(mktemp -d /tmp/brd.XXXXXX)
+	ulimit -l unlimited
+	modprobe veth; modprobe crc32_generic; modprobe rdma_rxe
+	ip link set lo up
+	ip link add krdma0 type veth peer name krdma0p
+	ip link set krdma0 up; ip link set krdma0p up
+	ip addr add 10.31.0.1/24 dev krdma0; ip addr add 10.31.0.2/24 dev krdma0
+	rdma link add krxe0 type rxe netdev krdma0
+	sleep 1
+	for s in $sizes; do
+		timeout 120 ib_write_bw -d krxe0 -x 1 -s "$s" -n "$iters" -F >"$T/srv" 2>&1 &
+		sleep 1
+		timeout 120 ib_write_bw -d krxe0 -x 2 -s "$s" -n "$iters" -F 10.31.0.1 >"$T/cli" 2>&1 || true
+		wait || true
+		echo "PERFTEST $s $(awk -v s="$s" '$1 == s && NF >= 4 { print $4 }' "$T/cli" | tail -1)"
+	done
+	start() {	# xport
+		local h
+		for h in 0 1; do
+			KCOLL_NET_XPORT=$1 KCOLL_IB_QPS=2 "$B/bin/kcolld" -f -s "$T/h$h.sock" -l "$T/h$h-$1.log" \
+				--listen "10.31.0.$((h + 1)):0" --addrs "10.31.0.$((h + 1))" &
+			pids[h]=$!
+		done
+		for h in 0 1; do
+			for _ in $(seq 100); do [ -S "$T/h$h.sock" ] && break; sleep 0.1; done
+		done
+	}
+	stop() { kill -TERM "${pids[@]}"; wait "${pids[@]}" || true; rm -f "$T"/h*.sock; }
+	bench() {	# tag coll
+		echo "KCOLLJSON $1 $("$B/bin/kcoll-bench" "$2" --hosts 2 -N 1 -b 64K -e 4M -f 4 -n "$iters" -w 2 \
+			-c 1 --json --launch "env KCOLL_SOCKET=$T/h%h.sock" | tr -d '\n')"
+	}
+	start rdma
+	bench rdma-bcast broadcast
+	bench rdma-allreduce allreduce
+	"$B/bin/kcollctl" -s "$T/h0.sock" status | sed 's/^/# /'
+	stop
+	start tcp
+	bench tcp-allreduce allreduce
+	stop
+	grep -h "transport between daemons" "$T"/h0-*.log | sed 's/^/# /'
+	rdma link delete krxe0 || true
+}
+
+if [ "${1:-}" = "--guest" ]; then
+	guest "$2"
+	exit 0
+fi
+
+B=$top/${1:-build}
+out=$top/docs/perf/rdma-vm-$(date +%Y-%m-%d-%H%M).json
+raw=$(mktemp)
+trap 'rm -f "$raw"' EXIT
+"$top/scripts/vmtest.sh" --mem 2048 --timeout 900 -- "$top/scripts/bench-rdma-vm.sh" --guest "$B" | tee "$raw" |
+	grep -v '^KCOLLJSON'
+python3 - "$raw" "$out" <<'PY'
+import json, sys
+perf, kc = {}, {}
+for line in open(sys.argv[1]):
+    w = line.split(" ", 2)
+    if w[0] == "PERFTEST" and len(w) == 3 and w[2].strip():
+        perf[int(w[1])] = float(w[2])          # MB/s (10^6)
+    elif w[0] == "KCOLLJSON":
+        kc[w[1]] = json.loads(w[2])
+json.dump({"what": "rdma_rxe in the QEMU/TCG guest, one run", "ib_write_bw_MBps": perf, "kcoll": kc},
+          open(sys.argv[2], "w"), indent=1)
+def rows(tag):
+    return {r["size"]: r for r in kc.get(tag, {}).get("rows", [])}
+bc = rows("rdma-bcast")
+print("| size | ib_write_bw | kcoll broadcast, 2 hosts over rdma | kcoll / ib_write_bw |")
+print("|---|---|---|---|")
+for s in sorted(perf):
+    r = bc.get(s)
+    k = s / r["time_us"] if r else float("nan")       # bytes/us = MB/s
+    print(f"| {s >> 10} KiB | {perf[s]:.1f} MB/s | {k:.1f} MB/s | {k / perf[s]:.2f} |")
+ra, rt = rows("rdma-allreduce"), rows("tcp-allreduce")
+print()
+print("| size | all-reduce over rdma | over tcp | tcp time / rdma time |")
+print("|---|---|---|---|")
+for s in sorted(ra):
+    if s in rt:
+        a, t = ra[s]["time_us"], rt[s]["time_us"]
+        print(f"| {s >> 10} KiB | {a:.0f} us | {t:.0f} us | {t / a:.2f} |")
+print(f"(json: {sys.argv[2]})")
+PY
