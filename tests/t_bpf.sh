@@ -75,7 +75,7 @@ ok $rc "attach on $P-va (netns $A), pins in $PINA${out:+: $out}"
 KBB attach "$P-vb" >/dev/null 2>&1
 ok $? "attach on the other end, second pin directory $PINB"
 miss=
-for m in flows tcp link_stats link_cfg peer_cfg track_ports track_cg track_flows settings ifaces \
+for m in flows tcp link_cfg peer_cfg track_ports track_cg track_flows settings ifaces \
 	 prog_tc_ingress prog_tc_egress prog_sockops link_sockops; do
 	[ -e "$PINA/$m" ] || miss="$miss $m"
 done
