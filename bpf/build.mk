@@ -41,10 +41,10 @@ $(KCOLL_BPF_LIB): $(OBJ)/bpf/kcoll_bpf.o
 	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
 $(OBJ)/bpf/kcoll-bpf.o: CPPFLAGS += -Ibpf
-$(KCOLL_BPF_TOOL): $(OBJ)/bpf/kcoll-bpf.o $(KCOLL_BPF_LIB)
+$(KCOLL_BPF_TOOL): $(OBJ)/bpf/kcoll-bpf.o $(KCOLL_BPF_LIB) $(COMMON_LIB)
 	$(call msg,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(KCOLL_BPF_LDLIBS)
+	$(Q)$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(KCOLL_BPF_LDLIBS) -lm
 
 ALL_TARGETS += $(KCOLL_BPF_LIB) $(KCOLL_BPF_TOOL)
 endif

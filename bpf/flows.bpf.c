@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0 OR MIT)
 /*
  * kcoll flow tracker: tc ingress/egress classifiers that count tracked IPv4
- * TCP/UDP flows per 5-tuple, per kcoll link and peer host, and a sockops
+ * TCP/UDP flows per 5-tuple, tagged with kcoll link and peer host (readers
+ * sum per link: one map update per packet, not two), and a sockops
  * program that adds TCP retransmissions and smoothed RTT. Never drops or
  * changes a packet (always TC_ACT_OK). Record layout: flows.h; maps and
  * bpftool commands: docs/bpf.md.
@@ -36,14 +37,6 @@ struct {
 	__type(value, struct kcoll_tcp_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } tcp SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, struct kcoll_link_key);
-	__type(value, struct kcoll_link_val);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} link_stats SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -129,29 +122,6 @@ static __always_inline int cgroup_tracked(struct __sk_buff *skb)
 	return 0;
 }
 
-static __always_inline void link_add(__u32 link_id, __u32 peer, int egress, __u64 len, __u64 now)
-{
-	struct kcoll_link_key lk = { .link_id = link_id, .peer_host = peer };
-	struct kcoll_link_val *lv = bpf_map_lookup_elem(&link_stats, &lk);
-
-	if (!lv) {
-		struct kcoll_link_val z = {};
-
-		bpf_map_update_elem(&link_stats, &lk, &z, BPF_NOEXIST);
-		lv = bpf_map_lookup_elem(&link_stats, &lk);
-		if (!lv)
-			return;
-	}
-	if (egress) {
-		__sync_fetch_and_add(&lv->tx_bytes, len);
-		__sync_fetch_and_add(&lv->tx_pkts, 1);
-	} else {
-		__sync_fetch_and_add(&lv->rx_bytes, len);
-		__sync_fetch_and_add(&lv->rx_pkts, 1);
-	}
-	lv->last_seen_ns = now;
-}
-
 static __always_inline int count(struct __sk_buff *skb, int egress)
 {
 	void *data = (void *)(long)skb->data;
@@ -161,7 +131,7 @@ static __always_inline int count(struct __sk_buff *skb, int egress)
 	struct iphdr *ip;
 	__u32 zero = 0, hdr, flags = 0;
 	__u16 sport, dport;
-	__u64 now, len, payload;
+	__u64 len, payload;
 	struct kcoll_bpf_settings *s;
 
 	if (skb->protocol != bpf_htons(ETH_P_IP))
@@ -248,7 +218,7 @@ static __always_inline int count(struct __sk_buff *skb, int egress)
 		if (id)
 			nv.peer_host = *id;
 		nv.flags = flags;
-		nv.first_seen_ns = bpf_ktime_get_ns();
+		nv.first_seen_ns = bpf_ktime_get_coarse_ns();
 		bpf_map_update_elem(&flows, &k, &nv, BPF_NOEXIST);
 		v = bpf_map_lookup_elem(&flows, &k);
 		if (!v)
@@ -263,7 +233,6 @@ static __always_inline int count(struct __sk_buff *skb, int egress)
 		if (peer)
 			v->peer_host = *peer;
 	}
-	now = bpf_ktime_get_ns();
 	len = skb->len - ETH_HLEN;
 	payload = skb->len > ETH_HLEN + hdr ? skb->len - ETH_HLEN - hdr : 0;
 	if (egress) {
@@ -278,8 +247,7 @@ static __always_inline int count(struct __sk_buff *skb, int egress)
 	if (flags & KCOLL_FLOW_ROCE || (k.proto == IPPROTO_UDP &&
 	    (k.lport == KCOLL_ROCE_PORT || k.rport == KCOLL_ROCE_PORT)))
 		__sync_fetch_and_add(&v->roce_pkts, 1);
-	v->last_seen_ns = now;
-	link_add(v->link_id, v->peer_host, egress, len, now);
+	v->last_seen_ns = bpf_ktime_get_coarse_ns();	/* tick resolution: cheaper per packet */
 	return TC_ACT_OK;
 }
 
@@ -354,6 +322,6 @@ int kcoll_sockops(struct bpf_sock_ops *skops)
 		__sync_fetch_and_add(&v->rtt_samples, 1);
 	v->srtt_us = skops->srtt_us >> 3;
 	v->total_retrans = skops->total_retrans;
-	v->last_seen_ns = bpf_ktime_get_ns();
+	v->last_seen_ns = bpf_ktime_get_coarse_ns();
 	return 1;
 }

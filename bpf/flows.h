@@ -8,14 +8,14 @@
  *
  * Maps (pinned by name under the pin directory, /sys/fs/bpf/kcoll/ by
  * default; docs/bpf.md shows the bpftool commands):
- *   flows        HASH  kcoll_flow_key  -> kcoll_flow_val    per 5-tuple per interface
- *   tcp          HASH  kcoll_flow_key  -> kcoll_tcp_val     sockops: retrans, srtt (ifindex 0)
- *   link_stats   HASH  kcoll_link_key  -> kcoll_link_val    totals per (link, peer host)
+ *   flows        LRU   kcoll_flow_key  -> kcoll_flow_val    per 5-tuple per interface,
+ *                                                           tagged with link and peer host
+ *   tcp          LRU   kcoll_flow_key  -> kcoll_tcp_val     sockops: retrans, srtt (ifindex 0)
  *   link_cfg     HASH  kcoll_link_cfg_key -> __u32 link id  filled by the daemon
  *   peer_cfg     HASH  __u32 addr      -> __u32 host index  filled by the daemon
  *   track_ports  ARRAY __u32 slot      -> kcoll_port_range  KCOLL_TRACK_SLOTS port ranges
  *   track_cg     HASH  __u64 cgroup id -> __u32 1           tracked cgroups (and below)
- *   track_flows  HASH  kcoll_flow_key  -> __u32 1           5-tuples learnt from track_cg
+ *   track_flows  LRU   kcoll_flow_key  -> __u32 1           5-tuples learnt from track_cg
  *   settings     ARRAY __u32 0         -> kcoll_bpf_settings
  *   ifaces       HASH  __u32 ifindex   -> __u32 1           where the classifiers are attached
  */
@@ -58,8 +58,8 @@ struct kcoll_flow_val {
 	__u64 rx_pkts;
 	__u64 rx_payload;
 	__u64 roce_pkts;	/* RoCEv2 packets, both directions */
-	__u64 first_seen_ns;	/* bpf_ktime_get_ns() (CLOCK_MONOTONIC) */
-	__u64 last_seen_ns;
+	__u64 first_seen_ns;	/* CLOCK_MONOTONIC at tick resolution (bpf_ktime_get_coarse_ns) */
+	__u64 last_seen_ns;	/* same clock */
 	__u32 link_id;		/* from link_cfg, or KCOLL_LINK_NONE */
 	__u32 peer_host;	/* from peer_cfg, or KCOLL_LINK_NONE */
 	__u32 flags;		/* KCOLL_FLOW_* */
@@ -71,19 +71,6 @@ struct kcoll_tcp_val {
 	__u64 rtt_samples;	/* BPF_SOCK_OPS_RTT_CB calls */
 	__u32 srtt_us;		/* smoothed RTT, microseconds (tcp_sock srtt_us >> 3) */
 	__u32 total_retrans;	/* tcp_sock total_retrans at the last callback */
-	__u64 last_seen_ns;
-};
-
-struct kcoll_link_key {
-	__u32 link_id;		/* KCOLL_LINK_NONE: no link configured */
-	__u32 peer_host;	/* KCOLL_LINK_NONE: unknown peer */
-};
-
-struct kcoll_link_val {
-	__u64 tx_bytes;
-	__u64 tx_pkts;
-	__u64 rx_bytes;
-	__u64 rx_pkts;
 	__u64 last_seen_ns;
 };
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "kcoll_bpf.h"
 
 static void usage(FILE *f)
@@ -197,7 +198,7 @@ static int bad(const char *fmt, const char *arg)
 int main(int argc, char **argv)
 {
 	struct kcoll_bpf_opts o = { .size = sizeof(o) };
-	const char *pin = getenv("KCOLL_BPF_PIN"), *cmd, *cg = NULL;
+	const char *pin = kcoll_knob_str("KCOLL_BPF_PIN"), *cmd, *cg = NULL;
 	struct kcoll_bpf *b;
 	struct walk w = { 0 };
 	int i = 1, err = 0, json = 0;
@@ -260,8 +261,16 @@ int main(int argc, char **argv)
 	    !strcmp(cmd, "detach")) {
 		if (argc - i > json)
 			return bad("%s: unexpected arguments", cmd);
-	} else if (strcmp(cmd, "track") && strcmp(cmd, "untrack") && strcmp(cmd, "link") &&
-		   strcmp(cmd, "peer")) {
+	} else if (!strcmp(cmd, "track") || !strcmp(cmd, "untrack")) {
+		if (argc - i != 1 && !(argc - i == 2 && !strcmp(argv[i], "--cgroup")))
+			return bad("%s: give PORT[-PORT], --cgroup DIR, --all or --none", cmd);
+	} else if (!strcmp(cmd, "link")) {
+		if (argc - i != 3)
+			return bad("link: give IFACE ADDR|any ID%s", "");
+	} else if (!strcmp(cmd, "peer")) {
+		if (argc - i != 2)
+			return bad("peer: give ADDR HOST (an IPv4 address and a host index)%s", "");
+	} else {
 		return bad("unknown command '%s'", cmd);
 	}
 	err = kcoll_bpf_open(&b, &o);
@@ -289,10 +298,6 @@ int main(int argc, char **argv)
 	} else if (!strcmp(cmd, "track") || !strcmp(cmd, "untrack")) {
 		__u16 lo, hi;
 
-		if (argc - i != 1 && !(argc - i == 2 && !strcmp(argv[i], "--cgroup"))) {
-			kcoll_bpf_close(b);
-			return bad("%s: give PORT[-PORT], --cgroup DIR, --all or --none", cmd);
-		}
 		if (!strcmp(argv[i], "--cgroup"))
 			cg = argv[i + 1];
 		if (cg && !strcmp(cmd, "track"))
@@ -311,10 +316,6 @@ int main(int argc, char **argv)
 	} else if (!strcmp(cmd, "link")) {
 		__u32 addr, id, idx;
 
-		if (argc - i != 3) {
-			kcoll_bpf_close(b);
-			return bad("link: give IFACE ADDR|any ID%s", "");
-		}
 		idx = if_nametoindex(argv[i]);
 		if (!idx || parse_addr(argv[i + 1], &addr) || parse_u32(argv[i + 2], 0xfffffffe, &id)) {
 			kcoll_bpf_close(b);
@@ -324,7 +325,7 @@ int main(int argc, char **argv)
 	} else {
 		__u32 addr, host;
 
-		if (argc - i != 2 || parse_addr(argv[i], &addr) || !addr ||
+		if (parse_addr(argv[i], &addr) || !addr ||
 		    parse_u32(argv[i + 1], 0xfffffffe, &host)) {
 			kcoll_bpf_close(b);
 			return bad("peer: give ADDR HOST (an IPv4 address and a host index)%s", "");

@@ -31,10 +31,10 @@
 #define KCOLL_TC_HANDLE 0xc011
 #define KCOLL_TC_PRIO 0xc0
 
-enum { M_FLOWS, M_TCP, M_LINK_STATS, M_LINK_CFG, M_PEER_CFG, M_TRACK_PORTS, M_TRACK_CG,
+enum { M_FLOWS, M_TCP, M_LINK_CFG, M_PEER_CFG, M_TRACK_PORTS, M_TRACK_CG,
        M_TRACK_FLOWS, M_SETTINGS, M_IFACES, M_NR };
 static const char *const map_names[M_NR] = {
-	"flows", "tcp", "link_stats", "link_cfg", "peer_cfg", "track_ports", "track_cg",
+	"flows", "tcp", "link_cfg", "peer_cfg", "track_ports", "track_cg",
 	"track_flows", "settings", "ifaces",
 };
 enum { P_INGRESS, P_EGRESS, P_SOCKOPS, P_NR };
@@ -723,35 +723,59 @@ int kcoll_bpf_flows_foreach(struct kcoll_bpf *b, kcoll_bpf_flow_cb cb, void *arg
 	return 0;
 }
 
+/* Per (link, peer) sums of the flows: the classifiers update one record per
+ * packet, readers aggregate. */
+struct link_sums {
+	struct kcoll_bpf_link *v;
+	size_t n, cap;
+};
+
+static int sum_flow(const struct kcoll_bpf_flow *f, void *arg)
+{
+	struct link_sums *s = arg;
+	struct kcoll_bpf_link *l = NULL;
+
+	for (size_t i = 0; i < s->n && !l; i++)
+		if (s->v[i].link_id == f->link_id && s->v[i].peer_host == f->peer_host)
+			l = &s->v[i];
+	if (!l) {
+		if (s->n == s->cap) {
+			size_t cap = s->cap ? 2 * s->cap : 16;
+			struct kcoll_bpf_link *v = realloc(s->v, cap * sizeof(*v));
+
+			if (!v)
+				return -ENOMEM;
+			s->v = v;
+			s->cap = cap;
+		}
+		l = &s->v[s->n++];
+		memset(l, 0, sizeof(*l));
+		l->link_id = f->link_id;
+		l->peer_host = f->peer_host;
+	}
+	l->tx_bytes += f->tx_bytes;
+	l->tx_pkts += f->tx_pkts;
+	l->rx_bytes += f->rx_bytes;
+	l->rx_pkts += f->rx_pkts;
+	if (f->last_seen_ns > l->last_seen_ns)
+		l->last_seen_ns = f->last_seen_ns;
+	return 0;
+}
+
 int kcoll_bpf_links_foreach(struct kcoll_bpf *b, kcoll_bpf_link_cb cb, void *arg)
 {
-	struct kcoll_link_key key, next, *cur = NULL;
-	struct kcoll_link_val v;
-	int err = need_pins(b);
+	struct link_sums s = { 0 };
+	int err;
 
-	if (err)
-		return err;
 	if (!cb)
 		return -EINVAL;
-	while (!bpf_map_get_next_key(b->map_fd[M_LINK_STATS], cur, &next)) {
-		struct kcoll_bpf_link l;
-
-		key = next;
-		cur = &key;
-		if (bpf_map_lookup_elem(b->map_fd[M_LINK_STATS], &key, &v))
-			continue;
-		l.link_id = key.link_id;
-		l.peer_host = key.peer_host;
-		l.tx_bytes = v.tx_bytes;
-		l.tx_pkts = v.tx_pkts;
-		l.rx_bytes = v.rx_bytes;
-		l.rx_pkts = v.rx_pkts;
-		l.last_seen_ns = v.last_seen_ns;
-		err = cb(&l, arg);
-		if (err)
-			return err;
-	}
-	return 0;
+	err = kcoll_bpf_flows_foreach(b, sum_flow, &s);
+	if (err == -ENOMEM)
+		fail(b, err, "out of memory summing flows per link");
+	for (size_t i = 0; !err && i < s.n; i++)
+		err = cb(&s.v[i], arg);
+	free(s.v);
+	return err;
 }
 
 static int add_link(const struct kcoll_bpf_link *l, void *arg)
@@ -803,7 +827,5 @@ int kcoll_bpf_reset(struct kcoll_bpf *b)
 		err = clear_map(b, b->map_fd[M_FLOWS], sizeof(struct kcoll_flow_key));
 	if (!err)
 		err = clear_map(b, b->map_fd[M_TCP], sizeof(struct kcoll_flow_key));
-	if (!err)
-		err = clear_map(b, b->map_fd[M_LINK_STATS], sizeof(struct kcoll_link_key));
 	return err;
 }

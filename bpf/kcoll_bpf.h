@@ -4,9 +4,9 @@
  *
  * The tracker is two tc classifiers (ingress and egress, on every interface
  * named at attach) and one sockops program (on the cgroup v2 root) that count
- * IPv4 TCP/UDP traffic per flow (5-tuple + interface), per kcoll link and
- * peer host, with TCP retransmissions and smoothed RTT. Only tracked flows
- * are counted: a port range (kcoll_bpf_track_ports), a cgroup
+ * IPv4 TCP/UDP traffic per flow (5-tuple + interface), each flow tagged with
+ * its kcoll link and peer host, with TCP retransmissions and smoothed RTT.
+ * Only tracked flows are counted: a port range (kcoll_bpf_track_ports), a cgroup
  * (kcoll_bpf_track_cgroup), RoCEv2 (UDP 4791, always), or everything
  * (KCOLL_BPF_TRACK_ALL). Its state lives in maps and programs pinned under
  * a directory of bpffs (KCOLL_BPF_PIN_DEFAULT unless opts say otherwise), so
@@ -79,7 +79,8 @@ struct kcoll_bpf_flow {
 	__u64 first_seen_ns, last_seen_ns;	/* CLOCK_MONOTONIC */
 };
 
-/* Totals per (link, peer host); link_id/peer_host may be KCOLL_LINK_NONE. */
+/* Totals per (link, peer host), summed over the flows; link_id/peer_host may
+ * be KCOLL_LINK_NONE. */
 struct kcoll_bpf_link {
 	__u32 link_id;
 	__u32 peer_host;
@@ -128,7 +129,7 @@ int kcoll_bpf_flows_foreach(struct kcoll_bpf *b, kcoll_bpf_flow_cb cb, void *arg
 int kcoll_bpf_links_foreach(struct kcoll_bpf *b, kcoll_bpf_link_cb cb, void *arg);
 /* Sum of every (link, peer) entry of one link (peer KCOLL_LINK_NONE in *out). */
 int kcoll_bpf_link_total(struct kcoll_bpf *b, __u32 link_id, struct kcoll_bpf_link *out);
-/* Zero every counter (flows, tcp, link_stats); config and filters stay. */
+/* Zero every counter (flows, tcp); config and filters stay. */
 int kcoll_bpf_reset(struct kcoll_bpf *b);
 
 #ifdef __cplusplus

@@ -75,7 +75,7 @@ ok $rc "attach on $P-va (netns $A), pins in $PINA${out:+: $out}"
 KBB attach "$P-vb" >/dev/null 2>&1
 ok $? "attach on the other end, second pin directory $PINB"
 miss=
-for m in flows tcp link_stats link_cfg peer_cfg track_ports track_cg track_flows settings ifaces \
+for m in flows tcp link_cfg peer_cfg track_ports track_cg track_flows settings ifaces \
 	 prog_tc_ingress prog_tc_egress prog_sockops link_sockops; do
 	[ -e "$PINA/$m" ] || miss="$miss $m"
 done
@@ -159,6 +159,10 @@ out=$("$KB" --pin "$T/nobpffs/kcoll" --netns "$A" attach "$P-va" 2>&1); rc=$?
 ok "$([ $rc -ne 0 ] && grep -q "not a bpf filesystem" <<<"$out"; echo $?)" "pin directory not on bpffs: clear error ($out)"
 out=$(ip netns exec "$A" "$KB" --pin /sys/fs/bpf/kcoll-t$$-c attach "$P-va" 2>&1); rc=$?
 ok "$([ $rc -ne 0 ] && grep -q "ip netns exec" <<<"$out"; echo $?)" "inside ip netns exec (private /sys): refused, says why ($out)"
+out=$(KA track 5003-5001 2>&1); rc=$?
+ok "$([ $rc -eq 2 ] && grep -q "bad port range" <<<"$out"; echo $?)" "reversed port range: usage error ($out)"
+out=$(KA peer 10.77.0.2 2>&1); rc=$?
+ok "$([ $rc -eq 2 ] && grep -q "give ADDR HOST" <<<"$out"; echo $?)" "peer without a host index: usage error"
 out=$(KA attach nosuchif0 2>&1); rc=$?
 ok "$([ $rc -ne 0 ] && grep -q "no interface 'nosuchif0'" <<<"$out"; echo $?)" "unknown interface: clear error"
 
