@@ -65,6 +65,8 @@ struct kcoll_c4_params {
 	uint32_t probe_ms;		/* a slow link that carries nothing keeps its verdict this
 					 * long, then clears: the planner tries it again */
 	uint32_t min_obs_bytes;		/* link observations smaller than this are ignored */
+	uint32_t min_busy_pct;		/* a link is judged slow only if busy this % of the time
+					 * (a bottleneck; after idle gaps TCP restarts slowly) */
 };
 
 /* The defaults (kcollctl set / sysfs change them). */

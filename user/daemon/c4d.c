@@ -49,6 +49,7 @@ struct kd_c4 {
 struct kd_c4_logent {
 	uint64_t id;
 	char comm[17];
+	char link_addr[20];
 	uint32_t self;
 	int64_t wall_ms;
 	struct kcoll_c4_event e;
@@ -483,6 +484,9 @@ static void log_event(struct kd_comm *comm, const struct kcoll_c4_event *e)
 	le->self = mh->self;
 	le->wall_ms = wall_ms();
 	le->e = *e;
+	le->link_addr[0] = 0;
+	if (e->link != KCOLL_C4_NONE)
+		kd_net_link_addr(mh, e->host, e->link, le->link_addr, sizeof(le->link_addr));
 	event_text(mh, e, le->text, sizeof(le->text));
 	if (e->raised)
 		kc_warn("comm %s: C4: %s", comm->name, le->text);
@@ -637,11 +641,12 @@ static size_t render_events(uint64_t since, char *buf, size_t cap, int json)
 		if (json) {
 			jstr(js, sizeof(js), le->text);
 			PUT("%s{\"id\":%" PRIu64 ",\"comm\":\"%s\",\"observer\":%u,\"time_ms\":%" PRId64
-			    ",\"kind\":\"%s\",\"raised\":%s,\"rank\":%d,\"host\":%u,\"link\":%d,\"text\":\"%s\"}",
+			    ",\"kind\":\"%s\",\"raised\":%s,\"rank\":%d,\"host\":%u,\"link\":%d,"
+			    "\"link_addr\":\"%s\",\"text\":\"%s\"}",
 			    any ? "," : "", le->id, le->comm, le->self, le->wall_ms, kind_key(le->e.kind),
 			    le->e.raised ? "true" : "false",
 			    le->e.rank == KCOLL_C4_NONE ? -1 : (int)le->e.rank, le->e.host,
-			    le->e.link == KCOLL_C4_NONE ? -1 : (int)le->e.link, js);
+			    le->e.link == KCOLL_C4_NONE ? -1 : (int)le->e.link, le->link_addr, js);
 		} else {
 			time_t t = le->wall_ms / 1000;
 			struct tm tm;
@@ -773,23 +778,29 @@ static size_t render_plan(char *buf, size_t cap, int json)
 			    comm->name, mh->self, pl->version);
 		else
 			PUT("comm %s (host %u): plan version %" PRIu64 ", %u streams per peer\n"
-			    "  %-5s %-16s %-6s %-22s %-22s %s\n", comm->name, mh->self, pl->version, mh->nstreams,
-			    "HOST", "NAME", "STREAM", "NOW", "PLAN", "WHY");
+			    "  %-5s %-16s %-6s %-24s %-6s %-24s %s\n", comm->name, mh->self, pl->version,
+			    mh->nstreams, "HOST", "NAME", "STREAM", "STREAM'S LINK", "IN USE", "PLAN", "WHY");
 		for (uint32_t h = 0; h < mh->nhosts; h++) {
 			if (h == mh->self)
 				continue;
 			for (uint32_t s = 0; s < mh->nstreams; s++) {
 				char now[64], want[64];
 
+				bool used;
+
+				pthread_mutex_lock(&mh->plan_lock);
+				used = !(mh->hosts[h].avoid & (1u << s));
+				pthread_mutex_unlock(&mh->plan_lock);
 				link_str(mh, mh->self, mh->hosts[h].link[s], now, sizeof(now));
 				link_str(mh, mh->self, pl->link[h][s], want, sizeof(want));
 				if (json)
-					PUT("%s{\"host\":%u,\"stream\":%u,\"link_now\":%u,\"link\":%u,\"why\":\"%s\"}",
-					    first ? "" : ",", h, s, mh->hosts[h].link[s], pl->link[h][s],
+					PUT("%s{\"host\":%u,\"stream\":%u,\"stream_link\":%u,\"in_use\":%s,"
+					    "\"link\":%u,\"why\":\"%s\"}", first ? "" : ",", h, s,
+					    mh->hosts[h].link[s], used ? "true" : "false", pl->link[h][s],
 					    kcoll_c4_why_name(pl->why[h][s]));
 				else
-					PUT("  %-5u %-16.16s %-6u %-22s %-22s %s\n", h, hname(mh, h), s, now, want,
-					    kcoll_c4_why_name(pl->why[h][s]));
+					PUT("  %-5u %-16.16s %-6u %-24s %-6s %-24s %s\n", h, hname(mh, h), s, now,
+					    used ? "yes" : "no", want, kcoll_c4_why_name(pl->why[h][s]));
 				first = false;
 			}
 		}
