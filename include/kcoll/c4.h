@@ -132,6 +132,8 @@ struct kcoll_c4_link {
 	uint64_t usual;		/* its usual rate: average while it kept up with the median */
 	uint64_t last_t;	/* its last observation */
 	bool slow;
+	bool covered;		/* slow while the verdict was "our own link": it does not
+				 * blame the peer when our verdict clears before it does */
 	uint8_t bad, good;
 };
 
@@ -159,6 +161,12 @@ struct kcoll_c4 {
 	struct kcoll_c4_event rank_ev[KCOLL_C4_MAX_RANKS];	/* active rank anomaly */
 	struct kcoll_c4_event ev[KCOLL_C4_EVQ];
 	uint64_t next_id;
+	/* evaluation scratch, off the stack (kernel stacks are small) */
+	uint64_t tmp_v[KCOLL_C4_MAX_HOSTS * KCOLL_C4_MAX_LINKS * 2];
+	uint64_t tmp_think[KCOLL_C4_MAX_RANKS];
+	uint32_t tmp_n[KCOLL_C4_MAX_RANKS];
+	uint32_t tmp_nsamp[KCOLL_C4_MAX_HOSTS][KCOLL_C4_MAX_LINKS][2];
+	uint32_t tmp_busy[KCOLL_C4_MAX_HOSTS][KCOLL_C4_MAX_LINKS][2];
 };
 
 /* rank_host[nranks]: host index of each rank; the local ranks are marked by
