@@ -272,7 +272,7 @@ static void plan_propose(struct kd_comm *comm, uint32_t h, uint32_t mine, int64_
 		pthread_mutex_unlock(&mh->plan_lock);
 		return;
 	}
-	from = mh->started + KD_C4_LEAD;
+	from = (mh->started > hh->peer_started ? mh->started : hh->peer_started) + KD_C4_LEAD;
 	hh->prop_out = true;
 	hh->prop_avoid = want;
 	hh->prop_from = from;
@@ -328,8 +328,10 @@ void kd_c4_on_plan(struct kd_comm *comm, uint32_t from_host, const struct kd_phd
 		}
 		break;
 	case KD_PLAN_REFUSE:
-		if (hh->prop_out && m->from == hh->prop_from)
-			hh->prop_out = false;	/* proposed again at the next tick, further ahead */
+		if (hh->prop_out && m->from == hh->prop_from) {
+			hh->prop_out = false;	/* proposed again at the next tick, beyond it */
+			hh->peer_started = m->started;
+		}
 		break;
 	}
 	pthread_mutex_unlock(&mh->plan_lock);
