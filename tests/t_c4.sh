@@ -145,7 +145,7 @@ ok $? "(d) healthy soak, ${ops:-0} ops of 8 MiB in $SOAK s: zero anomalies on ev
 
 # ---- (a) degrade a link ---------------------------------------------------------
 mark
-start_loop deg 45 $((16 << 20))
+start_loop deg 40 $((16 << 20))
 wait_lines deg 4
 t_h0=$(now_ms)
 sleep 4
@@ -179,7 +179,8 @@ sys.exit(0 if s and not any(x["in_use"] for x in s) and all(x["link"] == 0 for x
 	sleep 0.25
 done
 ok $moved "(a) plan on host 1: its stream to host 2 on eth1 is no longer used (pieces on eth0)"
-[ $moved -eq 0 ] || { timeout 10 "$CTL" -s "$(sock 1)" plan | sed 's/^/# /'; timeout 10 "$CTL" -s "$(sock 1)" anomalies | sed 's/^/# /'; }
+timeout 10 "$CTL" -s "$(sock 1)" plan | sed 's/^/# host 1: /'
+[ $moved -eq 0 ] || timeout 10 "$CTL" -s "$(sock 1)" anomalies | sed 's/^/# /'
 t_m=$(now_ms)
 sleep 5
 t_m1=$(now_ms)
