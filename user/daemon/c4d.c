@@ -43,6 +43,7 @@ struct kd_c4 {
 	uint64_t seen_bytes[KD_MAX_HOSTS][KD_MAX_STREAMS][2];
 	uint64_t seen_busy[KD_MAX_HOSTS][KD_MAX_STREAMS][2];
 	uint64_t consumed;			/* last core event logged */
+	uint32_t peer_state[KD_MAX_HOSTS];	/* last reported to kcoll.ko's peers table */
 	bool trace;				/* this comm writes the trace */
 };
 
@@ -550,6 +551,25 @@ static void plan_log(struct kd_comm *comm, struct kd_c4 *c, const struct kcoll_c
 	}
 }
 
+/* A peer host's state for kcoll.ko's peers table, and its slowest link's MB/s. */
+static uint32_t peer_health(const struct kd_mh *mh, const struct kd_c4 *c, uint32_t h, uint32_t *mbps)
+{
+	const struct kcoll_c4 *k = &c->core;
+	uint64_t lo = 0;
+	bool slow = false;
+
+	for (uint32_t l = 0; l < k->nlinks; l++) {
+		slow |= k->culprit[h][l].slow;
+		for (uint32_t d = 0; d < 2; d++)
+			if (k->link[h][l][d].rate && (!lo || k->link[h][l][d].rate < lo))
+				lo = k->link[h][l][d].rate;
+	}
+	*mbps = (uint32_t)(lo / 1000000 < 0xffffffffu ? lo / 1000000 : 0xffffffffu);
+	if (mh->hosts[h].dead)
+		return KCOLL_PEER_DOWN;
+	return k->comm_hung[h] ? KCOLL_PEER_HUNG : slow ? KCOLL_PEER_SLOW : KCOLL_PEER_OK;
+}
+
 static void tick_comm(struct kd_comm *comm, int64_t now)
 {
 	struct kd_mh *mh = comm->mh;
@@ -558,6 +578,7 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	struct kcoll_c4_event ev[16];
 	struct kcoll_c4_plan old;
 	uint32_t shared[KD_MAX_HOSTS] = { 0 }, nev, nrep = 0;
+	uint32_t health[KD_MAX_HOSTS] = { 0 }, bw[KD_MAX_HOSTS] = { 0 };
 	struct {
 		struct kd_p_c4 m;
 		struct kd_p_c4_rank r[KD_MAX_RANKS];
@@ -598,7 +619,19 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	old = c->plan;
 	if (kcoll_c4_plan(&c->core, shared, mh->nstreams, (uint64_t)now, &c->plan) > 0)
 		plan_log(comm, c, &old);
+	for (uint32_t h = 0; h < mh->nhosts && h < KCOLL_MAX_PEERS; h++)
+		health[h] = peer_health(mh, c, h, &bw[h]);
 	pthread_mutex_unlock(&comm->lock);
+
+	/* kcoll.ko's /sys/kernel/kcoll/peers (by host index), when it is loaded */
+	for (uint32_t h = 0; kd.kdev.fd >= 0 && kcoll_kdev_has(&kd.kdev, KCOLL_FEAT_PEERS) &&
+			     h < mh->nhosts && h < KCOLL_MAX_PEERS; h++) {
+		if (h == mh->self || health[h] == c->peer_state[h])
+			continue;
+		c->peer_state[h] = health[h];
+		if (kcoll_kdev_peer_report(&kd.kdev, h, health[h], 0, bw[h]))
+			kc_dbg("comm %s: cannot publish host %u's link health to kcoll.ko", comm->name, h);
+	}
 
 	for (uint32_t i = 0; i < nev; i++)
 		log_event(comm, &ev[i]);
