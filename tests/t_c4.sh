@@ -88,7 +88,7 @@ mark() {
 declare -A rpid
 start_loop() {	# tag seconds bytes delayed_rank delay_ms
 	local tag=$1 secs=$2 bytes=$3 dr=${4:--1} dms=${5:-0} id i d
-	id=$("$C" exec 0 "$RANK" id) || { ok 1 "$tag: a unique id"; return 1; }
+	id=$("$C" exec 0 "$RANK" id) || { echo "Bail out! $tag: c4_rank id failed"; exit 1; }
 	for ((i = 0; i < H; i++)); do
 		d=0
 		[ "$i" = "$dr" ] && d=$dms
