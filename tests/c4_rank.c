@@ -59,7 +59,13 @@ int main(int argc, char **argv)
 	unsigned long ops = 0, ops_last = 0;
 
 	if (argc == 2 && !strcmp(argv[1], "id")) {
-		if ((r = kcoll_connect(NULL, &k)) || (r = kcoll_get_unique_id(k, &id))) {
+		if ((r = kcoll_connect(NULL, &k))) {
+			fprintf(stderr, "c4_rank: %s\n", kcoll_strerror(r));
+			return 2;
+		}
+		r = kcoll_get_unique_id(k, &id);
+		kcoll_disconnect(k);
+		if (r) {
 			fprintf(stderr, "c4_rank: %s\n", kcoll_strerror(r));
 			return 2;
 		}
@@ -83,9 +89,19 @@ int main(int argc, char **argv)
 		fprintf(stderr, "c4_rank: bad NRANKS, RANK or BYTES (8 at least)\n");
 		return 2;
 	}
-	if ((r = kcoll_connect(NULL, &k)) || (r = kcoll_comm_init_rank(k, &id, n, rank, &comm)) ||
-	    (r = kcoll_mem_alloc(k, count * sizeof(float), (void **)&buf))) {
-		printf("done ops=0 err=%d setup: %s\n", r, kcoll_strerror(r));
+	if ((r = kcoll_connect(NULL, &k))) {
+		printf("done ops=0 err=%d connect: %s\n", r, kcoll_strerror(r));
+		return 2;
+	}
+	if ((r = kcoll_comm_init_rank(k, &id, n, rank, &comm))) {
+		printf("done ops=0 err=%d comm init: %s\n", r, kcoll_strerror(r));
+		kcoll_disconnect(k);
+		return 2;
+	}
+	if ((r = kcoll_mem_alloc(k, count * sizeof(float), (void **)&buf))) {
+		printf("done ops=0 err=%d kcoll_mem_alloc: %s\n", r, kcoll_strerror(r));
+		kcoll_comm_destroy(comm);
+		kcoll_disconnect(k);
 		return 2;
 	}
 	t0 = tlast = now_ms();
@@ -131,6 +147,7 @@ int main(int argc, char **argv)
 		}
 	}
 	printf("done ops=%lu err=%d\n", ops, r);
+	kcoll_mem_free(k, buf);
 	kcoll_comm_destroy(comm);
 	kcoll_disconnect(k);
 	return r ? 1 : 0;

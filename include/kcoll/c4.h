@@ -65,6 +65,8 @@ struct kcoll_c4_params {
 	uint32_t probe_ms;		/* a slow link that carries nothing keeps its verdict this
 					 * long, then clears: the planner tries it again */
 	uint32_t min_obs_bytes;		/* link observations smaller than this are ignored */
+	uint32_t min_busy_pct;		/* a link is judged slow only if busy this % of the time
+					 * (a bottleneck; after idle gaps TCP restarts slowly) */
 };
 
 /* The defaults (kcollctl set / sysfs change them). */
@@ -130,6 +132,8 @@ struct kcoll_c4_link {
 	uint64_t usual;		/* its usual rate: average while it kept up with the median */
 	uint64_t last_t;	/* its last observation */
 	bool slow;
+	bool covered;		/* slow while the verdict was "our own link": it does not
+				 * blame the peer when our verdict clears before it does */
 	uint8_t bad, good;
 };
 
@@ -157,6 +161,12 @@ struct kcoll_c4 {
 	struct kcoll_c4_event rank_ev[KCOLL_C4_MAX_RANKS];	/* active rank anomaly */
 	struct kcoll_c4_event ev[KCOLL_C4_EVQ];
 	uint64_t next_id;
+	/* evaluation scratch, off the stack (kernel stacks are small) */
+	uint64_t tmp_v[KCOLL_C4_MAX_HOSTS * KCOLL_C4_MAX_LINKS * 2];
+	uint64_t tmp_think[KCOLL_C4_MAX_RANKS];
+	uint32_t tmp_n[KCOLL_C4_MAX_RANKS];
+	uint32_t tmp_nsamp[KCOLL_C4_MAX_HOSTS][KCOLL_C4_MAX_LINKS][2];
+	uint32_t tmp_busy[KCOLL_C4_MAX_HOSTS][KCOLL_C4_MAX_LINKS][2];
 };
 
 /* rank_host[nranks]: host index of each rank; the local ranks are marked by

@@ -27,6 +27,7 @@ void kcoll_c4_params_default(struct kcoll_c4_params *p)
 		.heal_hold_ms = 2000,
 		.probe_ms = 5000,
 		.min_obs_bytes = 256 << 10,
+		.min_busy_pct = 20,
 	};
 }
 
@@ -306,8 +307,8 @@ static int judge_rank_hangs(struct kcoll_c4 *c, uint64_t now)
  * mad_k MADs, raise_evals evaluations in a row; clears after clear_evals. */
 static int judge_stragglers(struct kcoll_c4 *c, uint64_t now)
 {
-	uint64_t v[KCOLL_C4_MAX_RANKS], think[KCOLL_C4_MAX_RANKS], m, mad;
-	uint32_t n = 0, ns[KCOLL_C4_MAX_RANKS];
+	uint64_t *v = c->tmp_v, *think = c->tmp_think, m, mad;
+	uint32_t n = 0, *ns = c->tmp_n;
 	int nev = 0;
 
 	for (uint32_t r = 0; r < c->nranks; r++) {
@@ -357,21 +358,29 @@ static int judge_stragglers(struct kcoll_c4 *c, uint64_t now)
 	return nev;
 }
 
-/* A link's rate over its window: bytes / busy time (B/s), 0 if too few. */
-static uint64_t link_rate(struct kcoll_c4 *c, struct kcoll_c4_link *l, uint64_t now, uint32_t *n)
+/* A link's rate over its window: bytes / busy time (B/s), 0 if too few;
+ * *busy_pct: how much of the time its samples span it was busy. */
+static uint64_t link_rate(struct kcoll_c4 *c, struct kcoll_c4_link *l, uint64_t now, uint32_t *n,
+			  uint32_t *busy_pct)
 {
-	uint64_t b = 0, t = 0, horizon = (uint64_t)c->p.window_ms * MS;
+	uint64_t b = 0, t = 0, horizon = (uint64_t)c->p.window_ms * MS, lo = ~(uint64_t)0, hi = 0, span;
 
 	*n = 0;
+	*busy_pct = 0;
 	for (uint32_t i = 0; i < l->n; i++) {
 		if (now > l->t[i] && now - l->t[i] > horizon)
 			continue;
 		b += l->bytes[i];
 		t += l->busy[i];
+		lo = l->t[i] < lo ? l->t[i] : lo;
+		hi = l->t[i] > hi ? l->t[i] : hi;
 		(*n)++;
 	}
 	if (*n < c->p.min_samples || !t)
 		return 0;
+	/* n samples, one per interval: they span about n intervals */
+	span = hi > lo ? (hi - lo) / (*n - 1) * *n : 0;
+	*busy_pct = span ? (uint32_t)(t * 100 / span < 1000 ? t * 100 / span : 1000) : 1000;
 	/* b * 1e9 / t without overflow for b < 2^34 per sample window */
 	return b >= (1ull << 33) ? b / (t / 1000000000ull + 1) : b * 1000000000ull / t;
 }
@@ -381,10 +390,10 @@ static uint64_t link_rate(struct kcoll_c4 *c, struct kcoll_c4_link *l, uint64_t 
  * least) is this host's own, else the peer's. */
 static int judge_links(struct kcoll_c4 *c, uint64_t now)
 {
-	uint32_t nsamp[KCOLL_C4_MAX_HOSTS][KCOLL_C4_MAX_LINKS][2];
+	uint32_t (*nsamp)[KCOLL_C4_MAX_LINKS][2] = c->tmp_nsamp;
+	uint32_t (*busy)[KCOLL_C4_MAX_LINKS][2] = c->tmp_busy;
+	uint64_t *v = c->tmp_v, m;
 	int nev = 0;
-
-	uint64_t v[KCOLL_C4_MAX_HOSTS * KCOLL_C4_MAX_LINKS * 2], m;
 	uint32_t n = 0;
 
 	for (uint32_t h = 0; h < c->nhosts; h++)
@@ -392,7 +401,7 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 			for (uint32_t d = 0; d < 2; d++) {
 				struct kcoll_c4_link *k = &c->link[h][l][d];
 
-				k->rate = h == c->self ? 0 : link_rate(c, k, now, &nsamp[h][l][d]);
+				k->rate = h == c->self ? 0 : link_rate(c, k, now, &nsamp[h][l][d], &busy[h][l][d]);
 				if (k->rate)
 					v[n++] = k->rate;
 			}
@@ -412,7 +421,7 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				 * usual rate). Before its usual rate is known (a link slow
 				 * from the start), twice the margin. Healthy again above 3/4
 				 * of the threshold. */
-				bad = n >= 2 && k->rate &&
+				bad = n >= 2 && k->rate && busy[h][l][d] >= c->p.min_busy_pct &&
 				      (k->usual ? k->rate * c->p.slow_ratio_pct < m * 100 &&
 						  k->rate * c->p.slow_ratio_pct < k->usual * 100 :
 						  k->rate * c->p.slow_ratio_pct < m * 50);
@@ -437,7 +446,7 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				if (!k->slow && k->bad >= c->p.raise_evals)
 					k->slow = true;
 				else if (k->slow && k->good >= c->p.clear_evals)
-					k->slow = false;
+					k->slow = k->covered = false;
 			}
 	/* Attribute: per link, is every peer seen on it slow? */
 	for (uint32_t l = 0; l < c->nlinks; l++) {
@@ -448,15 +457,19 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 		for (uint32_t h = 0; h < c->nhosts; h++) {
 			bool seen = false, s = false;
 
+			blamed[h] = false;
 			for (uint32_t d = 0; d < 2; d++) {
 				seen |= c->link[h][l][d].rate != 0 || c->link[h][l][d].slow;
 				s |= c->link[h][l][d].slow;
+				blamed[h] |= c->link[h][l][d].slow && !c->link[h][l][d].covered;
 			}
 			peers += seen;
 			slow += s;
-			blamed[h] = s;
 		}
 		self_bad = peers >= 2 && slow == peers;
+		for (uint32_t h = 0; self_bad && h < c->nhosts; h++)
+			for (uint32_t d = 0; d < 2; d++)
+				c->link[h][l][d].covered |= c->link[h][l][d].slow;
 		for (uint32_t h = 0; h < c->nhosts; h++) {
 			struct kcoll_c4_culprit *cu = &c->culprit[h][l];
 			bool now_slow = h == c->self ? self_bad : (blamed[h] && !self_bad);

@@ -43,12 +43,14 @@ struct kd_c4 {
 	uint64_t seen_bytes[KD_MAX_HOSTS][KD_MAX_STREAMS][2];
 	uint64_t seen_busy[KD_MAX_HOSTS][KD_MAX_STREAMS][2];
 	uint64_t consumed;			/* last core event logged */
+	uint32_t peer_state[KD_MAX_HOSTS];	/* last reported to kcoll.ko's peers table */
 	bool trace;				/* this comm writes the trace */
 };
 
 struct kd_c4_logent {
 	uint64_t id;
 	char comm[17];
+	char link_addr[20];
 	uint32_t self;
 	int64_t wall_ms;
 	struct kcoll_c4_event e;
@@ -271,7 +273,7 @@ static void plan_propose(struct kd_comm *comm, uint32_t h, uint32_t mine, int64_
 		pthread_mutex_unlock(&mh->plan_lock);
 		return;
 	}
-	from = mh->started + KD_C4_LEAD;
+	from = (mh->started > hh->peer_started ? mh->started : hh->peer_started) + KD_C4_LEAD;
 	hh->prop_out = true;
 	hh->prop_avoid = want;
 	hh->prop_from = from;
@@ -327,8 +329,10 @@ void kd_c4_on_plan(struct kd_comm *comm, uint32_t from_host, const struct kd_phd
 		}
 		break;
 	case KD_PLAN_REFUSE:
-		if (hh->prop_out && m->from == hh->prop_from)
-			hh->prop_out = false;	/* proposed again at the next tick, further ahead */
+		if (hh->prop_out && m->from == hh->prop_from) {
+			hh->prop_out = false;	/* proposed again at the next tick, beyond it */
+			hh->peer_started = m->started;
+		}
 		break;
 	}
 	pthread_mutex_unlock(&mh->plan_lock);
@@ -483,6 +487,9 @@ static void log_event(struct kd_comm *comm, const struct kcoll_c4_event *e)
 	le->self = mh->self;
 	le->wall_ms = wall_ms();
 	le->e = *e;
+	le->link_addr[0] = 0;
+	if (e->link != KCOLL_C4_NONE)
+		kd_net_link_addr(mh, e->host, e->link, le->link_addr, sizeof(le->link_addr));
 	event_text(mh, e, le->text, sizeof(le->text));
 	if (e->raised)
 		kc_warn("comm %s: C4: %s", comm->name, le->text);
@@ -544,6 +551,25 @@ static void plan_log(struct kd_comm *comm, struct kd_c4 *c, const struct kcoll_c
 	}
 }
 
+/* A peer host's state for kcoll.ko's peers table, and its slowest link's MB/s. */
+static uint32_t peer_health(const struct kd_mh *mh, const struct kd_c4 *c, uint32_t h, uint32_t *mbps)
+{
+	const struct kcoll_c4 *k = &c->core;
+	uint64_t lo = 0;
+	bool slow = false;
+
+	for (uint32_t l = 0; l < k->nlinks; l++) {
+		slow |= k->culprit[h][l].slow;
+		for (uint32_t d = 0; d < 2; d++)
+			if (k->link[h][l][d].rate && (!lo || k->link[h][l][d].rate < lo))
+				lo = k->link[h][l][d].rate;
+	}
+	*mbps = (uint32_t)(lo / 1000000 < 0xffffffffu ? lo / 1000000 : 0xffffffffu);
+	if (mh->hosts[h].dead)
+		return KCOLL_PEER_DOWN;
+	return k->comm_hung[h] ? KCOLL_PEER_HUNG : slow ? KCOLL_PEER_SLOW : KCOLL_PEER_OK;
+}
+
 static void tick_comm(struct kd_comm *comm, int64_t now)
 {
 	struct kd_mh *mh = comm->mh;
@@ -552,6 +578,7 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	struct kcoll_c4_event ev[16];
 	struct kcoll_c4_plan old;
 	uint32_t shared[KD_MAX_HOSTS] = { 0 }, nev, nrep = 0;
+	uint32_t health[KD_MAX_HOSTS] = { 0 }, bw[KD_MAX_HOSTS] = { 0 };
 	struct {
 		struct kd_p_c4 m;
 		struct kd_p_c4_rank r[KD_MAX_RANKS];
@@ -592,7 +619,19 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	old = c->plan;
 	if (kcoll_c4_plan(&c->core, shared, mh->nstreams, (uint64_t)now, &c->plan) > 0)
 		plan_log(comm, c, &old);
+	for (uint32_t h = 0; h < mh->nhosts && h < KCOLL_MAX_PEERS; h++)
+		health[h] = peer_health(mh, c, h, &bw[h]);
 	pthread_mutex_unlock(&comm->lock);
+
+	/* kcoll.ko's /sys/kernel/kcoll/peers (by host index), when it is loaded */
+	for (uint32_t h = 0; kd.kdev.fd >= 0 && kcoll_kdev_has(&kd.kdev, KCOLL_FEAT_PEERS) &&
+			     h < mh->nhosts && h < KCOLL_MAX_PEERS; h++) {
+		if (h == mh->self || health[h] == c->peer_state[h])
+			continue;
+		c->peer_state[h] = health[h];
+		if (kcoll_kdev_peer_report(&kd.kdev, h, health[h], 0, bw[h]))
+			kc_dbg("comm %s: cannot publish host %u's link health to kcoll.ko", comm->name, h);
+	}
 
 	for (uint32_t i = 0; i < nev; i++)
 		log_event(comm, &ev[i]);
@@ -637,11 +676,12 @@ static size_t render_events(uint64_t since, char *buf, size_t cap, int json)
 		if (json) {
 			jstr(js, sizeof(js), le->text);
 			PUT("%s{\"id\":%" PRIu64 ",\"comm\":\"%s\",\"observer\":%u,\"time_ms\":%" PRId64
-			    ",\"kind\":\"%s\",\"raised\":%s,\"rank\":%d,\"host\":%u,\"link\":%d,\"text\":\"%s\"}",
+			    ",\"kind\":\"%s\",\"raised\":%s,\"rank\":%d,\"host\":%u,\"link\":%d,"
+			    "\"link_addr\":\"%s\",\"text\":\"%s\"}",
 			    any ? "," : "", le->id, le->comm, le->self, le->wall_ms, kind_key(le->e.kind),
 			    le->e.raised ? "true" : "false",
 			    le->e.rank == KCOLL_C4_NONE ? -1 : (int)le->e.rank, le->e.host,
-			    le->e.link == KCOLL_C4_NONE ? -1 : (int)le->e.link, js);
+			    le->e.link == KCOLL_C4_NONE ? -1 : (int)le->e.link, le->link_addr, js);
 		} else {
 			time_t t = le->wall_ms / 1000;
 			struct tm tm;
@@ -773,23 +813,29 @@ static size_t render_plan(char *buf, size_t cap, int json)
 			    comm->name, mh->self, pl->version);
 		else
 			PUT("comm %s (host %u): plan version %" PRIu64 ", %u streams per peer\n"
-			    "  %-5s %-16s %-6s %-22s %-22s %s\n", comm->name, mh->self, pl->version, mh->nstreams,
-			    "HOST", "NAME", "STREAM", "NOW", "PLAN", "WHY");
+			    "  %-5s %-16s %-6s %-24s %-6s %-24s %s\n", comm->name, mh->self, pl->version,
+			    mh->nstreams, "HOST", "NAME", "STREAM", "STREAM'S LINK", "IN USE", "PLAN", "WHY");
 		for (uint32_t h = 0; h < mh->nhosts; h++) {
 			if (h == mh->self)
 				continue;
 			for (uint32_t s = 0; s < mh->nstreams; s++) {
 				char now[64], want[64];
 
+				bool used;
+
+				pthread_mutex_lock(&mh->plan_lock);
+				used = !(mh->hosts[h].avoid & (1u << s));
+				pthread_mutex_unlock(&mh->plan_lock);
 				link_str(mh, mh->self, mh->hosts[h].link[s], now, sizeof(now));
 				link_str(mh, mh->self, pl->link[h][s], want, sizeof(want));
 				if (json)
-					PUT("%s{\"host\":%u,\"stream\":%u,\"link_now\":%u,\"link\":%u,\"why\":\"%s\"}",
-					    first ? "" : ",", h, s, mh->hosts[h].link[s], pl->link[h][s],
+					PUT("%s{\"host\":%u,\"stream\":%u,\"stream_link\":%u,\"in_use\":%s,"
+					    "\"link\":%u,\"why\":\"%s\"}", first ? "" : ",", h, s,
+					    mh->hosts[h].link[s], used ? "true" : "false", pl->link[h][s],
 					    kcoll_c4_why_name(pl->why[h][s]));
 				else
-					PUT("  %-5u %-16.16s %-6u %-22s %-22s %s\n", h, hname(mh, h), s, now, want,
-					    kcoll_c4_why_name(pl->why[h][s]));
+					PUT("  %-5u %-16.16s %-6u %-24s %-6s %-24s %s\n", h, hname(mh, h), s, now,
+					    used ? "yes" : "no", want, kcoll_c4_why_name(pl->why[h][s]));
 				first = false;
 			}
 		}

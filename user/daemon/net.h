@@ -248,6 +248,7 @@ struct kd_mh_host {
 	uint64_t prop_from;
 	bool prop_out;
 	int64_t prop_sent;
+	uint64_t peer_started;		/* its data path's progress, from a refusal */
 	uint32_t agreed;		/* control thread: the last mask agreed */
 	uint32_t peer_want;		/* control thread: what the peer's planner wants */
 };

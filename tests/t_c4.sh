@@ -1,0 +1,264 @@
+#!/usr/bin/env bash
+# C4 (issue 7) on the netns test bed: 4 hosts, one rank each (tests/c4_rank,
+# a continuous checked all-reduce loop), the detector and planner in every
+# kcolld, judged through `kcollctl events --json` / `plan --json`:
+#   (d) healthy soak: no anomaly raised on any host. KCOLL_C4_SOAK seconds
+#       (default 20 here; the issue's 2 minutes with KCOLL_C4_SOAK=120, which
+#       CI runs only when it has the time: the output says which ran)
+#   (a) degrade h2's eth1 to 1gbit (about 10% of a healthy link here) during
+#       a 16 MiB all-reduce loop: communication slow naming host 2 and its
+#       eth1 address within 5 s; the plan moves the streams off it, the pairs
+#       agree, and busbw recovers to >= 80% of the healthy busbw; heal: the
+#       streams go back on it
+#   (b) SIGSTOP rank 2: non-communication hang naming exactly rank 2 within
+#       hang_ms + 1 s (KCOLL_C4_HANG_MS=2000 here); SIGCONT: cleared, the
+#       loop goes on and every rank ends well
+#   (c) rank 1 sleeps 100 ms before each submission: straggler rank 1 named,
+#       no other rank
+# Needs root and network namespaces (SKIP otherwise). About 90 s. TAP.
+set -u
+B=${KCOLL_BUILD:?run through tests/run.sh}
+top=${KCOLL_TOP:?run through tests/run.sh}
+C="$top/scripts/netns-cluster.sh"
+RANK="$B/tests/c4_rank"
+CTL="$B/bin/kcollctl"
+export KCOLL_CLUSTER_PREFIX="c4$$"
+H=4
+HANG_MS=2000
+SOAK=${KCOLL_C4_SOAK:-20}
+n=0 failed=0
+ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
+skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
+now_ms() { date +%s%3N; }
+
+[ "$(id -u)" -eq 0 ] || skip_all "needs root (network namespaces, veth, tc)"
+command -v ip >/dev/null || skip_all "iproute2 (ip) is missing"
+command -v tc >/dev/null || skip_all "tc (iproute2) is missing"
+command -v python3 >/dev/null || skip_all "python3 is missing (JSON)"
+ip netns add "$KCOLL_CLUSTER_PREFIX-probe" 2>/dev/null || skip_all "cannot create network namespaces here"
+ip netns del "$KCOLL_CLUSTER_PREFIX-probe"
+[ -x "$RANK" ] || { echo "Bail out! $RANK missing: run make"; exit 1; }
+
+T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/c4.XXXXXX")
+chmod 755 "$T"
+export KCOLL_CLUSTER_RUNDIR="$T/run"
+R=$KCOLL_CLUSTER_RUNDIR
+cleanup() {
+	jobs -p | xargs -r kill -KILL 2>/dev/null
+	"$C" down >/dev/null 2>&1
+	rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+sock() { echo "$R/h$1/kcolld.sock"; }
+
+# The daemons inherit these (netns-cluster.sh starts them from here).
+export KCOLL_C4_HANG_MS=$HANG_MS KCOLL_LOG_LEVEL=info
+"$C" up -H $H >"$T/up.out" 2>&1 || { cat "$T/up.out"; echo "Bail out! cluster up failed"; exit 1; }
+
+dump_logs() {
+	local i
+	for ((i = 0; i < H; i++)); do
+		echo "# --- h$i kcolld.log, C4 lines (last 12)"
+		grep 'C4' "$R/h$i/kcolld.log" 2>/dev/null | tail -n 12 | sed 's/^/#   /'
+	done
+}
+
+# Every host's events after the ids in $T/since.N, one JSON object per line.
+events() {
+	local i s
+	for ((i = 0; i < H; i++)); do
+		s=$(cat "$T/since.$i" 2>/dev/null || echo 0)
+		timeout 10 "$CTL" -s "$(sock "$i")" events --json --since "$s" |
+			python3 -c 'import json,sys
+for e in json.load(sys.stdin)["events"]: print(json.dumps(e))'
+	done
+}
+# Remember where each host's event log is now.
+mark() {
+	local i
+	for ((i = 0; i < H; i++)); do
+		timeout 10 "$CTL" -s "$(sock "$i")" events --json |
+			python3 -c 'import json,sys; print(json.load(sys.stdin)["last"])' >"$T/since.$i"
+	done
+}
+
+# One c4_rank loop per host: TAG SECONDS BYTES [DELAY_MS for rank DELAYED]
+declare -A rpid
+start_loop() {	# tag seconds bytes delayed_rank delay_ms
+	local tag=$1 secs=$2 bytes=$3 dr=${4:--1} dms=${5:-0} id i d
+	id=$("$C" exec 0 "$RANK" id) || { echo "Bail out! $tag: c4_rank id failed"; exit 1; }
+	for ((i = 0; i < H; i++)); do
+		d=0
+		[ "$i" = "$dr" ] && d=$dms
+		"$C" exec "$i" "$RANK" loop "$id" $H "$i" "$secs" "$bytes" "$d" >"$T/$tag.$i.out" 2>&1 &
+		rpid[$i]=$!
+	done
+}
+# Wait for the loop's ranks; 0 if every one exited 0.
+wait_loop() {
+	local i bad=0
+	for ((i = 0; i < H; i++)); do
+		wait "${rpid[$i]}" || bad=1
+	done
+	return $bad
+}
+loop_summary() {	# tag
+	local i
+	for ((i = 0; i < H; i++)); do
+		echo "# rank $i: $(tail -n 1 "$T/$1.$i.out")"
+	done
+}
+# Wait until rank 0 of TAG printed N busbw lines (or 30 s).
+wait_lines() {	# tag n
+	for _ in $(seq 300); do
+		[ "$(grep -c busbw "$T/$1.0.out" 2>/dev/null)" -ge "$2" ] && return 0
+		sleep 0.1
+	done
+	return 1
+}
+# Median busbw of rank 0's lines with t_ms in [from, to).
+busbw() {	# tag from to
+	awk -v a="$2" -v b="$3" '/^t_ms=/ { split($1, t, "="); split($3, w, "=");
+		if (t[2] >= a && t[2] < b) v[n++] = w[2] }
+		END { if (!n) { print 0; exit } asort(v); print v[int((n + 1) / 2)] }' "$T/$1.0.out"
+}
+
+# ---- (d) healthy soak --------------------------------------------------------
+if [ "$SOAK" -ge 120 ]; then
+	echo "# (d) soak: $SOAK s (the issue's full 2 minutes)"
+else
+	echo "# (d) soak: $SOAK s; the issue's full 2 minutes run with KCOLL_C4_SOAK=120 (CI time budget)"
+fi
+mark
+start_loop soak "$SOAK" $((8 << 20))
+wait_loop
+rc=$?
+ok $rc "(d) soak: every rank's all-reduces succeeded with the right sums"
+[ $rc -eq 0 ] || loop_summary soak
+raised=$(events | grep -c '"raised": true')
+ops=$(sed -n 's/^done ops=\([0-9]*\).*/\1/p' "$T/soak.0.out")
+[ "$raised" -eq 0 ] && [ "${ops:-0}" -gt 10 ]
+ok $? "(d) healthy soak, ${ops:-0} ops of 8 MiB in $SOAK s: zero anomalies on every host (raised: $raised)"
+[ "$raised" -eq 0 ] || { events | grep '"raised": true' | head -5 | sed 's/^/# /'; dump_logs; }
+
+# ---- (a) degrade a link ---------------------------------------------------------
+mark
+start_loop deg 40 $((16 << 20))
+wait_lines deg 4
+t_h0=$(now_ms)
+sleep 4
+t_h1=$(now_ms)
+healthy=$(busbw deg "$t_h0" "$t_h1")
+"$C" degrade 2 eth1 1gbit >/dev/null
+t_deg=$(now_ms)
+found=''
+while [ $(($(now_ms) - t_deg)) -lt 8000 ]; do
+	found=$(events | python3 -c 'import json,sys
+for l in sys.stdin:
+    e = json.loads(l)
+    if e["kind"] == "comm_slow" and e["raised"] and e["host"] == 2 and e["link_addr"] == "10.20.0.3":
+        print(e["time_ms"], e["observer"])' | sort -n | head -1)
+	[ -n "$found" ] && break
+	sleep 0.2
+done
+dt=$(( ${found%% *} - t_deg )) 2>/dev/null || dt=99999
+[ -n "$found" ] && [ "$dt" -le 5000 ]
+rc=$?
+if [ -n "$found" ]; then seen="$dt ms, seen first by host ${found#* }"; else seen="not seen"; fi
+ok $rc "(a) communication slow names host 2 and link 10.20.0.3 (its eth1) within 5 s ($seen)"
+[ -n "$found" ] || dump_logs
+# The pairs with host 2 agree to leave their eth1 stream unused.
+moved=1
+for _ in $(seq 40); do
+	timeout 10 "$CTL" -s "$(sock 1)" plan --json | python3 -c 'import json,sys
+d = json.load(sys.stdin)
+s = [x for c in d["comms"] for x in c["streams"] if x["host"] == 2 and x["stream_link"] == 1]
+sys.exit(0 if s and not any(x["in_use"] for x in s) and all(x["link"] == 0 for x in s) else 1)' && { moved=0; break; }
+	sleep 0.25
+done
+ok $moved "(a) plan on host 1: its stream to host 2 on eth1 is no longer used (pieces on eth0)"
+timeout 10 "$CTL" -s "$(sock 1)" plan | sed 's/^/# host 1: /'
+[ $moved -eq 0 ] || timeout 10 "$CTL" -s "$(sock 1)" anomalies | sed 's/^/# /'
+t_m=$(now_ms)
+sleep 5
+t_m1=$(now_ms)
+recovered=$(busbw deg "$((t_m + 1000))" "$t_m1")
+degr=$(busbw deg "$t_deg" "$t_m")
+awk -v r="$recovered" -v h="$healthy" 'BEGIN { exit !(h > 0 && r >= 0.8 * h) }'
+ok $? "(a) busbw with the link degraded: $degr MB/s before the move, $recovered MB/s after (healthy $healthy MB/s; >= 80% wanted)"
+"$C" heal 2 >/dev/null
+t_heal=$(now_ms)
+back=1
+for _ in $(seq 80); do
+	timeout 10 "$CTL" -s "$(sock 1)" plan --json | python3 -c 'import json,sys
+d = json.load(sys.stdin)
+s = [x for c in d["comms"] for x in c["streams"] if x["host"] == 2]
+sys.exit(0 if s and all(x["in_use"] for x in s) else 1)' && { back=0; break; }
+	sleep 0.25
+done
+ok $back "(a) heal: host 1's streams to host 2 all in use again ($(($(now_ms) - t_heal)) ms after heal)"
+[ $back -eq 0 ] || dump_logs
+wait_loop
+rc=$?
+ok $rc "(a) every rank's all-reduces succeeded with the right sums through degrade, move and heal"
+[ $rc -eq 0 ] || { loop_summary deg; dump_logs; }
+
+# ---- (b) a stopped rank ----------------------------------------------------------
+mark
+start_loop hang 12 $((1 << 20))
+wait_lines hang 2
+pid=$(ip netns pids "$KCOLL_CLUSTER_PREFIX-h2" | while read -r p; do
+	grep -q c4_rank "/proc/$p/cmdline" 2>/dev/null && echo "$p"; done | head -1)
+if [ -z "$pid" ]; then
+	ok 1 "(b) find rank 2's process"
+else
+	kill -STOP "$pid"
+	t_stop=$(now_ms)
+	found=''
+	while [ $(($(now_ms) - t_stop)) -lt $((HANG_MS + 3000)) ]; do
+		found=$(events | python3 -c 'import json,sys
+for l in sys.stdin:
+    e = json.loads(l)
+    if e["kind"] == "noncomm_hang" and e["raised"]:
+        print(e["time_ms"], e["rank"], e["observer"])' | sort -n | head -1)
+		[ -n "$found" ] && break
+		sleep 0.1
+	done
+	read -r t_f r_f o_f <<<"${found:-0 -1 -1}"
+	dt=$((t_f - t_stop))
+	[ "$r_f" = 2 ] && [ "$dt" -le $((HANG_MS + 1000)) ]
+	ok $? "(b) SIGSTOP rank 2: non-communication hang names rank $r_f (host $o_f saw it first) in $dt ms (hang_ms $HANG_MS + 1 s)"
+	sleep 1
+	others=$(events | python3 -c 'import json,sys
+print(sum(1 for l in sys.stdin for e in [json.loads(l)] if e["raised"] and (e["kind"] != "noncomm_hang" or e["rank"] != 2)))')
+	hosts=$(events | python3 -c 'import json,sys
+print(len({e["observer"] for l in sys.stdin for e in [json.loads(l)] if e["raised"] and e["kind"] == "noncomm_hang" and e["rank"] == 2}))')
+	[ "$others" -eq 0 ] && [ "$hosts" -eq $H ]
+	ok $? "(b) every host ($hosts of $H) names rank 2 and nothing else ($others other anomalies)"
+	kill -CONT "$pid"
+fi
+wait_loop
+rc=$?
+cleared=$(events | grep -c '"kind": "noncomm_hang", "raised": false')
+[ $rc -eq 0 ] && [ "$cleared" -ge 1 ]
+ok $? "(b) SIGCONT: the loop goes on, every rank ends well, the hang is cleared ($cleared hosts)"
+[ $rc -eq 0 ] || loop_summary hang
+
+# ---- (c) a straggler ---------------------------------------------------------------
+mark
+start_loop strag 10 $((1 << 20)) 1 100
+wait_loop
+rc=$?
+res=$(events | python3 -c 'import json,sys
+ev = [json.loads(l) for l in sys.stdin]
+named = {e["rank"] for e in ev if e["raised"] and e["kind"] == "straggler"}
+other = [e for e in ev if e["raised"] and e["kind"] != "straggler"]
+print(",".join(map(str, sorted(named))) or "none", len(other))')
+[ $rc -eq 0 ] && [ "${res% *}" = 1 ] && [ "${res#* }" = 0 ]
+ok $? "(c) rank 1 submits 100 ms late each op: straggler named: rank ${res% *}; other anomalies: ${res#* }"
+[ "${res% *}" = 1 ] && [ "${res#* }" = 0 ] || { events | grep '"raised": true' | head -6 | sed 's/^/# /'; dump_logs; }
+
+echo "1..$n"
+exit $failed
