@@ -18,6 +18,8 @@
  * last bits: it prints whether every element is within a relative 1e-5
  * (f32) / 1e-12 (f64) of the exact sum, not the bits.
  * SHIM_CHECK_THREAD=1: start with MPI_Init_thread(MPI_THREAD_FUNNELED).
+ * SHIM_CHECK_COMMS=world,split,...: check only these communicators (all are
+ * still made and freed); default all five.
  */
 #include <math.h>
 #include <dirent.h>
@@ -351,10 +353,26 @@ static void check_float_tolerance(MPI_Comm comm, const char *cname)
 	free(d);
 }
 
+/* Is cname in $SHIM_CHECK_COMMS (unset: every communicator)? */
+static int wanted(const char *cname)
+{
+	const char *list = getenv("SHIM_CHECK_COMMS"), *p;
+	size_t len = strlen(cname);
+
+	if (!list || !*list)
+		return 1;
+	for (p = list; (p = strstr(p, cname)); p += len)
+		if ((p == list || p[-1] == ',') && (p[len] == ',' || p[len] == 0))
+			return 1;
+	return 0;
+}
+
 static void check_comm(MPI_Comm comm, const char *cname)
 {
 	int size, k = 0;
 
+	if (!wanted(cname))
+		return;
 	MPI_Comm_size(comm, &size);
 	for (int s = 0; s < NSIZES; s++)
 		for (int ti = 0; ti < NTYPES; ti++)
@@ -376,6 +394,43 @@ static void check_comm(MPI_Comm comm, const char *cname)
 	check_nonblocking(comm, cname);
 	check_float_tolerance(comm, cname);
 	MPI_Barrier(comm);
+}
+
+/*
+ * Buffers from MPI_Alloc_mem (kcoll_mem_alloc under the shim: zero copy for
+ * kcolld): an all-reduce out of place and in place, a reduce-scatter, an
+ * all-gather and a broadcast on them, then MPI_Free_mem.
+ */
+static void check_alloc_mem(MPI_Comm comm, const char *cname)
+{
+	size_t n = bytes_sizes[NSIZES - 1] / sizeof(int), block;
+	int *send = NULL, *recv = NULL, rank, size;
+	char name[160];
+
+	MPI_Comm_rank(comm, &rank);
+	MPI_Comm_size(comm, &size);
+	block = n / size;
+	if (MPI_Alloc_mem((MPI_Aint)(n * sizeof(int)), MPI_INFO_NULL, &send) != MPI_SUCCESS ||
+	    MPI_Alloc_mem((MPI_Aint)(n * sizeof(int)), MPI_INFO_NULL, &recv) != MPI_SUCCESS)
+		MPI_Abort(MPI_COMM_WORLD, 2);
+	fill(&types[2], send, n, 0, rank);
+	MPI_Allreduce(send, recv, (int)n, MPI_INT, MPI_SUM, comm);
+	snprintf(name, sizeof(name), "alloc_mem/allreduce/%s", cname);
+	report(name, recv, n * sizeof(int));
+	MPI_Allreduce(MPI_IN_PLACE, recv, (int)n, MPI_INT, MPI_MAX, comm);
+	snprintf(name, sizeof(name), "alloc_mem/allreduce/%s/inplace", cname);
+	report(name, recv, n * sizeof(int));
+	MPI_Reduce_scatter_block(send, recv, (int)block, MPI_INT, MPI_MIN, comm);
+	snprintf(name, sizeof(name), "alloc_mem/reduce_scatter_block/%s", cname);
+	report(name, recv, block * sizeof(int));
+	MPI_Allgather(send, (int)block, MPI_INT, recv, (int)block, MPI_INT, comm);
+	snprintf(name, sizeof(name), "alloc_mem/allgather/%s", cname);
+	report(name, recv, block * size * sizeof(int));
+	MPI_Bcast(send, (int)n, MPI_INT, size - 1, comm);
+	snprintf(name, sizeof(name), "alloc_mem/bcast/%s", cname);
+	report(name, send, n * sizeof(int));
+	MPI_Free_mem(recv);
+	MPI_Free_mem(send);
 }
 
 static int count_fds(void)
@@ -463,6 +518,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	check_comm(MPI_COMM_WORLD, "world");
+	check_alloc_mem(MPI_COMM_WORLD, "world");
 	MPI_Comm_dup(MPI_COMM_WORLD, &dup);
 	check_comm(dup, "dup");
 	/* halves (size 1 for 2 or 3 ranks: stays on PMPI), and reversed order */

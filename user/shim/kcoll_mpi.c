@@ -60,6 +60,9 @@ enum kcoll_mpi_call {
 	KCOLL_MPI_COMM_SPLIT,
 	KCOLL_MPI_COMM_CREATE,
 	KCOLL_MPI_COMM_FREE,
+	/* "kcoll": memory from kcoll_mem_alloc (zero copy for kcolld) */
+	KCOLL_MPI_ALLOC_MEM,
+	KCOLL_MPI_FREE_MEM,
 	KCOLL_MPI_NCALLS
 };
 
@@ -67,6 +70,7 @@ static const char *const kcoll_mpi_call_names[KCOLL_MPI_NCALLS] = {
 	"MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Allgather", "MPI_Bcast", "MPI_Barrier",
 	"MPI_Iallreduce", "MPI_Ireduce_scatter_block", "MPI_Iallgather", "MPI_Ibcast",
 	"MPI_Ibarrier", "MPI_Comm_dup", "MPI_Comm_split", "MPI_Comm_create", "MPI_Comm_free",
+	"MPI_Alloc_mem", "MPI_Free_mem",
 };
 
 /* Per MPI communicator, as the value of attribute kcoll_mpi.keyval. */
@@ -85,6 +89,7 @@ static struct {
 	atomic_bool logged;
 	atomic_ulong count[KCOLL_MPI_NCALLS][2];	/* [call][0 PMPI, 1 kcoll] */
 	atomic_ulong fallbacks;
+	atomic_long mem_live;	/* MPI_Alloc_mem blocks from kcoll not yet freed */
 } kcoll_mpi = {
 	.keyval = MPI_KEYVAL_INVALID,
 };
@@ -238,7 +243,11 @@ KCOLL_MPI_EXPORT int MPI_Finalize(void)
 	}
 	if (kcoll_mpi.debug)
 		kcoll_mpi_print_summary();
-	if (kcoll_mpi.k) {
+	/* Disconnecting unmaps every kcoll_mem_alloc block: while the program
+	 * still holds one from MPI_Alloc_mem, keep the connection (it ends
+	 * with the process). */
+	kcoll_mpi.disabled = true;
+	if (kcoll_mpi.k && atomic_load(&kcoll_mpi.mem_live) == 0) {
 		kcoll_disconnect(kcoll_mpi.k);
 		kcoll_mpi.k = NULL;
 	}
@@ -638,4 +647,40 @@ KCOLL_MPI_EXPORT int MPI_Comm_free(MPI_Comm *comm)
 {
 	kcoll_mpi_count(KCOLL_MPI_COMM_FREE, false, comm ? *comm : MPI_COMM_NULL, 0);
 	return PMPI_Comm_free(comm);
+}
+
+/*
+ * MPI_Alloc_mem hands out kcolld-shared memory (kcoll_mem_alloc: a memfd the
+ * daemon maps too), so collectives on it skip the one process_vm copy that
+ * malloc'ed buffers take. Only blocks of at least KCOLL_MPI_MIN_BYTES (a
+ * smaller one never carries a collective that goes to kcoll); otherwise, or
+ * when kcoll cannot, MPI's own. The choice is local: a buffer's kind never
+ * enters the routing decision, so ranks may differ here.
+ */
+KCOLL_MPI_EXPORT int MPI_Alloc_mem(MPI_Aint size, MPI_Info info, void *baseptr)
+{
+	void *p = NULL;
+
+	if (!kcoll_mpi.disabled && kcoll_mpi.k && baseptr && size > 0 &&
+	    (size_t)size >= kcoll_mpi.min_bytes &&
+	    kcoll_mem_alloc(kcoll_mpi.k, (size_t)size, &p) == 0) {
+		atomic_fetch_add(&kcoll_mpi.mem_live, 1);
+		memcpy(baseptr, &p, sizeof(p));
+		kcoll_mpi_count(KCOLL_MPI_ALLOC_MEM, true, MPI_COMM_NULL, (size_t)size);
+		return MPI_SUCCESS;
+	}
+	kcoll_mpi_count(KCOLL_MPI_ALLOC_MEM, false, MPI_COMM_NULL, size > 0 ? (size_t)size : 0);
+	return PMPI_Alloc_mem(size, info, baseptr);
+}
+
+/* A block kcoll does not know (-ENOENT) is MPI's. */
+KCOLL_MPI_EXPORT int MPI_Free_mem(void *base)
+{
+	if (kcoll_mpi.k && base && kcoll_mem_free(kcoll_mpi.k, base) != -ENOENT) {
+		atomic_fetch_sub(&kcoll_mpi.mem_live, 1);
+		kcoll_mpi_count(KCOLL_MPI_FREE_MEM, true, MPI_COMM_NULL, 0);
+		return MPI_SUCCESS;
+	}
+	kcoll_mpi_count(KCOLL_MPI_FREE_MEM, false, MPI_COMM_NULL, 0);
+	return PMPI_Free_mem(base);
 }

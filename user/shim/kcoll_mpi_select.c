@@ -34,7 +34,8 @@
 	X(MPI_Init) X(MPI_Init_thread) X(MPI_Finalize) X(MPI_Allreduce)                           \
 	X(MPI_Reduce_scatter_block) X(MPI_Allgather) X(MPI_Bcast) X(MPI_Barrier)                  \
 	X(MPI_Iallreduce) X(MPI_Ireduce_scatter_block) X(MPI_Iallgather) X(MPI_Ibcast)            \
-	X(MPI_Ibarrier) X(MPI_Comm_dup) X(MPI_Comm_split) X(MPI_Comm_create) X(MPI_Comm_free)
+	X(MPI_Ibarrier) X(MPI_Comm_dup) X(MPI_Comm_split) X(MPI_Comm_create) X(MPI_Comm_free)     \
+	X(MPI_Alloc_mem) X(MPI_Free_mem)
 
 void kcoll_mpi_select_resolve(void) __attribute__((visibility("hidden")));
 
