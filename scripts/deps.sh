@@ -8,7 +8,7 @@ set -euo pipefail
 
 pkgs=(build-essential clang llvm pkg-config gcc-multilib libbpf-dev libibverbs-dev
       libnl-3-dev libnl-route-3-dev openmpi-bin libopenmpi-dev iproute2 bpftool
-      python3 python3-mpi4py python3-numpy)
+      python3 python3-mpi4py python3-numpy mpich libmpich-dev)
 for a in "$@"; do
 	case "$a" in
 	--vm) pkgs+=(qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static

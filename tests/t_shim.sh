@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# libkcoll_mpi.so (the LD_PRELOAD MPI shim) under Debian's Open MPI, against
-# the shared test daemon: tests/shim/shim_check gives the same bytes with and
-# without the shim at 1..4 ranks (every intercepted call, types, ops, sizes
-# around KCOLL_MPI_MIN_BYTES, MPI_IN_PLACE, dup/split communicators) and the
-# shim did route calls to kcoll; no daemon: same bytes and one log line;
-# 200 x dup/split/free leaks no communicator and no fd; mpi4py on numpy
-# arrays. Run by tests/run.sh, which exports KCOLL_BUILD and KCOLL_SOCKET.
+# libkcoll_mpi.so (the LD_PRELOAD MPI shim) under Debian's Open MPI and
+# MPICH, against the shared test daemon: tests/shim/shim_check gives the same
+# bytes with and without the shim at 1..4 ranks (every intercepted call,
+# blocking and non-blocking, types, ops, sizes around KCOLL_MPI_MIN_BYTES,
+# MPI_IN_PLACE, dup/split/create communicators, MPI_Init_thread; fractional
+# float sums within a tolerance) and the shim did route calls to kcoll; no
+# daemon, or no per-MPI shim beside the selector: same bytes and one log line;
+# Open MPI only: 200 x dup/split/free leaks no communicator and no fd, kcolld
+# killed mid-run, mpi4py on numpy arrays (Debian's mpi4py is Open MPI's).
+# SHIM_MPI=mpich (tests/t_shim_mpich.sh): the per-MPI part under MPICH.
+# Run by tests/run.sh, which exports KCOLL_BUILD and KCOLL_SOCKET.
 # Prints TAP.
 set -u
 build="${KCOLL_BUILD:?run me from tests/run.sh}"
 top="${KCOLL_TOP:-$(cd "$(dirname "$0")/.." && pwd)}"
 shim="$build/lib/libkcoll_mpi.so"
-check="$build/tests/shim_check"
 tmp=$(mktemp -d /tmp/kcoll-t-shim.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 n=0
@@ -28,86 +31,159 @@ skip_all() {
 
 command -v mpirun >/dev/null || skip_all "mpirun not installed (Debian openmpi-bin)"
 [ -f "$shim" ] || skip_all "$shim not built (needs mpicc)"
-[ -x "$check" ] || skip_all "$check not built (needs mpicc)"
 
-# Open MPI on a small shared machine: root allowed, more ranks than cores,
-# yield while waiting, shared memory only.
-mpi=(mpirun --oversubscribe --mca mpi_yield_when_idle 1 --mca btl self,vader)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+# The MPI to test: SHIM_MPI=ompi (Open MPI, the default; this script) or
+# mpich (tests/t_shim_mpich.sh), each with its own time budget in run.sh.
+# On a small shared machine: root allowed, more ranks than cores, yield while
+# waiting (MPICH: poll once before yielding), shared memory only.
+m=${SHIM_MPI:-ompi}
+declare -A launch
+ompi_run=$(command -v mpirun.openmpi || command -v mpirun)
+launch[ompi]="$ompi_run --oversubscribe --mca mpi_yield_when_idle 1 --mca btl self,vader"
+[ "$(id -u)" -eq 0 ] && launch[ompi]+=" --allow-run-as-root"
+launch[mpich]="env MPIR_CVAR_POLLS_BEFORE_YIELD=1 mpirun.mpich"
+case $m in
+ompi) ;;
+mpich)
+	command -v mpirun.mpich >/dev/null || skip_all "MPICH not installed (Debian mpich, libmpich-dev)"
+	[ -f "$build/lib/libkcoll_mpi_mpich.so" ] || skip_all "libkcoll_mpi_mpich.so not built (needs mpicc.mpich)" ;;
+*) echo "Bail out! SHIM_MPI is ompi or mpich, not '$m'"; exit 1 ;;
+esac
+[ -x "$build/tests/shim_check_$m" ] || skip_all "shim_check_$m not built (needs that MPI's mpicc)"
+# MPICH polls hard with more ranks than cores: check three of the five
+# communicators there (WORLD, split halves, MPI_Comm_create's), not the dup
+# and the reversed split, to keep its runtime near Open MPI's.
+ncomms=5
+if [ "$m" = mpich ]; then
+	export SHIM_CHECK_COMMS=world,split,created
+	ncomms=3
+fi
+# Open MPI's launcher, for the tests below that run Open MPI programs only.
+read -r -a mpi <<<"${launch[ompi]}"
 # The test program's sizes sit around 64 KiB (1000 B, 72 KiB, 1 MiB): pin the
 # threshold there rather than rely on the default (16 MiB).
 export KCOLL_MPI_MIN_BYTES=${KCOLL_MPI_MIN_BYTES:-65536}
-preload="$shim"
+san=""
 if [ "${KCOLL_TEST_SAN:-0}" = 1 ]; then
-	# The ASan-built shim needs the sanitizer runtimes loaded first; Open
-	# MPI's own allocations are not ours to leak-check.
-	san=""
+	# The ASan-built shim needs the sanitizer runtimes loaded first; MPI's
+	# own allocations are not ours to leak-check.
 	for l in libasan.so libubsan.so; do
 		p=$(gcc -print-file-name="$l")
 		[ -f "$p" ] && san="$san$p "
 	done
-	preload="$san$shim"
 	export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
 fi
+preload="$san$shim"
 
-# with_shim NP ARGS...: the shim preloaded into mpirun and so into every rank.
+# run MPI NP ARGS...: MPI's launcher; with_shim: the same with the shim
+# preloaded (into the launcher and so into every rank).
+run() {
+	local m=$1 np=$2; shift 2
+	${launch[$m]} -np "$np" "$@"
+}
 with_shim() {
-	local np=$1; shift
-	LD_PRELOAD="$preload" KCOLL_MPI_DEBUG=1 "${mpi[@]}" -np "$np" "$@"
-}
-without() {
-	local np=$1; shift
-	"${mpi[@]}" -np "$np" "$@"
+	local m=$1; shift
+	LD_PRELOAD="$preload" KCOLL_MPI_DEBUG=1 run "$m" "$@"
 }
 
-# The shim exports the MPI functions it interposes and nothing else.
+# The shim exports the MPI functions it interposes and nothing else, and the
+# selector exports exactly what each per-MPI build does.
 bad=$(nm -D --defined-only "$shim" | awk '$3 !~ /^MPI_/ { print $3 }')
 [ -z "$bad" ]
 ok $? "libkcoll_mpi.so exports only MPI_* symbols${bad:+ (also: $(echo $bad))}"
+v="$build/lib/libkcoll_mpi_$m.so"
+diff <(nm -D --defined-only "$shim" | awk '{ print $3 }' | sort) \
+	<(nm -D --defined-only "$v" | awk '{ print $3 }' | sort) >/dev/null
+ok $? "libkcoll_mpi.so and libkcoll_mpi_$m.so export the same MPI_* set"
 
-# Sum of the "kcoll N" figures of call $2 in the shim's summaries in file $1.
+# Sum of the "kcoll N" (or with $3=pmpi, "pmpi N") figures of call $2 in the
+# shim's summaries in file $1.
 kcoll_calls() {
-	grep -o "$2 kcoll [0-9]*" "$1" | awk '{ s += $3 } END { print s + 0 }'
+	grep -o " $2 kcoll [0-9]* pmpi [0-9]*" "$1" |
+		awk -v f="${3:-kcoll}" '{ s += f == "pmpi" ? $5 : $3 } END { print s + 0 }'
 }
 
-for np in 1 2 3 4; do
-	without "$np" "$check" check >"$tmp/plain.$np" 2>"$tmp/plain.$np.err"
-	ok $? "np $np: shim_check without the shim exits 0"
-	with_shim "$np" "$check" check >"$tmp/shim.$np" 2>"$tmp/shim.$np.err"
-	rc=$?
-	[ $rc -ne 0 ] && sed 's/^/# /' "$tmp/shim.$np.err" | tail -20
-	ok $rc "np $np: shim_check with the shim exits 0"
-	lines=$(wc -l <"$tmp/plain.$np")
-	cmp -s "$tmp/plain.$np" "$tmp/shim.$np"
-	rc=$?
-	[ $rc -ne 0 ] && diff "$tmp/plain.$np" "$tmp/shim.$np" | head -10 | sed 's/^/# /'
-	ok $rc "np $np: all $lines result hashes identical with and without the shim"
-	summaries=$(grep -c '^kcoll_mpi: rank [0-9]*: Allreduce' "$tmp/shim.$np.err")
-	others=$(grep '^kcoll_mpi:' "$tmp/shim.$np.err" | grep -vc '^kcoll_mpi: rank [0-9]*: Allreduce')
-	[ "$summaries" -eq "$np" ] && [ "$others" -eq 0 ]
-	ok $? "np $np: KCOLL_MPI_DEBUG=1 prints one summary per rank and nothing else"
-	routed=0
-	for call in Allreduce Reduce_scatter_block Allgather Bcast; do
-		k=$(kcoll_calls "$tmp/shim.$np.err" "$call")
-		if [ "$np" -eq 1 ]; then [ "$k" -eq 0 ] || routed=1
-		else [ "$k" -gt 0 ] || routed=1; fi
+{
+	check="$build/tests/shim_check_$m"
+	for np in 1 2 3 4; do
+		run "$m" "$np" "$check" check >"$tmp/plain.$m.$np" 2>"$tmp/plain.$m.$np.err"
+		ok $? "$m np $np: shim_check without the shim exits 0"
+		with_shim "$m" "$np" "$check" check >"$tmp/shim.$m.$np" 2>"$tmp/shim.$m.$np.err"
+		rc=$?
+		[ $rc -ne 0 ] && sed 's/^/# /' "$tmp/shim.$m.$np.err" | tail -20
+		ok $rc "$m np $np: shim_check with the shim exits 0"
+		lines=$(wc -l <"$tmp/plain.$m.$np")
+		cmp -s "$tmp/plain.$m.$np" "$tmp/shim.$m.$np"
+		rc=$?
+		[ $rc -ne 0 ] && diff "$tmp/plain.$m.$np" "$tmp/shim.$m.$np" | head -10 | sed 's/^/# /'
+		ok $rc "$m np $np: all $lines result lines identical with and without the shim"
+		! grep '^tolerance/' "$tmp/shim.$m.$np" | grep -q BAD &&
+			[ "$(grep -c '^tolerance/.* float ok double ok$' "$tmp/shim.$m.$np")" -eq $ncomms ]
+		ok $? "$m np $np: fractional f32/f64 sums within 1e-5/1e-12 of exact on all $ncomms comms"
+		summaries=$(grep -c '^kcoll_mpi: rank [0-9]*: Allreduce' "$tmp/shim.$m.$np.err")
+		others=$(grep '^kcoll_mpi:' "$tmp/shim.$m.$np.err" |
+			grep -vc '^kcoll_mpi: rank [0-9]*: Allreduce')
+		[ "$summaries" -eq "$np" ] && [ "$others" -eq 0 ]
+		ok $? "$m np $np: KCOLL_MPI_DEBUG=1 prints one summary per rank and nothing else"
+		routed=0
+		for call in Allreduce Reduce_scatter_block Allgather Bcast; do
+			k=$(kcoll_calls "$tmp/shim.$m.$np.err" "$call")
+			if [ "$np" -eq 1 ]; then [ "$k" -eq 0 ] || routed=1
+			else [ "$k" -gt 0 ] || routed=1; fi
+		done
+		if [ "$np" -eq 1 ]; then
+			ok $routed "$m np 1: nothing went to kcoll (one rank: MPI's copy is cheaper)"
+		else
+			ok $routed "$m np $np: every routable call went to kcoll at least once"
+		fi
+		# Non-blocking forms, barriers and communicator calls: seen, passed on.
+		seen=0
+		for call in Iallreduce Ireduce_scatter_block Iallgather Ibcast Ibarrier Barrier \
+			Comm_dup Comm_split Comm_create Comm_free; do
+			[ "$(kcoll_calls "$tmp/shim.$m.$np.err" "$call")" -eq 0 ] &&
+				[ "$(kcoll_calls "$tmp/shim.$m.$np.err" "$call" pmpi)" -ge "$np" ] || seen=1
+		done
+		ok $seen "$m np $np: non-blocking, barrier and communicator calls counted, all to PMPI"
+		# MPI_Alloc_mem of 1 MiB (>= the 64 KiB threshold): kcoll memory.
+		[ "$(kcoll_calls "$tmp/shim.$m.$np.err" Alloc_mem)" -eq $((2 * np)) ] &&
+			[ "$(kcoll_calls "$tmp/shim.$m.$np.err" Free_mem)" -eq $((2 * np)) ]
+		ok $? "$m np $np: MPI_Alloc_mem / MPI_Free_mem served by kcoll_mem_alloc on every rank"
 	done
-	if [ "$np" -eq 1 ]; then
-		ok $routed "np 1: nothing went to kcoll (one rank: MPI's copy is cheaper)"
-	else
-		ok $routed "np $np: every routable call went to kcoll at least once"
-	fi
-done
 
-# No daemon: same results, one line from the whole job, exit 0.
-KCOLL_SOCKET="$tmp/no-daemon.sock" LD_PRELOAD="$preload" "${mpi[@]}" -np 3 "$check" check \
-	>"$tmp/nod" 2>"$tmp/nod.err"
-ok $? "no daemon: shim_check exits 0"
-cmp -s "$tmp/plain.3" "$tmp/nod"
-ok $? "no daemon: results identical to plain MPI"
-[ "$(grep -c '^kcoll_mpi:' "$tmp/nod.err")" -eq 1 ] && grep -q 'cannot connect to kcolld' "$tmp/nod.err"
-ok $? "no daemon: exactly one 'kcoll_mpi: cannot connect' line for the whole job"
-sed 's/^/# /' "$tmp/nod.err"
+	# MPI_Init_thread: same results, calls still routed.
+	SHIM_CHECK_THREAD=1 with_shim "$m" 2 "$check" check >"$tmp/thr.$m" 2>"$tmp/thr.$m.err"
+	rc=$?
+	cmp -s "$tmp/plain.$m.2" "$tmp/thr.$m" && [ $rc -eq 0 ] &&
+		[ "$(kcoll_calls "$tmp/thr.$m.err" Allreduce)" -gt 0 ]
+	ok $? "$m np 2: MPI_Init_thread: same results, all-reduces routed to kcoll"
+
+	# No daemon: same results, one line from the whole job, exit 0.
+	KCOLL_SOCKET="$tmp/no-daemon.sock" LD_PRELOAD="$preload" run "$m" 3 "$check" check \
+		>"$tmp/nod.$m" 2>"$tmp/nod.$m.err"
+	ok $? "$m no daemon: shim_check exits 0"
+	cmp -s "$tmp/plain.$m.3" "$tmp/nod.$m"
+	ok $? "$m no daemon: results identical to plain MPI"
+	[ "$(grep -c '^kcoll_mpi:' "$tmp/nod.$m.err")" -eq 1 ] &&
+		grep -q 'cannot connect to kcolld' "$tmp/nod.$m.err"
+	ok $? "$m no daemon: exactly one 'kcoll_mpi: cannot connect' line for the whole job"
+	sed 's/^/# /' "$tmp/nod.$m.err"
+
+	# The selector alone, without the per-MPI shim beside it: it says so
+	# once per rank and hands every call to MPI.
+	mkdir -p "$tmp/alone"
+	cp "$shim" "$tmp/alone/"
+	LD_PRELOAD="$san$tmp/alone/libkcoll_mpi.so" run "$m" 2 "$check" check \
+		>"$tmp/alone.$m" 2>"$tmp/alone.$m.err"
+	rc=$?
+	cmp -s "$tmp/plain.$m.2" "$tmp/alone.$m" && [ $rc -eq 0 ] &&
+		[ "$(grep -c "cannot load .*libkcoll_mpi_$m.so" "$tmp/alone.$m.err")" -eq 2 ]
+	ok $? "$m: libkcoll_mpi.so without libkcoll_mpi_$m.so: one line per rank, plain MPI results"
+}
+if [ "$m" != ompi ]; then
+	echo "1..$n"
+	exit 0
+fi
+# Open MPI only from here (mpi-coll-bench and Debian's mpi4py are Open MPI's).
 
 # Communicators made and freed 200 times: the daemon holds only the live ones
 # (then none), the fd count stays put. Freed communicators leave kcolld on its
@@ -116,7 +192,7 @@ probe="sleep 0.3; '$build/bin/kcollctl' -s '$KCOLL_SOCKET' status --json | pytho
 import json, sys
 c = json.load(sys.stdin)[\"communicators\"]
 print(\"comms\", len(c), \"active\", sum(x[\"state\"] == \"active\" for x in c), end=\"\")'"
-SHIM_CHECK_PROBE="$probe" LD_PRELOAD="$preload" "${mpi[@]}" -np 4 "$check" loop 200 \
+SHIM_CHECK_PROBE="$probe" LD_PRELOAD="$preload" "${mpi[@]}" -np 4 "$build/tests/shim_check_ompi" loop 200 \
 	>"$tmp/loop" 2>"$tmp/loop.err"
 ok $? "200 x dup+split+allreduce+free at np 4 exits 0"
 sed 's/^/# /' "$tmp/loop" | grep -E 'probe|fds'
@@ -126,7 +202,7 @@ grep -q '^probe after: comms 0 active 0$' "$tmp/loop"
 ok $? "after 200 frees: kcolld holds no communicator of ours"
 grep -q '^fds steady' "$tmp/loop"
 ok $? "fd count steady over 200 iterations on every rank"
-without 4 "$check" loop 2 >"$tmp/loop.plain" 2>/dev/null
+run ompi 4 "$build/tests/shim_check_ompi" loop 2 >"$tmp/loop.plain" 2>/dev/null
 diff <(grep '^loop/' "$tmp/loop.plain") <(grep '^loop/' "$tmp/loop") >/dev/null
 ok $? "loop results identical with and without the shim"
 
@@ -150,7 +226,7 @@ if [ -x "$bench" ]; then
 		kill -KILL "$kd" 2>/dev/null
 	) &
 	killer=$!
-	KCOLL_SOCKET="$kd_sock" with_shim 2 "$bench" allreduce -b 4M -e 64M -f 2 -n 30 -w 2 -c 1 \
+	KCOLL_SOCKET="$kd_sock" with_shim ompi 2 "$bench" allreduce -b 4M -e 64M -f 2 -n 30 -w 2 -c 1 \
 		>"$tmp/kill" 2>"$tmp/kill.err"
 	rc=$?
 	wait "$killer" "$kd" 2>/dev/null
@@ -169,7 +245,7 @@ if ! /usr/bin/python3 -c 'import mpi4py, numpy' 2>/dev/null; then
 	n=$((n + 1))
 else
 	for np in 2 4; do
-		with_shim "$np" /usr/bin/python3 "$top/tests/shim/shim_mpi4py.py" >"$tmp/py.$np" \
+		with_shim ompi "$np" /usr/bin/python3 "$top/tests/shim/shim_mpi4py.py" >"$tmp/py.$np" \
 			2>"$tmp/py.$np.err"
 		rc=$?
 		[ $rc -ne 0 ] && { grep -v '^ok' "$tmp/py.$np"; tail -5 "$tmp/py.$np.err"; } | sed 's/^/# /'

@@ -13,8 +13,15 @@
  *	                                the last pair and after the loop
  *
  * Inputs are small integers, so float sums, products, minima and maxima are
- * exact in any order: the comparison is bitwise for every type.
+ * exact in any order: the comparison is bitwise for every type. One case
+ * more sums fractions (f32, f64), where the order of additions shows in the
+ * last bits: it prints whether every element is within a relative 1e-5
+ * (f32) / 1e-12 (f64) of the exact sum, not the bits.
+ * SHIM_CHECK_THREAD=1: start with MPI_Init_thread(MPI_THREAD_FUNNELED).
+ * SHIM_CHECK_COMMS=world,split,...: check only these communicators (all are
+ * still made and freed); default all five.
  */
+#include <math.h>
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -258,10 +265,114 @@ static void check_ineligible(MPI_Comm comm, const char *cname)
 	free(recv);
 }
 
+/*
+ * The non-blocking forms, started in one order (as MPI requires) and
+ * completed in a rank-dependent one: Waitall on even ranks, Test then Wait
+ * one by one, last first, on odd ranks.
+ */
+static void check_nonblocking(MPI_Comm comm, const char *cname)
+{
+	size_t n = bytes_sizes[NSIZES - 1] / sizeof(int), block;
+	int *send, *sum, *rs, *ag, *bc, rank, size, done = 0;
+	MPI_Request req[5];
+	MPI_Status st[5];
+	char name[160];
+
+	MPI_Comm_rank(comm, &rank);
+	MPI_Comm_size(comm, &size);
+	block = n / size;
+	send = xmalloc(n * sizeof(int));
+	sum = xmalloc(n * sizeof(int));
+	rs = xmalloc(block * sizeof(int));
+	ag = xmalloc(n * sizeof(int));
+	bc = xmalloc(n * sizeof(int));
+	fill(&types[2], send, n, 0, rank);
+	fill(&types[2], bc, n, 2, rank);
+	MPI_Iallreduce(send, sum, (int)n, MPI_INT, MPI_SUM, comm, &req[0]);
+	MPI_Ireduce_scatter_block(send, rs, (int)block, MPI_INT, MPI_MAX, comm, &req[1]);
+	MPI_Iallgather(send, (int)block, MPI_INT, ag, (int)block, MPI_INT, comm, &req[2]);
+	MPI_Ibcast(bc, (int)n, MPI_INT, size - 1, comm, &req[3]);
+	MPI_Ibarrier(comm, &req[4]);
+	if (rank % 2 == 0) {
+		MPI_Waitall(5, req, st);
+	} else {
+		for (int i = 4; i >= 0; i--) {
+			MPI_Test(&req[i], &done, MPI_STATUS_IGNORE);
+			if (!done)
+				MPI_Wait(&req[i], MPI_STATUS_IGNORE);
+		}
+	}
+	snprintf(name, sizeof(name), "iallreduce/%s", cname);
+	report(name, sum, n * sizeof(int));
+	snprintf(name, sizeof(name), "ireduce_scatter_block/%s", cname);
+	report(name, rs, block * sizeof(int));
+	snprintf(name, sizeof(name), "iallgather/%s", cname);
+	report(name, ag, block * size * sizeof(int));
+	snprintf(name, sizeof(name), "ibcast/%s", cname);
+	report(name, bc, n * sizeof(int));
+	free(send);
+	free(sum);
+	free(rs);
+	free(ag);
+	free(bc);
+}
+
+/* Fractions summed in f32 and f64: within the tolerance of the exact sum? */
+static void check_float_tolerance(MPI_Comm comm, const char *cname)
+{
+	size_t n = bytes_sizes[NSIZES - 1] / sizeof(double);
+	float *f = xmalloc(n * sizeof(float));
+	double *d = xmalloc(n * sizeof(double));
+	int rank, size, bad[2] = { 0, 0 };
+
+	MPI_Comm_rank(comm, &rank);
+	MPI_Comm_size(comm, &size);
+	for (size_t i = 0; i < n; i++) {
+		d[i] = 0.1 * (double)(i % 97) + 0.37 * rank + 1e-3 * (double)(i % 13);
+		f[i] = (float)d[i];
+	}
+	MPI_Allreduce(MPI_IN_PLACE, f, (int)n, MPI_FLOAT, MPI_SUM, comm);
+	MPI_Allreduce(MPI_IN_PLACE, d, (int)n, MPI_DOUBLE, MPI_SUM, comm);
+	for (size_t i = 0; i < n; i++) {
+		double exact = 0, fexact = 0;
+
+		for (int r = 0; r < size; r++) {
+			double v = 0.1 * (double)(i % 97) + 0.37 * r + 1e-3 * (double)(i % 13);
+
+			exact += v;
+			fexact += (float)v;
+		}
+		bad[0] |= fabs(f[i] - fexact) > 1e-5 * fabs(fexact);
+		bad[1] |= fabs(d[i] - exact) > 1e-12 * fabs(exact);
+	}
+	MPI_Allreduce(MPI_IN_PLACE, bad, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+	if (world_rank == 0)
+		printf("tolerance/%s float %s double %s\n", cname, bad[0] ? "BAD" : "ok",
+		       bad[1] ? "BAD" : "ok");
+	free(f);
+	free(d);
+}
+
+/* Is cname in $SHIM_CHECK_COMMS (unset: every communicator)? */
+static int wanted(const char *cname)
+{
+	const char *list = getenv("SHIM_CHECK_COMMS"), *p;
+	size_t len = strlen(cname);
+
+	if (!list || !*list)
+		return 1;
+	for (p = list; (p = strstr(p, cname)); p += len)
+		if ((p == list || p[-1] == ',') && (p[len] == ',' || p[len] == 0))
+			return 1;
+	return 0;
+}
+
 static void check_comm(MPI_Comm comm, const char *cname)
 {
 	int size, k = 0;
 
+	if (!wanted(cname))
+		return;
 	MPI_Comm_size(comm, &size);
 	for (int s = 0; s < NSIZES; s++)
 		for (int ti = 0; ti < NTYPES; ti++)
@@ -280,7 +391,46 @@ static void check_comm(MPI_Comm comm, const char *cname)
 			check_bcast(comm, cname, s, ti, (s + ti) % size);
 		}
 	check_ineligible(comm, cname);
+	check_nonblocking(comm, cname);
+	check_float_tolerance(comm, cname);
 	MPI_Barrier(comm);
+}
+
+/*
+ * Buffers from MPI_Alloc_mem (kcoll_mem_alloc under the shim: zero copy for
+ * kcolld): an all-reduce out of place and in place, a reduce-scatter, an
+ * all-gather and a broadcast on them, then MPI_Free_mem.
+ */
+static void check_alloc_mem(MPI_Comm comm, const char *cname)
+{
+	size_t n = bytes_sizes[NSIZES - 1] / sizeof(int), block;
+	int *send = NULL, *recv = NULL, rank, size;
+	char name[160];
+
+	MPI_Comm_rank(comm, &rank);
+	MPI_Comm_size(comm, &size);
+	block = n / size;
+	if (MPI_Alloc_mem((MPI_Aint)(n * sizeof(int)), MPI_INFO_NULL, &send) != MPI_SUCCESS ||
+	    MPI_Alloc_mem((MPI_Aint)(n * sizeof(int)), MPI_INFO_NULL, &recv) != MPI_SUCCESS)
+		MPI_Abort(MPI_COMM_WORLD, 2);
+	fill(&types[2], send, n, 0, rank);
+	MPI_Allreduce(send, recv, (int)n, MPI_INT, MPI_SUM, comm);
+	snprintf(name, sizeof(name), "alloc_mem/allreduce/%s", cname);
+	report(name, recv, n * sizeof(int));
+	MPI_Allreduce(MPI_IN_PLACE, recv, (int)n, MPI_INT, MPI_MAX, comm);
+	snprintf(name, sizeof(name), "alloc_mem/allreduce/%s/inplace", cname);
+	report(name, recv, n * sizeof(int));
+	MPI_Reduce_scatter_block(send, recv, (int)block, MPI_INT, MPI_MIN, comm);
+	snprintf(name, sizeof(name), "alloc_mem/reduce_scatter_block/%s", cname);
+	report(name, recv, block * sizeof(int));
+	MPI_Allgather(send, (int)block, MPI_INT, recv, (int)block, MPI_INT, comm);
+	snprintf(name, sizeof(name), "alloc_mem/allgather/%s", cname);
+	report(name, recv, block * size * sizeof(int));
+	MPI_Bcast(send, (int)n, MPI_INT, size - 1, comm);
+	snprintf(name, sizeof(name), "alloc_mem/bcast/%s", cname);
+	report(name, send, n * sizeof(int));
+	MPI_Free_mem(recv);
+	MPI_Free_mem(send);
 }
 
 static int count_fds(void)
@@ -349,10 +499,15 @@ static void loop(int iters)
 
 int main(int argc, char **argv)
 {
-	MPI_Comm dup, split, rev;
-	const char *mode = argc > 1 ? argv[1] : "check";
+	MPI_Comm dup, split, rev, created;
+	MPI_Group world_group, tail_group;
+	const char *mode = argc > 1 ? argv[1] : "check", *thread = getenv("SHIM_CHECK_THREAD");
+	int first = 0, provided;
 
-	MPI_Init(&argc, &argv);
+	if (thread && !strcmp(thread, "1"))
+		MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+	else
+		MPI_Init(&argc, &argv);
 	MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &world_size);
 	if (world_size > 64)
@@ -363,6 +518,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	check_comm(MPI_COMM_WORLD, "world");
+	check_alloc_mem(MPI_COMM_WORLD, "world");
 	MPI_Comm_dup(MPI_COMM_WORLD, &dup);
 	check_comm(dup, "dup");
 	/* halves (size 1 for 2 or 3 ranks: stays on PMPI), and reversed order */
@@ -370,6 +526,18 @@ int main(int argc, char **argv)
 	check_comm(split, "split");
 	MPI_Comm_split(dup, 0, world_size - world_rank, &rev);
 	check_comm(rev, "reversed");
+	/* every rank but rank 0 (with one rank: all of it) */
+	MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+	MPI_Group_excl(world_group, world_size > 1, &first, &tail_group);
+	MPI_Comm_create(MPI_COMM_WORLD, tail_group, &created);
+	if (created != MPI_COMM_NULL) {
+		check_comm(created, "created");
+		MPI_Comm_free(&created);
+	} else {
+		check_comm(MPI_COMM_SELF, "created");
+	}
+	MPI_Group_free(&tail_group);
+	MPI_Group_free(&world_group);
 	MPI_Comm_free(&rev);
 	MPI_Comm_free(&split);
 	MPI_Comm_free(&dup);

@@ -24,7 +24,7 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_KV_STREAMS", "4", "KV transfers to another host: TCP streams per imported segment (1..8)" },
 	{ "KCOLL_NET_CHUNK_BYTES", "1048576", "bytes per piece of a transfer between daemons (pieces alternate between streams)" },
 	{ "KCOLL_BENCH_LAUNCH", "", "kcoll-bench --hosts: command template starting a rank on host %h (empty: scripts/netns-cluster.sh exec %h)" },
-	{ "KCOLL_MPI_MIN_BYTES", "16M", "libkcoll_mpi.so: smallest MPI collective (bytes, K/M suffixes) sent to kcolld" },
+	{ "KCOLL_MPI_MIN_BYTES", "16M", "libkcoll_mpi.so: smallest MPI collective (bytes, K/M suffixes) sent to kcolld, and smallest MPI_Alloc_mem block taken from kcoll memory" },
 	{ "KCOLL_MPI_DEBUG", "0", "libkcoll_mpi.so: 1 = per-rank summary at MPI_Finalize, 2 = also one line per call" },
 	{ "KCOLL_MPI_DISABLE", "0", "libkcoll_mpi.so: 1 on any rank keeps the whole job on plain MPI" },
 	{ "KCOLL_NET_XPORT", "auto", "transport between daemons: auto (rdma when a device is present, else tcp), rdma, tcp" },

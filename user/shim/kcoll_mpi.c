@@ -50,11 +50,27 @@ enum kcoll_mpi_call {
 	KCOLL_MPI_ALLGATHER,
 	KCOLL_MPI_BCAST,
 	KCOLL_MPI_BARRIER,
+	/* counted and always passed to PMPI (docs/shim.md says why) */
+	KCOLL_MPI_IALLREDUCE,
+	KCOLL_MPI_IREDUCE_SCATTER_BLOCK,
+	KCOLL_MPI_IALLGATHER,
+	KCOLL_MPI_IBCAST,
+	KCOLL_MPI_IBARRIER,
+	KCOLL_MPI_COMM_DUP,
+	KCOLL_MPI_COMM_SPLIT,
+	KCOLL_MPI_COMM_CREATE,
+	KCOLL_MPI_COMM_FREE,
+	/* "kcoll": memory from kcoll_mem_alloc (zero copy for kcolld) */
+	KCOLL_MPI_ALLOC_MEM,
+	KCOLL_MPI_FREE_MEM,
 	KCOLL_MPI_NCALLS
 };
 
 static const char *const kcoll_mpi_call_names[KCOLL_MPI_NCALLS] = {
 	"MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Allgather", "MPI_Bcast", "MPI_Barrier",
+	"MPI_Iallreduce", "MPI_Ireduce_scatter_block", "MPI_Iallgather", "MPI_Ibcast",
+	"MPI_Ibarrier", "MPI_Comm_dup", "MPI_Comm_split", "MPI_Comm_create", "MPI_Comm_free",
+	"MPI_Alloc_mem", "MPI_Free_mem",
 };
 
 /* Per MPI communicator, as the value of attribute kcoll_mpi.keyval. */
@@ -73,6 +89,7 @@ static struct {
 	atomic_bool logged;
 	atomic_ulong count[KCOLL_MPI_NCALLS][2];	/* [call][0 PMPI, 1 kcoll] */
 	atomic_ulong fallbacks;
+	atomic_long mem_live;	/* MPI_Alloc_mem blocks from kcoll not yet freed */
 } kcoll_mpi = {
 	.keyval = MPI_KEYVAL_INVALID,
 };
@@ -120,7 +137,8 @@ static void kcoll_mpi_count(enum kcoll_mpi_call call, bool kcoll, MPI_Comm comm,
 	if (kcoll_mpi.debug >= 2) {
 		int rank = -1;
 
-		PMPI_Comm_rank(comm, &rank);
+		if (comm != MPI_COMM_NULL)
+			PMPI_Comm_rank(comm, &rank);
 		fprintf(stderr, "kcoll_mpi: comm rank %d: %s %zu bytes -> %s\n", rank,
 			kcoll_mpi_call_names[call], bytes, kcoll ? "kcoll" : "PMPI");
 	}
@@ -195,7 +213,7 @@ KCOLL_MPI_EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int 
 static void kcoll_mpi_print_summary(void)
 {
 	int rank = -1;
-	char line[512];
+	char line[1024];
 	size_t len = 0;
 
 	PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -225,7 +243,11 @@ KCOLL_MPI_EXPORT int MPI_Finalize(void)
 	}
 	if (kcoll_mpi.debug)
 		kcoll_mpi_print_summary();
-	if (kcoll_mpi.k) {
+	/* Disconnecting unmaps every kcoll_mem_alloc block: while the program
+	 * still holds one from MPI_Alloc_mem, keep the connection (it ends
+	 * with the process). */
+	kcoll_mpi.disabled = true;
+	if (kcoll_mpi.k && atomic_load(&kcoll_mpi.mem_live) == 0) {
 		kcoll_disconnect(kcoll_mpi.k);
 		kcoll_mpi.k = NULL;
 	}
@@ -548,4 +570,117 @@ KCOLL_MPI_EXPORT int MPI_Barrier(MPI_Comm comm)
 {
 	kcoll_mpi_count(KCOLL_MPI_BARRIER, false, comm, 0);
 	return PMPI_Barrier(comm);
+}
+
+/*
+ * The non-blocking forms stay on PMPI (counted for KCOLL_MPI_DEBUG). A kcoll
+ * operation needs the ranks to agree on its outcome before any of them may
+ * fall back, and that agreement is a collective: run inside MPI_Wait/Test it
+ * would be started in completion order, which MPI lets differ between ranks
+ * (rank 0 waits on A then B, rank 1 on B then A), and deadlock. Without it, a
+ * kcolld failure could not fall back safely. docs/shim.md has the details.
+ */
+KCOLL_MPI_EXPORT int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count,
+				    MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+				    MPI_Request *request)
+{
+	kcoll_mpi_count(KCOLL_MPI_IALLREDUCE, false, comm, 0);
+	return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+}
+
+KCOLL_MPI_EXPORT int MPI_Ireduce_scatter_block(const void *sendbuf, void *recvbuf,
+					       int recvcount, MPI_Datatype datatype, MPI_Op op,
+					       MPI_Comm comm, MPI_Request *request)
+{
+	kcoll_mpi_count(KCOLL_MPI_IREDUCE_SCATTER_BLOCK, false, comm, 0);
+	return PMPI_Ireduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm,
+					  request);
+}
+
+KCOLL_MPI_EXPORT int MPI_Iallgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype,
+				    void *recvbuf, int recvcount, MPI_Datatype recvtype,
+				    MPI_Comm comm, MPI_Request *request)
+{
+	kcoll_mpi_count(KCOLL_MPI_IALLGATHER, false, comm, 0);
+	return PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm,
+			       request);
+}
+
+KCOLL_MPI_EXPORT int MPI_Ibcast(void *buffer, int count, MPI_Datatype datatype, int root,
+				MPI_Comm comm, MPI_Request *request)
+{
+	kcoll_mpi_count(KCOLL_MPI_IBCAST, false, comm, 0);
+	return PMPI_Ibcast(buffer, count, datatype, root, comm, request);
+}
+
+KCOLL_MPI_EXPORT int MPI_Ibarrier(MPI_Comm comm, MPI_Request *request)
+{
+	kcoll_mpi_count(KCOLL_MPI_IBARRIER, false, comm, 0);
+	return PMPI_Ibarrier(comm, request);
+}
+
+/*
+ * Communicators: counted for KCOLL_MPI_DEBUG, then PMPI. The kcoll
+ * communicator is made on first use and destroyed by the attribute's delete
+ * callback, which also covers the calls not wrapped here (split_type, cart,
+ * create_group, disconnect...).
+ */
+KCOLL_MPI_EXPORT int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm)
+{
+	kcoll_mpi_count(KCOLL_MPI_COMM_DUP, false, comm, 0);
+	return PMPI_Comm_dup(comm, newcomm);
+}
+
+KCOLL_MPI_EXPORT int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm *newcomm)
+{
+	kcoll_mpi_count(KCOLL_MPI_COMM_SPLIT, false, comm, 0);
+	return PMPI_Comm_split(comm, color, key, newcomm);
+}
+
+KCOLL_MPI_EXPORT int MPI_Comm_create(MPI_Comm comm, MPI_Group group, MPI_Comm *newcomm)
+{
+	kcoll_mpi_count(KCOLL_MPI_COMM_CREATE, false, comm, 0);
+	return PMPI_Comm_create(comm, group, newcomm);
+}
+
+KCOLL_MPI_EXPORT int MPI_Comm_free(MPI_Comm *comm)
+{
+	kcoll_mpi_count(KCOLL_MPI_COMM_FREE, false, comm ? *comm : MPI_COMM_NULL, 0);
+	return PMPI_Comm_free(comm);
+}
+
+/*
+ * MPI_Alloc_mem hands out kcolld-shared memory (kcoll_mem_alloc: a memfd the
+ * daemon maps too), so collectives on it skip the one process_vm copy that
+ * malloc'ed buffers take. Only blocks of at least KCOLL_MPI_MIN_BYTES (a
+ * smaller one never carries a collective that goes to kcoll); otherwise, or
+ * when kcoll cannot, MPI's own. The choice is local: a buffer's kind never
+ * enters the routing decision, so ranks may differ here.
+ */
+KCOLL_MPI_EXPORT int MPI_Alloc_mem(MPI_Aint size, MPI_Info info, void *baseptr)
+{
+	void *p = NULL;
+
+	if (!kcoll_mpi.disabled && kcoll_mpi.k && baseptr && size > 0 &&
+	    (size_t)size >= kcoll_mpi.min_bytes &&
+	    kcoll_mem_alloc(kcoll_mpi.k, (size_t)size, &p) == 0) {
+		atomic_fetch_add(&kcoll_mpi.mem_live, 1);
+		memcpy(baseptr, &p, sizeof(p));
+		kcoll_mpi_count(KCOLL_MPI_ALLOC_MEM, true, MPI_COMM_NULL, (size_t)size);
+		return MPI_SUCCESS;
+	}
+	kcoll_mpi_count(KCOLL_MPI_ALLOC_MEM, false, MPI_COMM_NULL, size > 0 ? (size_t)size : 0);
+	return PMPI_Alloc_mem(size, info, baseptr);
+}
+
+/* A block kcoll does not know (-ENOENT) is MPI's. */
+KCOLL_MPI_EXPORT int MPI_Free_mem(void *base)
+{
+	if (kcoll_mpi.k && base && kcoll_mem_free(kcoll_mpi.k, base) != -ENOENT) {
+		atomic_fetch_sub(&kcoll_mpi.mem_live, 1);
+		kcoll_mpi_count(KCOLL_MPI_FREE_MEM, true, MPI_COMM_NULL, 0);
+		return MPI_SUCCESS;
+	}
+	kcoll_mpi_count(KCOLL_MPI_FREE_MEM, false, MPI_COMM_NULL, 0);
+	return PMPI_Free_mem(base);
 }

@@ -73,16 +73,44 @@ static void usage(FILE *f);
 static void parse_opt(const struct bench_prog *p, void *ctx, struct bench_opts *o, int c,
 		      const char *arg);
 
+/* --alloc-mem: buffers from MPI_Alloc_mem instead of aligned_alloc */
+static bool use_alloc_mem;
+
+static void *buffer_alloc(size_t bytes)
+{
+	void *p = NULL;
+
+	if (!use_alloc_mem)
+		return aligned_alloc(4096, bytes);
+	if (MPI_Alloc_mem((MPI_Aint)bytes, MPI_INFO_NULL, &p) != MPI_SUCCESS)
+		return NULL;
+	return p;
+}
+
+static void buffer_free(void *p)
+{
+	if (!p)
+		return;
+	if (use_alloc_mem)
+		MPI_Free_mem(p);
+	else
+		free(p);
+}
+
 /* Every rank parses the same argv, so every rank leaves the same way. */
 static void finish(void)
 {
 	MPI_Finalize();
 }
 
+enum { OPT_ALLOC_MEM = BENCH_OPT_PROG };
+
 static const struct option longopts[] = {
 	BENCH_LONGOPTS,
+	{ "alloc-mem", no_argument, NULL, OPT_ALLOC_MEM },
 	{ 0 }
 };
+
 
 /* quiet on every rank but 0: set in main */
 static struct bench_prog prog = {
@@ -105,6 +133,7 @@ BENCH_USAGE_SWEEP
 "  -r, --root R          broadcast root                          [0]\n"
 "      --inplace         also measure with MPI_IN_PLACE (extra columns)\n"
 "      --json            print one JSON document instead of the table\n"
+"      --alloc-mem       buffers from MPI_Alloc_mem (default: aligned_alloc)\n"
 "  -h, --help            this text\n",
 		prog.name);
 }
@@ -127,6 +156,7 @@ static void parse_opt(const struct bench_prog *p, void *ctx, struct bench_opts *
 			bench_usage_error(p, "reduction op '%s' is not one MPI has", arg);
 		break;
 	case 'r': o->root = bench_parse_long(p, arg, "-r", 0, INT_MAX); break;
+	case OPT_ALLOC_MEM: use_alloc_mem = true; break;
 	}
 }
 
@@ -239,8 +269,8 @@ int main(int argc, char **argv)
 	rows = calloc(nrows, sizeof(*rows));
 	elt = bench_dtype_size(o->dtype);
 	bench_counts(o, o->max_bytes, &n);
-	send = aligned_alloc(4096, (n.bytes + 4095) & ~(size_t)4095);
-	recv = aligned_alloc(4096, (n.bytes + 4095) & ~(size_t)4095);
+	send = buffer_alloc((n.bytes + 4095) & ~(size_t)4095);
+	recv = buffer_alloc((n.bytes + 4095) & ~(size_t)4095);
 	if (!rows || !send || !recv) {
 		fprintf(stderr, "%s: rank %d: cannot allocate 2 x %zu bytes\n", prog.name, m.rank,
 			n.bytes);
@@ -249,7 +279,8 @@ int main(int argc, char **argv)
 	bench_fill_input(o, send, m.rank, n.bytes / elt);
 	bench_fill_input(o, recv, m.rank, n.bytes / elt);
 	if (m.rank == 0 && !o->json) {
-		snprintf(about, sizeof(about), "%s on %s", lib, host);
+		snprintf(about, sizeof(about), "%s on %s%s", lib, host,
+			 use_alloc_mem ? ", buffers from MPI_Alloc_mem" : "");
 		bench_print_header(o, &env, about);
 	}
 
@@ -272,8 +303,8 @@ int main(int argc, char **argv)
 		if (wrong)
 			fprintf(stderr, "%s: %lld wrong elements\n", prog.name, wrong);
 	}
-	free(send);
-	free(recv);
+	buffer_free(send);
+	buffer_free(recv);
 	free(rows);
 	MPI_Finalize();
 	return wrong ? 1 : 0;
