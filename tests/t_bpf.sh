@@ -96,14 +96,20 @@ TCPB=8000000
 got=$(tcp 5001 $TCPB)
 tx=$(flow a tcp 5001 tx_payload)
 rx=$(flow b tcp 5001 rx_payload)
-ok "$([ "$got" = $TCPB ] && within1 "$tx" $TCPB && within1 "$rx" $TCPB; echo $?)" \
-	"TCP $TCPB bytes: sender counted $tx, receiver $rx (within 1%)"
+# The classifiers count what crosses the wire, so a segment TCP retransmits
+# (a starved receiver's backlog overflows on a loaded machine) is counted
+# again: beyond 1%, the excess must be explained by retransmissions that
+# sockops saw (at most 64 KiB, one GSO segment, each).
+rt=$(flow a tcp 5001 retrans)
+explained() { [ "$1" -ge $TCPB ] && [ "${rt:-0}" -gt 0 ] && [ $(( $1 - TCPB )) -le $(( rt * 65536 )) ]; }
+ok "$([ "$got" = $TCPB ] && { within1 "$tx" $TCPB || explained "$tx"; } && { within1 "$rx" $TCPB || explained "$rx"; }; echo $?)" \
+	"TCP $TCPB bytes: sender counted $tx, receiver $rx (within 1%, or the excess covered by $rt retransmissions)"
 link=$(flow a tcp 5001 link) peer=$(flow a tcp 5001 peer) srtt=$(flow a tcp 5001 srtt_us)
 ok "$([ "$link" = 7 ] && [ "$peer" = 3 ]; echo $?)" "the flow carries link 7 and peer host 3 (got $link, $peer)"
 ok "$([ "$srtt" -gt 0 ]; echo $?)" "sockops reports a smoothed RTT for it (${srtt} us)"
 KA links --json > "$T/l.json"
 ltx=$($PY -c 'import json,sys; print(sum(l["tx_bytes"] for l in json.load(open(sys.argv[1]))["links"] if l["link"] == 7 and l["peer"] == 3))' "$T/l.json")
-ok "$([ "$ltx" -ge $TCPB ] && within1 "$ltx" $TCPB; echo $?)" "link 7 / peer 3 total: $ltx bytes sent (headers included, within 1%)"
+ok "$([ "$ltx" -ge $TCPB ] && { within1 "$ltx" $TCPB || explained "$ltx"; }; echo $?)" "link 7 / peer 3 total: $ltx bytes sent (headers included, within 1%, or retransmissions as above)"
 
 # bpftool reads the same records, with field names from BTF.
 bpftool map dump pinned "$PINA/flows" > "$T/dump.json" 2>"$T/dump.err"
