@@ -206,6 +206,17 @@ run ompi 4 "$build/tests/shim_check_ompi" loop 2 >"$tmp/loop.plain" 2>/dev/null
 diff <(grep '^loop/' "$tmp/loop.plain") <(grep '^loop/' "$tmp/loop") >/dev/null
 ok $? "loop results identical with and without the shim"
 
+# KCOLL_MPI_DEBUG=2: one line per call saying where it went, as many as the
+# summaries count.
+KCOLL_MPI_DEBUG=2 LD_PRELOAD="$preload" "${mpi[@]}" -np 2 "$build/tests/shim_check_ompi" loop 3 \
+	>/dev/null 2>"$tmp/dbg2.err"
+rc=$?
+to_kcoll=$(grep -c '^kcoll_mpi: comm rank [0-9]*: MPI_Allreduce [0-9]* bytes -> kcoll$' "$tmp/dbg2.err")
+to_pmpi=$(grep -c '^kcoll_mpi: comm rank [0-9]*: MPI_Comm_dup [0-9]* bytes -> PMPI$' "$tmp/dbg2.err")
+[ $rc -eq 0 ] && [ "$to_kcoll" -gt 0 ] && [ "$to_kcoll" -eq "$(kcoll_calls "$tmp/dbg2.err" Allreduce)" ] &&
+	[ "$to_pmpi" -eq "$(kcoll_calls "$tmp/dbg2.err" Comm_dup pmpi)" ] && [ "$to_pmpi" -eq 6 ]
+ok $? "KCOLL_MPI_DEBUG=2: a line per call ($to_kcoll all-reduces -> kcoll, $to_pmpi dups -> PMPI), matching the summaries"
+
 # kcolld killed in the middle of a run of large out-of-place all-reduces:
 # the ranks agree, fall back to MPI, redo the op, and the results stay right
 # (mpi-coll-bench checks every element of the first call at each size).
