@@ -7,6 +7,9 @@
   steer_net.py send ADDR PORT STOP RATE   send pseudo-random data at most RATE
                                           bytes/s until the file STOP exists, then
                                           close and print "BYTES SHA256"
+  steer_net.py udp-recv ADDR PORT COUNT   receive COUNT datagrams (5 s idle timeout);
+                                          print "GOOD SOURCES" (GOOD: payloads intact)
+  steer_net.py udp-send ADDR PORT COUNT   send COUNT numbered 1000-byte datagrams
 Any socket error ends the program with status 1 and the error on stderr.
 """
 import hashlib
@@ -64,11 +67,42 @@ def send(addr, port, stop, rate):
     print(n, h.hexdigest())
 
 
+def payload(i):
+    return (b"%08d" % i) * 125
+
+
+def udp_recv(addr, port, count):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((addr, port))
+    s.settimeout(5)
+    good, srcs = 0, set()
+    try:
+        for _ in range(count):
+            d, src = s.recvfrom(2048)
+            srcs.add(src[0])
+            if d == payload(int(d[:8])):
+                good += 1
+    except socket.timeout:
+        pass
+    print(good, ",".join(sorted(srcs)))
+
+
+def udp_send(addr, port, count):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for i in range(count):
+        s.sendto(payload(i), (addr, port))
+        time.sleep(0.001)
+
+
 def main(a):
     if a[0] == "serve":
         serve(a[1], int(a[2]), a[3])
     elif a[0] == "send":
         send(a[1], int(a[2]), a[3], float(a[4]))
+    elif a[0] == "udp-recv":
+        udp_recv(a[1], int(a[2]), int(a[3]))
+    elif a[0] == "udp-send":
+        udp_send(a[1], int(a[2]), int(a[3]))
     else:
         sys.exit("unknown command " + a[0])
 

@@ -8,7 +8,8 @@
 # steered stream keeps its rate while an unsteered one on eth0 slows (a 2x
 # margin against a 8x shaping ratio); with the rule off the bytes are back on
 # eth0; at the end both streams arrived intact. Also: bad input gets a clear
-# error, detach removes filters and pins. Needs root (SKIP otherwise).
+# error, detach removes filters and pins; a UDP flow is steered one way
+# (datagrams intact, source address restored). Needs root (SKIP otherwise).
 # About 20 s. TAP.
 set -u
 B=${KCOLL_BUILD:?run through tests/run.sh}
@@ -136,6 +137,23 @@ read -r sb2 sh2 <"$T/send2"; read -r rb2 rh2 _ _ <"$T/recv2"
 [ $err = 0 ] && [ "${sb1:-x}" = "${rb1:-y}" ] && [ "${sh1:-x}" = "${rh1:-y}" ] && [ "$rl1" = 10.10.0.2 ] &&
 	[ "$rp1" = 10.10.0.1 ] && [ "${sb2:-x}" = "${rb2:-y}" ] && [ "${sh2:-x}" = "${rh2:-y}" ]
 ok $? "both streams intact, no socket error: stream 1 sent $sb1 B sha256 ${sh1:0:16}.., received $rb1 B ${rh1:0:16}.. on $rl1 from $rp1; stream 2 $sb2/$rb2 B$(cat "$T"/*.err 2>/dev/null)"
+
+# UDP, one way: h0's sending half, h1's restoring half (port-keyed: any local port).
+K 1 steer add udp 10.10.0.2:5401 10.10.0.1 via 10.20.0.2 10.20.0.1 --recv-only &&
+	K 0 steer add udp 10.10.0.1 10.10.0.2:5401 via 10.20.0.1 10.20.0.2
+ok $? "udp rule (port 5401) on: h1 restores, h0 sends via eth1"
+ip netns exec "$P-h1" $NET udp-recv 10.10.0.2 5401 200 >"$T/udp" 2>&1 &
+urecv=$!
+sleep 0.3
+a1=$(tx 0 eth1) a0=$(tx 0 eth0)
+ip netns exec "$P-h0" $NET udp-send 10.10.0.2 5401 200
+wait $urecv
+d1=$(( $(tx 0 eth1) - a1 )) d0=$(( $(tx 0 eth0) - a0 ))
+read -r ugood usrc <"$T/udp"
+[ "${ugood:-0}" -ge 190 ] && [ "$usrc" = 10.10.0.1 ] && [ $d1 -ge $(( ugood * 1000 )) ] && [ $d0 -lt 20000 ]
+ok $? "udp steered: $ugood/200 datagrams intact from ${usrc:-?} (the home address), h0 eth1 +$d1 B, eth0 +$d0 B"
+K 0 steer del udp 10.10.0.1 10.10.0.2:5401 && K 1 steer del udp 10.10.0.2:5401 10.10.0.1
+ok $? "udp rule deleted on both hosts"
 
 # Bad input: clear errors, exit status 1 (runtime) or 2 (usage), nothing changed.
 out=$(K 0 steer add tcp 10.10.0.9 10.10.0.2 via 10.20.0.1 10.20.0.2 2>&1); rc=$?
