@@ -35,7 +35,22 @@ $(BPF_SKEL): $(BPF_OBJ)
 $(OBJ)/bpf/kcoll_bpf.o: CPPFLAGS += -I$(BPF_OUT) -Ibpf
 $(OBJ)/bpf/kcoll_bpf.o: $(BPF_SKEL)
 
-$(KCOLL_BPF_LIB): $(OBJ)/bpf/kcoll_bpf.o
+# Flow steering (steer.bpf.c, loader steer.c): in the same library.
+BPF_STEER_OBJ := $(BPF_OUT)/steer.bpf.o
+BPF_STEER_SKEL := $(BPF_OUT)/steer.skel.h
+$(BPF_STEER_OBJ): bpf/steer.bpf.c bpf/steer.h $(BPF_VMLINUX)
+	$(call msg,BPF,$<)
+	$(Q)$(BPF_CLANG) -g -O2 -target bpf -D__TARGET_ARCH_x86 -Wall -Werror \
+		-I$(BPF_OUT) -Ibpf -c -o $@ $<
+
+$(BPF_STEER_SKEL): $(BPF_STEER_OBJ)
+	$(call msg,SKEL,$@)
+	$(Q)$(BPFTOOL) gen skeleton $< name steer_bpf > $@.tmp && mv $@.tmp $@
+
+$(OBJ)/bpf/steer.o: CPPFLAGS += -I$(BPF_OUT) -Ibpf
+$(OBJ)/bpf/steer.o: $(BPF_STEER_SKEL)
+
+$(KCOLL_BPF_LIB): $(OBJ)/bpf/kcoll_bpf.o $(OBJ)/bpf/steer.o
 	$(call msg,AR,$@)
 	@mkdir -p $(dir $@)
 	$(Q)rm -f $@ && $(AR) rcs $@ $^

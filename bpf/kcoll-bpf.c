@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "kcoll_bpf.h"
+#include "kcoll_steer.h"
 
 static void usage(FILE *f)
 {
@@ -32,6 +33,17 @@ static void usage(FILE *f)
 	      "  flows [--json]      one line per flow (payload bytes, packets, retrans, srtt)\n"
 	      "  links [--json]      totals per (link, peer host)\n"
 	      "  reset               zero every counter (configuration stays)\n"
+	      "  steer add [tcp|udp] LOCAL[:PORT] REMOTE[:PORT] via VLOCAL VREMOTE [--recv-only]\n"
+	      "                      send this host's side of the flows between LOCAL and REMOTE\n"
+	      "                      (PORT 0 or none: any) over the path of VLOCAL/VREMOTE, the\n"
+	      "                      sockets keep seeing LOCAL/REMOTE; the peer needs the mirror rule.\n"
+	      "                      --recv-only: only restore what arrives that way. Order: both\n"
+	      "                      hosts --recv-only first, then both without (see kcoll-bpf(8))\n"
+	      "  steer del [tcp|udp] LOCAL[:PORT] REMOTE[:PORT]   remove the rule (first make\n"
+	      "                      both hosts --recv-only, then del on both)\n"
+	      "  steer list [--json] the rules with packets/bytes steered out and restored in\n"
+	      "  steer detach        remove the steering classifiers and their pins\n"
+	      "                      (steering pins: the tracker's directory + \"-steer\")\n"
 	      "Options:\n"
 	      "  --pin DIR           pin directory (default $KCOLL_BPF_PIN, else "
 	      KCOLL_BPF_PIN_DEFAULT ")\n"
@@ -195,6 +207,132 @@ static int bad(const char *fmt, const char *arg)
 	return 2;
 }
 
+/* ADDR[:PORT] (port 0 or none: any). */
+static int parse_endpoint(const char *s, __u32 *addr, __u16 *port)
+{
+	char buf[64], *colon;
+	__u32 p = 0;
+
+	if (snprintf(buf, sizeof(buf), "%s", s) >= (int)sizeof(buf))
+		return -EINVAL;
+	colon = strchr(buf, ':');
+	if (colon) {
+		*colon++ = '\0';
+		if (parse_u32(colon, 65535, &p))
+			return -EINVAL;
+	}
+	if (parse_addr(buf, addr) || !*addr)
+		return -EINVAL;
+	*port = (__u16)p;
+	return 0;
+}
+
+static int print_rule(const struct kcoll_steer_rule *r, void *arg)
+{
+	char hl[INET_ADDRSTRLEN], hr[INET_ADDRSTRLEN], vl[INET_ADDRSTRLEN], vr[INET_ADDRSTRLEN];
+	char dev[IF_NAMESIZE], hd[IF_NAMESIZE], ls[32], rs[32];
+	struct walk *w = arg;
+
+	if (!if_indextoname((unsigned)r->via_ifindex, dev))
+		snprintf(dev, sizeof(dev), "#%d", r->via_ifindex);
+	if (!r->home_ifindex || !if_indextoname((unsigned)r->home_ifindex, hd))
+		snprintf(hd, sizeof(hd), "-");
+	ip(r->home_laddr, hl);
+	ip(r->home_raddr, hr);
+	ip(r->via_laddr, vl);
+	ip(r->via_raddr, vr);
+	if (w->json) {
+		printf("%s\n  {\"proto\": \"%s\", \"laddr\": \"%s\", \"lport\": %u, \"raddr\": \"%s\", "
+		       "\"rport\": %u, \"home_ifname\": \"%s\", \"via_laddr\": \"%s\", "
+		       "\"via_raddr\": \"%s\", \"via_ifname\": \"%s\", "
+		       "\"recv_only\": %s, \"via_dmac\": \"%02x:%02x:%02x:%02x:%02x:%02x\", \"out_pkts\": %" PRIu64
+		       ", \"out_bytes\": %" PRIu64 ", \"in_pkts\": %" PRIu64 ", \"in_bytes\": %" PRIu64 "}",
+		       w->n ? "," : "", r->proto == 6 ? "tcp" : "udp", hl, r->lport, hr, r->rport, hd,
+		       vl, vr, dev, (r->flags & KCOLL_STEER_RECV_ONLY) ? "true" : "false", r->via_dmac[0], r->via_dmac[1], r->via_dmac[2], r->via_dmac[3],
+		       r->via_dmac[4], r->via_dmac[5], (uint64_t)r->out_pkts, (uint64_t)r->out_bytes,
+		       (uint64_t)r->in_pkts, (uint64_t)r->in_bytes);
+	} else {
+		if (!w->n)
+			printf("%-4s %-21s %-21s %-6s %-15s %-15s %-6s %10s %14s %10s %14s\n", "prot",
+			       "local", "remote", "home", "via_local", "via_remote", "via", "out_pkts",
+			       "out_bytes", "in_pkts", "in_bytes");
+		snprintf(ls, sizeof(ls), "%s:%u", hl, r->lport);
+		snprintf(rs, sizeof(rs), "%s:%u", hr, r->rport);
+		printf("%-4s %-21s %-21s %-6s %-15s %-15s %-6s %10" PRIu64 " %14" PRIu64 " %10" PRIu64
+		       " %14" PRIu64 "%s\n", r->proto == 6 ? "tcp" : "udp", ls, rs, hd, vl, vr, dev,
+		       (uint64_t)r->out_pkts, (uint64_t)r->out_bytes, (uint64_t)r->in_pkts,
+		       (uint64_t)r->in_bytes, (r->flags & KCOLL_STEER_RECV_ONLY) ? "  recv-only" : "");
+	}
+	w->n++;
+	return 0;
+}
+
+/* kcoll-bpf steer ...: argv[i] is the sub-command. */
+static int steer_main(const char *pin, int argc, char **argv, int i)
+{
+	struct kcoll_steer_rule r = { .proto = 6 };
+	char dir[512], msg[512] = "", *sub;
+	struct walk w = { 0 };
+	int err, is_add;
+
+	snprintf(dir, sizeof(dir), "%s-steer", pin ? pin : KCOLL_BPF_PIN_DEFAULT);
+	if (i >= argc)
+		return bad("steer: give add, del, list or detach%s", "");
+	sub = argv[i++];
+	if (!strcmp(sub, "list")) {
+		for (; i < argc; i++) {
+			if (strcmp(argv[i], "--json"))
+				return bad("steer list: unexpected '%s'", argv[i]);
+			w.json = 1;
+		}
+		if (w.json)
+			printf("{\"rules\": [");
+		err = kcoll_steer_foreach(dir, print_rule, &w, msg, sizeof(msg));
+		if (w.json)
+			printf("%s]}\n", w.n ? "\n" : "");
+		/* nothing loaded = no rules: not an error for a reader */
+		if (err == -ENOENT)
+			err = 0;
+	} else if (!strcmp(sub, "detach")) {
+		if (i < argc)
+			return bad("steer detach: unexpected '%s'", argv[i]);
+		err = kcoll_steer_detach(dir, msg, sizeof(msg));
+	} else if (!strcmp(sub, "add") || !strcmp(sub, "del")) {
+		is_add = sub[0] == 'a';
+		if (is_add && argc - i > 0 && !strcmp(argv[argc - 1], "--recv-only")) {
+			r.flags |= KCOLL_STEER_RECV_ONLY;
+			argc--;
+		}
+		if (i < argc && (!strcmp(argv[i], "tcp") || !strcmp(argv[i], "udp")))
+			r.proto = argv[i++][0] == 't' ? 6 : 17;
+		if (argc - i != (is_add ? 5 : 2))
+			return bad(is_add ? "steer add: give [tcp|udp] LOCAL[:PORT] REMOTE[:PORT] via "
+			       "VLOCAL VREMOTE%s" : "steer del: give [tcp|udp] LOCAL[:PORT] REMOTE[:PORT]%s", "");
+		if (parse_endpoint(argv[i], &r.home_laddr, &r.lport))
+			return bad("steer: bad LOCAL[:PORT] '%s' (e.g. 10.10.0.1 or 10.10.0.1:5201)", argv[i]);
+		if (parse_endpoint(argv[i + 1], &r.home_raddr, &r.rport))
+			return bad("steer: bad REMOTE[:PORT] '%s'", argv[i + 1]);
+		if (is_add) {
+			__u16 p1, p2;
+
+			if (strcmp(argv[i + 2], "via"))
+				return bad("steer add: expected 'via' before the via addresses, got '%s'",
+					   argv[i + 2]);
+			if (parse_endpoint(argv[i + 3], &r.via_laddr, &p1) || p1 ||
+			    parse_endpoint(argv[i + 4], &r.via_raddr, &p2) || p2)
+				return bad("steer add: via takes two IPv4 addresses without ports%s", "");
+			err = kcoll_steer_add(dir, &r, msg, sizeof(msg));
+		} else {
+			err = kcoll_steer_del(dir, &r, msg, sizeof(msg));
+		}
+	} else {
+		return bad("steer: unknown sub-command '%s' (add, del, list, detach)", sub);
+	}
+	if (err)
+		fprintf(stderr, "kcoll-bpf: steer %s: %s\n", sub, msg[0] ? msg : strerror(-err));
+	return err ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct kcoll_bpf_opts o = { .size = sizeof(o) };
@@ -226,6 +364,8 @@ int main(int argc, char **argv)
 	}
 	cmd = argv[i++];
 	o.pin_dir = pin;
+	if (!strcmp(cmd, "steer"))
+		return steer_main(pin, argc, argv, i);
 	for (int j = i; j < argc; j++)
 		if (!strcmp(argv[j], "--json"))
 			json = 1;
