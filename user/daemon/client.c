@@ -212,11 +212,7 @@ static void *ring_thread(void *arg)
 
 			if (!idle_since)
 				idle_since = now;
-			/* After a multi-host op the rank sleeps until its CQE and then
-			 * needs a CPU to submit the next one: spinning here would take
-			 * that CPU (and the peers') on a shared machine. Sleep at once,
-			 * as libkcoll does for such comms, unless KCOLL_SPIN_US is set. */
-			if (now - idle_since < (c->mh_last && !kd.spin_set ? 0 : kd.spin_ns)) {
+			if (now - idle_since < kd.spin_ns) {
 				kcoll_spin_yield();
 				continue;
 			}

@@ -458,7 +458,6 @@ void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, c
 		err = kd_coll_sizes(sqe, comm->nranks, rank, &sbytes, &rbytes);
 
 	pthread_mutex_lock(&comm->lock);
-	c->mh_last = comm->mh != NULL;	/* only the ring thread calls us */
 	if (comm->state == KD_COMM_FORMING || comm->next_seq[rank] >= comm->limit_seq) {
 		/* Forming: the client has no comm_id yet, only a forged one gets here. */
 		bool forming = comm->state == KD_COMM_FORMING;

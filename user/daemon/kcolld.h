@@ -76,7 +76,6 @@ struct kd_client {
 	pthread_mutex_t cq_lock;
 	atomic_uint inflight;	/* admitted, not yet completed */
 	pthread_t ring_thread;
-	bool mh_last;		/* ring thread: its last op was multi-host (no SQ spin) */
 
 	pthread_mutex_t lock;	/* regions and members */
 	struct kd_region *regions;
@@ -200,7 +199,6 @@ struct kd_daemon {
 	size_t chunk_bytes;
 	size_t net_chunk_bytes;	/* pieces between daemons */
 	int64_t spin_ns;
-	bool spin_set;		/* KCOLL_SPIN_US given in the environment */
 	int64_t timeout_ns;
 	int64_t c4_slow_ratio_pct;	/* C4 detector thresholds (tune.c, c4d.c) */
 	int64_t c4_hang_ms;

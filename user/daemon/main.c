@@ -517,7 +517,6 @@ int main(int argc, char **argv)
 		kd.nworkers = sysconf(_SC_NPROCESSORS_ONLN);
 	kd_tunables_init();
 	kd.spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
-	kd.spin_set = kcoll_knob_is_set("KCOLL_SPIN_US");
 	kd.start_ns = kd_now_ns();
 
 	/* The kernel module is optional: without it ordinary buffers are copied. */
