@@ -620,6 +620,8 @@ static void uid_child(void)
 	struct kcoll_seg *ls;
 	struct kcoll_xfer_entry e = { 0, 0, 4096 };
 	uint8_t *src = malloc(4096);
+	struct kcoll_seg_wire w;
+	kcoll_seg_desc_t d;
 	struct kcoll *k;
 	int r;
 
@@ -629,12 +631,28 @@ static void uid_child(void)
 	r = kcoll_seg_import(k, &B->desc[0], &rs);
 	if (r != -EPERM)
 		CH_FAIL("import of a segment not granted: %s, want -EPERM", kcoll_strerror(r));
+	memset(src, 0x77, 4096);
+	if ((r = kcoll_seg_register(k, src, 4096, NULL, &ls)))
+		CH_FAIL("register: %s", kcoll_strerror(r));
+	/* The same descriptor dressed up as another kcolld's (other nonce, a
+	 * loopback address, the real port): this kcolld would connect to
+	 * itself, where only the token is checked. It must not get in. */
+	memcpy(&w, B->desc[0].bytes, sizeof(w));
+	if (w.port) {
+		w.nonce ^= 1;
+		w.addrs[0] = htonl(w.addrs[0] == htonl(0x7f000001) ? 0x7f000002 : 0x7f000001);
+		w.naddrs = 1;
+		memcpy(d.bytes, &w, sizeof(w));
+		r = kcoll_seg_import(k, &d, &rs);
+		if (!r && !(r = xfer_sync(1, ls, rs, &e, 1, KCOLL_NOTIFY_NONE)))
+			CH_FAIL("segment not granted written through a loopback descriptor");
+		if (!r)
+			kcoll_rseg_close(rs);
+	}
 	r = kcoll_seg_import(k, &B->desc[1], &rs);
 	if (r)
 		CH_FAIL("import of a granted segment: %s", kcoll_strerror(r));
-	memset(src, 0x77, 4096);
-	if ((r = kcoll_seg_register(k, src, 4096, NULL, &ls)) ||
-	    (r = xfer_sync(1, ls, rs, &e, 1, KCOLL_NOTIFY_NONE)))
+	if ((r = xfer_sync(1, ls, rs, &e, 1, KCOLL_NOTIFY_NONE)))
 		CH_FAIL("write to the granted segment: %s", kcoll_strerror(r));
 	_exit(0);
 }

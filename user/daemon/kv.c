@@ -1481,7 +1481,12 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 	pthread_mutex_lock(&kv.lock);
 	next = kv.next_id;
 	pthread_mutex_unlock(&kv.lock);
-	if (!s)
+	/* Our own nonce: a local client's import dressed up as another
+	 * kcolld's loops back here, where only the token would be checked;
+	 * same-host importers go through seg_import's uid check. */
+	if (m->nonce == kd.nonce)
+		ack.status = -EPERM;
+	else if (!s)
 		ack.status = m->from_host && m->from_host < next ? -EIDRM : -ENOENT;
 	else if (!token_eq(s->token, m->token))
 		ack.status = -EACCES;
