@@ -891,6 +891,80 @@ static void test_death_inflight(struct kcoll *k)
 	free(other);
 }
 
+/* ---------------------------------------------------------------------------
+ * Another kcolld on this host (its own nonce: the cross-host path over
+ * loopback) that drops idle KV streams after KCOLL_TIMEOUT_MS = 1 s: a
+ * transfer after a pause longer than that must still succeed.
+ */
+static void test_idle_stream(struct kcoll *k)
+{
+	const char *bin = getenv("KCOLL_BUILD"), *tmp = getenv("KCOLL_TEST_TMP");
+	char exe[512], sock[512], log[512];
+	struct kcoll_connect_opts co = { .size = sizeof(co) };
+	struct kcoll_xfer_entry e = { 0, 0, 4096 };
+	uint8_t *src = malloc(4096), *dst = calloc(1, 4096);
+	struct kcoll_seg *ls = NULL, *ts = NULL;
+	struct kcoll_rseg *rs = NULL;
+	struct kcoll *k2 = NULL;
+	kcoll_seg_desc_t d;
+	int r = -1, r2 = -1;
+	pid_t pid;
+
+	snprintf(exe, sizeof(exe), "%s/bin/kcolld", bin ? bin : "build");
+	snprintf(sock, sizeof(sock), "%s/kv-idle.%d.sock", tmp ? tmp : "/tmp", (int)getpid());
+	snprintf(log, sizeof(log), "%s/kv-idle.%d.log", tmp ? tmp : "/tmp", (int)getpid());
+	pid = fork();
+	if (pid == 0) {
+		setenv("KCOLL_TIMEOUT_MS", "1000", 1);
+		setenv("KCOLL_LISTEN", "127.0.0.1:0", 1);
+		setenv("KCOLL_ADDRS", "127.0.0.1", 1);
+		if (!freopen(log, "a", stderr))
+			_exit(127);
+		execl(exe, exe, "-f", "-s", sock, "-l", log, (char *)NULL);
+		_exit(127);
+	}
+	co.socket_path = sock;
+	for (int i = 0; i < 200 && pid > 0; i++) {
+		if (access(sock, F_OK) == 0 && kcoll_connect(&co, &k2) == 0)
+			break;
+		usleep(25000);
+	}
+	if (!k2) {
+		tap_skip("idle stream: cannot start a second kcolld (%s)", exe);
+		goto out;
+	}
+	memset(src, 0x31, 4096);
+	if ((r = kcoll_seg_register(k2, dst, 4096, NULL, &ts)) ||
+	    (r = kcoll_seg_register(k, src, 4096, NULL, &ls)))
+		goto report;
+	kcoll_seg_export(ts, &d);
+	if ((r = kcoll_seg_import(k, &d, &rs)) || (r = xfer_sync(1, ls, rs, &e, 1, KCOLL_NOTIFY_NONE)))
+		goto report;
+	usleep(1600 * 1000);	/* the owner's kcolld drops the idle stream */
+	memset(src, 0x32, 4096);
+	r2 = xfer_sync(1, ls, rs, &e, 1, KCOLL_NOTIFY_NONE);
+report:
+	tap_ok(r == 0 && r2 == 0 && all_bytes(dst, 4096, 0x32),
+	       "idle stream: a transfer after the owner's kcolld dropped an idle stream succeeds "
+	       "(first %s, after the pause %s)", kcoll_strerror(r), kcoll_strerror(r2));
+out:
+	if (rs)
+		kcoll_rseg_close(rs);
+	if (ls)
+		kcoll_seg_unregister(ls);
+	if (ts)
+		kcoll_seg_unregister(ts);
+	if (k2)
+		kcoll_disconnect(k2);
+	if (pid > 0) {
+		kill(pid, SIGTERM);
+		wait_child(pid, 10000);	/* SIGKILLs it past that */
+	}
+	unlink(sock);
+	free(src);
+	free(dst);
+}
+
 int main(void)
 {
 	struct kcoll *k;
@@ -908,6 +982,7 @@ int main(void)
 	test_other_uid(k);
 	test_unregister_inflight(k);
 	test_death_inflight(k);
+	test_idle_stream(k);
 	kcoll_disconnect(k);
 	return tap_done();
 }

@@ -952,8 +952,17 @@ static int remote_connect(struct kv_remote *rm)
 		struct kv_ack ack;
 		int fd, r;
 
-		if (rm->fd[i] >= 0)
-			continue;
+		if (rm->fd[i] >= 0) {
+			/* Between batches a healthy stream has nothing to read:
+			 * readable means the owner dropped it (idle past its
+			 * KCOLL_TIMEOUT_MS, restart): reconnect, not fail. */
+			struct pollfd pf = { .fd = rm->fd[i], .events = POLLIN | POLLRDHUP };
+
+			if (poll(&pf, 1, 0) == 0)
+				continue;
+			close(rm->fd[i]);
+			rm->fd[i] = -1;
+		}
 		fd = kd_net_connect(rm->w.addrs[i % rm->w.naddrs], rm->w.port);
 		if (fd < 0)
 			return fd == -ETIMEDOUT ? -EHOSTUNREACH : fd;
