@@ -892,6 +892,55 @@ static void test_death_inflight(struct kcoll *k)
 }
 
 /* ---------------------------------------------------------------------------
+ * A batch whose sources overlap (allowed) adds up to more than a segment can
+ * hold: kcolld would cut it into frames in memory first (24 bytes per 4 MiB
+ * moved, gigabytes for petabytes), so it is refused before anything else.
+ * The local segment claims 1 TiB (kcolld touches none of it), the target is
+ * a descriptor of a kcolld that does not answer.
+ */
+static void test_batch_total(struct kcoll *k)
+{
+	struct kcoll_xfer_entry e[4];
+	uint8_t *buf = malloc(4096);
+	struct kcoll_seg *ls = NULL, *ts = NULL;
+	struct kcoll_rseg *rs = NULL;
+	struct kcoll_seg_wire w;
+	kcoll_seg_desc_t d;
+	int r;
+
+	if ((r = kcoll_seg_register(k, buf, 1ULL << 40, NULL, &ls)) ||
+	    (r = kcoll_seg_register(k, buf, 4096, NULL, &ts))) {
+		tap_ok(0, "batch total: register (%s)", kcoll_strerror(r));
+		goto out;
+	}
+	kcoll_seg_export(ts, &d);
+	memcpy(&w, d.bytes, sizeof(w));
+	w.nonce ^= 1;
+	w.port = 1;
+	w.addrs[0] = htonl(0x7f000001);
+	w.naddrs = 1;
+	w.size = 1ULL << 62;
+	memcpy(d.bytes, &w, sizeof(w));
+	if ((r = kcoll_seg_import(k, &d, &rs))) {
+		tap_ok(0, "batch total: import (%s)", kcoll_strerror(r));
+		goto out;
+	}
+	for (int i = 0; i < 4; i++)
+		e[i] = (struct kcoll_xfer_entry){ 0, (uint64_t)i << 40, 1ULL << 39 };
+	r = xfer_sync(1, ls, rs, e, 4, KCOLL_NOTIFY_NONE);
+	tap_ok(r == -E2BIG, "batch total: 4 x 512 GiB (overlapping sources) -> -E2BIG (got %s)",
+	       kcoll_strerror(r));
+out:
+	if (rs)
+		kcoll_rseg_close(rs);
+	if (ls)
+		kcoll_seg_unregister(ls);
+	if (ts)
+		kcoll_seg_unregister(ts);
+	free(buf);
+}
+
+/* ---------------------------------------------------------------------------
  * Another kcolld on this host (its own nonce: the cross-host path over
  * loopback) that drops idle KV streams after KCOLL_TIMEOUT_MS = 1 s: a
  * transfer after a pause longer than that must still succeed.
@@ -983,6 +1032,7 @@ int main(void)
 	test_unregister_inflight(k);
 	test_death_inflight(k);
 	test_idle_stream(k);
+	test_batch_total(k);
 	kcoll_disconnect(k);
 	return tap_done();
 }

@@ -521,6 +521,7 @@ static int check_batch(const struct kv_piece *p, uint32_t n, const struct kv_sid
 		       const struct kv_side *dst, const char **why)
 {
 	struct kv_piece *sorted;
+	uint64_t total = 0;
 	int r = 0;
 
 	for (uint32_t i = 0; i < n; i++) {
@@ -533,6 +534,13 @@ static int check_batch(const struct kv_piece *p, uint32_t n, const struct kv_sid
 			*why = "entry beyond the end of a segment";
 			return -ERANGE;
 		}
+		total += p[i].len;	/* <= 4096 x KD_MAX_BYTES: no wrap */
+	}
+	/* Sources may overlap, so a batch could name petabytes; the remote
+	 * path cuts it into frames in memory first. */
+	if (total > KD_MAX_BYTES) {
+		*why = "the batch moves more bytes than a segment can hold (KD_MAX_BYTES): split it";
+		return -E2BIG;
 	}
 	if (n < 2 && src->seg != dst->seg)
 		return 0;
