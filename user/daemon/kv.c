@@ -1525,8 +1525,15 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 		if (pthread_create(&tid, &attr, kv_serve, cn)) {
 			ack.status = -EAGAIN;	/* the peer sees the connection close */
+			/* Not necessarily the head any more: a batch of ours may
+			 * have added its streams meanwhile. */
 			pthread_mutex_lock(&s->conns_lock);
-			s->conns = cn->next;
+			for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
+				if (*pp == cn) {
+					*pp = cn->next;
+					break;
+				}
+			}
 			pthread_mutex_unlock(&s->conns_lock);
 		}
 		pthread_attr_destroy(&attr);
