@@ -620,6 +620,8 @@ static void uid_child(void)
 	struct kcoll_seg *ls;
 	struct kcoll_xfer_entry e = { 0, 0, 4096 };
 	uint8_t *src = malloc(4096);
+	struct kcoll_seg_wire w;
+	kcoll_seg_desc_t d;
 	struct kcoll *k;
 	int r;
 
@@ -629,12 +631,28 @@ static void uid_child(void)
 	r = kcoll_seg_import(k, &B->desc[0], &rs);
 	if (r != -EPERM)
 		CH_FAIL("import of a segment not granted: %s, want -EPERM", kcoll_strerror(r));
+	memset(src, 0x77, 4096);
+	if ((r = kcoll_seg_register(k, src, 4096, NULL, &ls)))
+		CH_FAIL("register: %s", kcoll_strerror(r));
+	/* The same descriptor dressed up as another kcolld's (other nonce, a
+	 * loopback address, the real port): this kcolld would connect to
+	 * itself, where only the token is checked. It must not get in. */
+	memcpy(&w, B->desc[0].bytes, sizeof(w));
+	if (w.port) {
+		w.nonce ^= 1;
+		w.addrs[0] = htonl(w.addrs[0] == htonl(0x7f000001) ? 0x7f000002 : 0x7f000001);
+		w.naddrs = 1;
+		memcpy(d.bytes, &w, sizeof(w));
+		r = kcoll_seg_import(k, &d, &rs);
+		if (!r && !(r = xfer_sync(1, ls, rs, &e, 1, KCOLL_NOTIFY_NONE)))
+			CH_FAIL("segment not granted written through a loopback descriptor");
+		if (!r)
+			kcoll_rseg_close(rs);
+	}
 	r = kcoll_seg_import(k, &B->desc[1], &rs);
 	if (r)
 		CH_FAIL("import of a granted segment: %s", kcoll_strerror(r));
-	memset(src, 0x77, 4096);
-	if ((r = kcoll_seg_register(k, src, 4096, NULL, &ls)) ||
-	    (r = xfer_sync(1, ls, rs, &e, 1, KCOLL_NOTIFY_NONE)))
+	if ((r = xfer_sync(1, ls, rs, &e, 1, KCOLL_NOTIFY_NONE)))
 		CH_FAIL("write to the granted segment: %s", kcoll_strerror(r));
 	_exit(0);
 }
@@ -873,6 +891,129 @@ static void test_death_inflight(struct kcoll *k)
 	free(other);
 }
 
+/* ---------------------------------------------------------------------------
+ * A batch whose sources overlap (allowed) adds up to more than a segment can
+ * hold: kcolld would cut it into frames in memory first (24 bytes per 4 MiB
+ * moved, gigabytes for petabytes), so it is refused before anything else.
+ * The local segment claims 1 TiB (kcolld touches none of it), the target is
+ * a descriptor of a kcolld that does not answer.
+ */
+static void test_batch_total(struct kcoll *k)
+{
+	struct kcoll_xfer_entry e[4];
+	uint8_t *buf = malloc(4096);
+	struct kcoll_seg *ls = NULL, *ts = NULL;
+	struct kcoll_rseg *rs = NULL;
+	struct kcoll_seg_wire w;
+	kcoll_seg_desc_t d;
+	int r;
+
+	if ((r = kcoll_seg_register(k, buf, 1ULL << 40, NULL, &ls)) ||
+	    (r = kcoll_seg_register(k, buf, 4096, NULL, &ts))) {
+		tap_ok(0, "batch total: register (%s)", kcoll_strerror(r));
+		goto out;
+	}
+	kcoll_seg_export(ts, &d);
+	memcpy(&w, d.bytes, sizeof(w));
+	w.nonce ^= 1;
+	w.port = 1;
+	w.addrs[0] = htonl(0x7f000001);
+	w.naddrs = 1;
+	w.size = 1ULL << 62;
+	memcpy(d.bytes, &w, sizeof(w));
+	if ((r = kcoll_seg_import(k, &d, &rs))) {
+		tap_ok(0, "batch total: import (%s)", kcoll_strerror(r));
+		goto out;
+	}
+	for (int i = 0; i < 4; i++)
+		e[i] = (struct kcoll_xfer_entry){ 0, (uint64_t)i << 40, 1ULL << 39 };
+	r = xfer_sync(1, ls, rs, e, 4, KCOLL_NOTIFY_NONE);
+	tap_ok(r == -E2BIG, "batch total: 4 x 512 GiB (overlapping sources) -> -E2BIG (got %s)",
+	       kcoll_strerror(r));
+out:
+	if (rs)
+		kcoll_rseg_close(rs);
+	if (ls)
+		kcoll_seg_unregister(ls);
+	if (ts)
+		kcoll_seg_unregister(ts);
+	free(buf);
+}
+
+/* ---------------------------------------------------------------------------
+ * Another kcolld on this host (its own nonce: the cross-host path over
+ * loopback) that drops idle KV streams after KCOLL_TIMEOUT_MS = 1 s: a
+ * transfer after a pause longer than that must still succeed.
+ */
+static void test_idle_stream(struct kcoll *k)
+{
+	const char *bin = getenv("KCOLL_BUILD"), *tmp = getenv("KCOLL_TEST_TMP");
+	char exe[512], sock[512], log[512];
+	struct kcoll_connect_opts co = { .size = sizeof(co) };
+	struct kcoll_xfer_entry e = { 0, 0, 4096 };
+	uint8_t *src = malloc(4096), *dst = calloc(1, 4096);
+	struct kcoll_seg *ls = NULL, *ts = NULL;
+	struct kcoll_rseg *rs = NULL;
+	struct kcoll *k2 = NULL;
+	kcoll_seg_desc_t d;
+	int r = -1, r2 = -1;
+	pid_t pid;
+
+	snprintf(exe, sizeof(exe), "%s/bin/kcolld", bin ? bin : "build");
+	snprintf(sock, sizeof(sock), "%s/kv-idle.%d.sock", tmp ? tmp : "/tmp", (int)getpid());
+	snprintf(log, sizeof(log), "%s/kv-idle.%d.log", tmp ? tmp : "/tmp", (int)getpid());
+	pid = fork();
+	if (pid == 0) {
+		setenv("KCOLL_TIMEOUT_MS", "1000", 1);
+		setenv("KCOLL_LISTEN", "127.0.0.1:0", 1);
+		setenv("KCOLL_ADDRS", "127.0.0.1", 1);
+		if (!freopen(log, "a", stderr))
+			_exit(127);
+		execl(exe, exe, "-f", "-s", sock, "-l", log, (char *)NULL);
+		_exit(127);
+	}
+	co.socket_path = sock;
+	for (int i = 0; i < 200 && pid > 0; i++) {
+		if (access(sock, F_OK) == 0 && kcoll_connect(&co, &k2) == 0)
+			break;
+		usleep(25000);
+	}
+	if (!k2) {
+		tap_skip("idle stream: cannot start a second kcolld (%s)", exe);
+		goto out;
+	}
+	memset(src, 0x31, 4096);
+	if ((r = kcoll_seg_register(k2, dst, 4096, NULL, &ts)) ||
+	    (r = kcoll_seg_register(k, src, 4096, NULL, &ls)))
+		goto report;
+	kcoll_seg_export(ts, &d);
+	if ((r = kcoll_seg_import(k, &d, &rs)) || (r = xfer_sync(1, ls, rs, &e, 1, KCOLL_NOTIFY_NONE)))
+		goto report;
+	usleep(1600 * 1000);	/* the owner's kcolld drops the idle stream */
+	memset(src, 0x32, 4096);
+	r2 = xfer_sync(1, ls, rs, &e, 1, KCOLL_NOTIFY_NONE);
+report:
+	tap_ok(r == 0 && r2 == 0 && all_bytes(dst, 4096, 0x32),
+	       "idle stream: a transfer after the owner's kcolld dropped an idle stream succeeds "
+	       "(first %s, after the pause %s)", kcoll_strerror(r), kcoll_strerror(r2));
+out:
+	if (rs)
+		kcoll_rseg_close(rs);
+	if (ls)
+		kcoll_seg_unregister(ls);
+	if (ts)
+		kcoll_seg_unregister(ts);
+	if (k2)
+		kcoll_disconnect(k2);
+	if (pid > 0) {
+		kill(pid, SIGTERM);
+		wait_child(pid, 10000);	/* SIGKILLs it past that */
+	}
+	unlink(sock);
+	free(src);
+	free(dst);
+}
+
 int main(void)
 {
 	struct kcoll *k;
@@ -890,6 +1031,8 @@ int main(void)
 	test_other_uid(k);
 	test_unregister_inflight(k);
 	test_death_inflight(k);
+	test_idle_stream(k);
+	test_batch_total(k);
 	kcoll_disconnect(k);
 	return tap_done();
 }

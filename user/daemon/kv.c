@@ -521,6 +521,7 @@ static int check_batch(const struct kv_piece *p, uint32_t n, const struct kv_sid
 		       const struct kv_side *dst, const char **why)
 {
 	struct kv_piece *sorted;
+	uint64_t total = 0;
 	int r = 0;
 
 	for (uint32_t i = 0; i < n; i++) {
@@ -533,6 +534,13 @@ static int check_batch(const struct kv_piece *p, uint32_t n, const struct kv_sid
 			*why = "entry beyond the end of a segment";
 			return -ERANGE;
 		}
+		total += p[i].len;	/* <= 4096 x KD_MAX_BYTES: no wrap */
+	}
+	/* Sources may overlap, so a batch could name petabytes; the remote
+	 * path cuts it into frames in memory first. */
+	if (total > KD_MAX_BYTES) {
+		*why = "the batch moves more bytes than a segment can hold (KD_MAX_BYTES): split it";
+		return -E2BIG;
 	}
 	if (n < 2 && src->seg != dst->seg)
 		return 0;
@@ -952,8 +960,17 @@ static int remote_connect(struct kv_remote *rm)
 		struct kv_ack ack;
 		int fd, r;
 
-		if (rm->fd[i] >= 0)
-			continue;
+		if (rm->fd[i] >= 0) {
+			/* Between batches a healthy stream has nothing to read:
+			 * readable means the owner dropped it (idle past its
+			 * KCOLL_TIMEOUT_MS, restart): reconnect, not fail. */
+			struct pollfd pf = { .fd = rm->fd[i], .events = POLLIN | POLLRDHUP };
+
+			if (poll(&pf, 1, 0) == 0)
+				continue;
+			close(rm->fd[i]);
+			rm->fd[i] = -1;
+		}
 		fd = kd_net_connect(rm->w.addrs[i % rm->w.naddrs], rm->w.port);
 		if (fd < 0)
 			return fd == -ETIMEDOUT ? -EHOSTUNREACH : fd;
@@ -1481,7 +1498,12 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 	pthread_mutex_lock(&kv.lock);
 	next = kv.next_id;
 	pthread_mutex_unlock(&kv.lock);
-	if (!s)
+	/* Our own nonce: a local client's import dressed up as another
+	 * kcolld's loops back here, where only the token would be checked;
+	 * same-host importers go through seg_import's uid check. */
+	if (m->nonce == kd.nonce)
+		ack.status = -EPERM;
+	else if (!s)
 		ack.status = m->from_host && m->from_host < next ? -EIDRM : -ENOENT;
 	else if (!token_eq(s->token, m->token))
 		ack.status = -EACCES;
@@ -1503,8 +1525,15 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 		if (pthread_create(&tid, &attr, kv_serve, cn)) {
 			ack.status = -EAGAIN;	/* the peer sees the connection close */
+			/* Not necessarily the head any more: a batch of ours may
+			 * have added its streams meanwhile. */
 			pthread_mutex_lock(&s->conns_lock);
-			s->conns = cn->next;
+			for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
+				if (*pp == cn) {
+					*pp = cn->next;
+					break;
+				}
+			}
 			pthread_mutex_unlock(&s->conns_lock);
 		}
 		pthread_attr_destroy(&attr);

@@ -107,7 +107,8 @@ const char *kcoll_strerror(int err)
 	case ERANGE:
 		return "a transfer entry lies beyond the end of its segment";
 	case E2BIG:
-		return "batch longer than KCOLL_XFER_MAX_ENTRIES (or too many notify counters): split it";
+		return "batch longer than KCOLL_XFER_MAX_ENTRIES or moving more than 1 TiB "
+		       "(or too many notify counters): split it";
 	case EIDRM:
 		return "the segment was unregistered (its owner ended it or died): import a fresh descriptor";
 	case EACCES:
