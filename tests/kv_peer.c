@@ -31,11 +31,11 @@
 #include <kcoll/kcoll.h>
 #include <kcoll/proto.h>
 
+#include "kv_util.h"
+
 #define MiB	(1024 * 1024ULL)
 
 static int failed;
-static uint64_t rng_state = 0x2545f4914f6cdd1dULL;
-
 static void check(int ok, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void check(int ok, const char *name, const char *fmt, ...)
 {
@@ -48,32 +48,6 @@ static void check(int ok, const char *name, const char *fmt, ...)
 	putchar('\n');
 	fflush(stdout);
 	failed |= !ok;
-}
-
-static uint64_t rnd(void)
-{
-	uint64_t x = rng_state;
-
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return rng_state = x;
-}
-
-static uint64_t fnv(const uint8_t *p, size_t n)
-{
-	uint64_t h = 1469598103934665603ULL;
-	size_t i = 0;
-
-	for (; i + 8 <= n; i += 8) {
-		uint64_t v;
-
-		memcpy(&v, p + i, 8);
-		h = (h ^ v) * 1099511628211ULL;
-	}
-	for (; i < n; i++)
-		h = (h ^ p[i]) * 1099511628211ULL;
-	return h;
 }
 
 static int file_write(const char *dir, const char *name, const void *p, size_t n)

@@ -29,6 +29,8 @@
 #include <kcoll/proto.h>
 #include <kcoll/tap.h>
 
+#include "kv_util.h"
+
 #define NOBODY		65534
 #define MiB		(1024 * 1024ULL)
 
@@ -44,18 +46,6 @@ struct shared {
 
 static struct shared *B;
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
-
-static uint64_t rnd(void)
-{
-	uint64_t x = rng_state;
-
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return rng_state = x;
-}
-
 static void fill_random(uint8_t *p, size_t n)
 {
 	size_t i = 0;
@@ -67,24 +57,6 @@ static void fill_random(uint8_t *p, size_t n)
 	}
 	for (; i < n; i++)
 		p[i] = (uint8_t)rnd();
-}
-
-static uint64_t fnv(const uint8_t *p, size_t n)
-{
-	uint64_t h = 1469598103934665603ULL;
-
-	/* 8 bytes at a time: a full 64 MiB target hashes in a few ms */
-	size_t i = 0;
-
-	for (; i + 8 <= n; i += 8) {
-		uint64_t v;
-
-		memcpy(&v, p + i, 8);
-		h = (h ^ v) * 1099511628211ULL;
-	}
-	for (; i < n; i++)
-		h = (h ^ p[i]) * 1099511628211ULL;
-	return h;
 }
 
 static int64_t now_ms(void)
