@@ -322,10 +322,6 @@ out:
 
 /* ---- the step loop ------------------------------------------------------ */
 
-struct piece {
-	uint64_t off, len;
-};
-
 struct cursor {
 	uint32_t host;
 	bool send;
@@ -333,7 +329,7 @@ struct cursor {
 	uint8_t *dst;
 	const uint8_t *src;
 	bool reduce;
-	struct piece *pieces;
+	struct kd_piece *pieces;
 	uint32_t npieces;
 	uint32_t next;		/* send: next piece to post */
 	uint32_t ndone;		/* receive: pieces consumed */
@@ -343,26 +339,6 @@ struct cursor {
 	struct cursor *dep;	/* chained send: piece j waits for dep's piece j */
 	bool done;
 };
-
-static struct piece *cut(const struct kd_xfer *x, size_t piece, uint32_t *n)
-{
-	uint32_t cnt = 0, i = 0;
-	struct piece *p;
-
-	for (uint32_t k = 0; k < x->nr; k++)
-		cnt += (x->r[k].len + piece - 1) / piece;
-	p = malloc((cnt ? cnt : 1) * sizeof(*p));
-	if (!p)
-		return NULL;
-	for (uint32_t k = 0; k < x->nr; k++)
-		for (uint64_t o = 0; o < x->r[k].len; o += piece)
-			p[i++] = (struct piece){ x->r[k].off + o,
-						 x->r[k].len - o < piece ? x->r[k].len - o : piece };
-	if (!cnt)
-		p[0] = (struct piece){ 0, 0 };
-	*n = cnt ? cnt : 1;
-	return p;
-}
 
 static bool gated(const struct cursor *c)
 {
@@ -466,7 +442,7 @@ static int consume(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct
 			continue;
 		uint8_t *slot = p->rbuf + k * rs->slot_bytes;
 		struct slot_hdr h;
-		const struct piece *pc;
+		const struct kd_piece *pc;
 		int r = 0;
 
 		memcpy(&h, slot, sizeof(h));
@@ -535,7 +511,7 @@ static int post_sends(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, str
 		if (c->dep && !c->dep->done && !c->dep->pdone[c->next])
 			return 0;
 		uint32_t k = (uint32_t)__builtin_ctz(p->sfree), qpi = p->rr++ % rs->nqp;
-		const struct piece *pc = &c->pieces[c->next];
+		const struct kd_piece *pc = &c->pieces[c->next];
 		uint8_t *slot = p->sbuf + k * rs->slot_bytes;
 		struct slot_hdr h = { .magic = SLOT_MAGIC, .sig = mh->sig, .seq = op->seq, .step = c->step,
 				      .piece = c->next, .len = pc->len };
@@ -566,7 +542,7 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 	struct rstate *rs = mh->xpriv;
 	uint32_t nc = 0, k = 0, nl = 0, nwant = 0, want[KD_MAX_HOSTS];
 	struct cursor *cs = NULL;
-	struct piece **lists = NULL;
+	struct kd_piece **lists = NULL;
 	struct pollfd pfd[3 * KD_MAX_HOSTS + 1];
 	int64_t slack = comm->timeout_ns + 2000000000LL, idle_since = 0;
 	int r = 0;
@@ -617,7 +593,7 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 			const struct kd_xfer *xf = send ? &st[t].send[x] : &st[t].recv[x - st[t].nsend];
 			struct cursor *c = &cs[k];
 
-			lists[nl] = cut(xf, mh->piece, &c->npieces);
+			lists[nl] = kd_xfer_cut(xf, mh->piece, &c->npieces);
 			if (!lists[nl]) {
 				r = -ENOMEM;
 				goto out;

@@ -202,6 +202,15 @@ struct kd_step {
 	struct kd_xfer recv[KD_MAX_HOSTS];
 };
 
+/* A piece: the unit a transport moves and the receiver reduces. */
+struct kd_piece {
+	uint64_t off, len;
+};
+
+/* Cut a transfer's ranges into pieces of at most piece bytes; at least one
+ * (empty) piece. malloc'ed; NULL when out of memory. */
+struct kd_piece *kd_xfer_cut(const struct kd_xfer *x, size_t piece, uint32_t *n);
+
 struct kd_mh;
 
 /*

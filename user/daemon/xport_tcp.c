@@ -28,10 +28,6 @@
 #include "net.h"
 #include "reduce.h"
 
-struct piece {
-	uint64_t off, len;
-};
-
 /* Which streams a transfer's pieces use: piece j goes on u[j % nu]. Both ends
  * of a host pair use the same (the C4 plan they agreed leaves some unused). */
 struct smap {
@@ -62,7 +58,7 @@ struct cursor {
 	const uint8_t *base;	/* send: source */
 	uint8_t *dst;		/* receive without reduction: destination */
 	const uint8_t *src;	/* receive with reduction: our operand (result: acc) */
-	struct piece *pieces;	/* this transfer's, all streams */
+	struct kd_piece *pieces;	/* this transfer's, all streams */
 	uint32_t npieces;
 	uint32_t next;		/* next piece index (this stream's: s, s + S, ...) */
 	uint32_t stride;
@@ -102,27 +98,6 @@ static void observe(struct kd_mh *mh, const struct cursor *c, uint64_t len)
 				  memory_order_relaxed);
 }
 
-/* Cut a transfer's ranges into pieces; at least one (empty) piece. */
-static struct piece *cut(const struct kd_xfer *x, size_t piece, uint32_t *n)
-{
-	uint32_t cnt = 0, i = 0;
-	struct piece *p;
-
-	for (uint32_t k = 0; k < x->nr; k++)
-		cnt += (x->r[k].len + piece - 1) / piece;
-	p = malloc((cnt ? cnt : 1) * sizeof(*p));
-	if (!p)
-		return NULL;
-	for (uint32_t k = 0; k < x->nr; k++)
-		for (uint64_t o = 0; o < x->r[k].len; o += piece)
-			p[i++] = (struct piece){ x->r[k].off + o,
-						 x->r[k].len - o < piece ? x->r[k].len - o : piece };
-	if (!cnt)
-		p[0] = (struct piece){ 0, 0 };
-	*n = cnt ? cnt : 1;
-	return p;
-}
-
 static void hdr_fill(struct kd_p_data *h, const struct kd_op *op, uint32_t sig, uint32_t step,
 		     uint32_t idx, uint64_t len)
 {
@@ -141,7 +116,7 @@ static int try_send(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 		/* Chained: piece j goes out once the previous step's piece j is in. */
 		if (dep_wait(c))
 			return 0;
-		const struct piece *p = &c->pieces[c->next];
+		const struct kd_piece *p = &c->pieces[c->next];
 		struct iovec iov[2];
 		int nio = 0;
 		ssize_t n;
@@ -184,7 +159,7 @@ static int try_send(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32
 	return 0;
 }
 
-static int piece_done(struct kd_mh *mh, struct kd_op *op, struct cursor *c, const struct piece *p)
+static int piece_done(struct kd_mh *mh, struct kd_op *op, struct cursor *c, const struct kd_piece *p)
 {
 	if (c->rx && p->len) {
 		/* The same order on every host: the lower host's data first. */
@@ -202,7 +177,7 @@ static int piece_done(struct kd_mh *mh, struct kd_op *op, struct cursor *c, cons
 static int try_recv(struct kd_mh *mh, struct kd_op *op, struct cursor *c, uint32_t step, bool *progress)
 {
 	while (c->next < c->npieces) {
-		const struct piece *p = &c->pieces[c->next];
+		const struct kd_piece *p = &c->pieces[c->next];
 		ssize_t n;
 
 		if (c->hdone < sizeof(c->hdr)) {
@@ -307,7 +282,7 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 	struct kd_comm *comm = op->comm;
 	uint32_t S = mh->nstreams, nc = 0, k = 0, nl = 0;
 	struct cursor *cs;
-	struct piece **lists;
+	struct kd_piece **lists;
 	struct smap *maps;
 	struct pollfd *pfd;
 	/* Backstop only: the watchdog's query round normally ends a hang first. */
@@ -340,7 +315,7 @@ static int tcp_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_ste
 			const struct kd_xfer *xf = send ? &st[t].send[x] : &st[t].recv[x - st[t].nsend];
 			uint32_t np = 0;
 
-			lists[nl] = cut(xf, mh->piece, &np);
+			lists[nl] = kd_xfer_cut(xf, mh->piece, &np);
 			smap_of(mh, xf->host, &maps[nl]);
 			if (np > S)
 				spin = false;	/* more than one piece per stream: large */
