@@ -214,7 +214,7 @@ fault_run linkdown 2 "ip link set $IF down"
 judge_fault linkdown "$IF (under $RXE) down mid-transfer" 0 1
 # Which comes first varies: the port-down event, or a work completion in
 # error on the transfer (rxe gives up retrying); the log must name one.
-why=$(grep -ho "went down (IBV_EVENT_PORT_ERR)\|rdma to host [0-9] ([^)]*): .*" "$T/h0.log" "$T/h1.log" |
+why=$(grep -ho "went down (IBV_EVENT_PORT_ERR)\|rdma to host [0-9] (.*): .*" "$T/h0.log" "$T/h1.log" |
 	head -1 | cut -c1-150)
 [ -n "$why" ]; ok $? "the log says why the transfer failed (${why:-nothing})"
 [ -n "$why" ] || tail -n 5 "$T/h0.log" "$T/h1.log" | sed "s/^/# /"
