@@ -378,8 +378,8 @@ static int wc_fail(struct kd_mh *mh, uint32_t h, const struct ibv_wc *wc)
 		-EHOSTUNREACH : -EIO;
 
 	kc_warn("comm %s: rdma to host %u (%s): %s on QP %u (the peer died, or a link or device on "
-		"either side went away: check 'rdma link' on both hosts and the peer's kcolld)", mh->comm->name, h,
-		mh->hosts[h].info.name, ibv_wc_status_str(wc->status), wc->qp_num);
+		"either side went away: check 'rdma link' on both hosts and the peer's kcolld)",
+		mh->comm->name, h, mh->hosts[h].info.name, ibv_wc_status_str(wc->status), wc->qp_num);
 	return r;
 }
 
