@@ -353,9 +353,9 @@ static int wc_fail(struct kd_mh *mh, uint32_t h, const struct ibv_wc *wc)
 	int r = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR ?
 		-EHOSTUNREACH : -EIO;
 
-	kc_warn("comm %s: rdma to host %u (%s): %s on QP %u (the peer died, or its link or device "
-		"went away: check 'rdma link' and the peer's kcolld)", mh->comm->name, h,
-		mh->hosts[h].info.name, ibv_wc_status_str(wc->status), wc->qp_num);
+	kc_warn("comm %s: rdma to host %u (%s): %s on QP %u (the peer died, or a link or device on "
+		"either side went away: check 'rdma link' on both hosts and the peer's kcolld)",
+		mh->comm->name, h, mh->hosts[h].info.name, ibv_wc_status_str(wc->status), wc->qp_num);
 	return r;
 }
 
