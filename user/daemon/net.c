@@ -242,6 +242,24 @@ static struct kd_pconn *pc_new(int fd, enum pc_role role)
 
 /* Close and free (control thread); the connection being handled is freed
  * when its handler returns. */
+/*
+ * Close a connection to a peer daemon so that what we sent last (an ABORT
+ * saying a rank left, the last pieces of an op the peer is still finishing)
+ * still arrives: close() on a socket with unread bytes (the peer's periodic
+ * C4 reports, say) sends a RST at once, and a RST drops what is still queued
+ * and fails the peer's reads. So: FIN after our data, read away what has
+ * arrived (bounded: never blocks), then close.
+ */
+static void close_gracefully(int fd)
+{
+	char sink[16384];
+
+	shutdown(fd, SHUT_WR);
+	for (int i = 0; i < 64 && recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; i++)
+		;
+	close(fd);
+}
+
 static void pc_close(struct kd_pconn *pc)
 {
 	if (pc == net.current) {
@@ -257,7 +275,7 @@ static void pc_close(struct kd_pconn *pc)
 	pthread_mutex_lock(&pc->send_lock);
 	if (pc->fd >= 0) {
 		epoll_ctl(kd.epfd, EPOLL_CTL_DEL, pc->fd, NULL);
-		close(pc->fd);
+		close_gracefully(pc->fd);
 		pc->fd = -1;
 	}
 	pthread_mutex_unlock(&pc->send_lock);
@@ -1601,7 +1619,7 @@ void kd_net_comm_close(struct kd_comm *comm)
 			pc_close(mh->hosts[h].ctrl);
 		for (int s = 0; s < KD_MAX_STREAMS; s++)
 			if (mh->hosts[h].data[s] >= 0)
-				close(mh->hosts[h].data[s]);
+				close_gracefully(mh->hosts[h].data[s]);
 	}
 	pthread_mutex_lock(&comm->lock);
 	comm->mh = NULL;
