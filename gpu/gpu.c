@@ -361,6 +361,8 @@ static int load_driver(struct kcoll_gpu *g, const struct kcoll_gpu_config *cfg)
 
 		memcpy((char *)&g->dcu + cuda_data_syms[i].off, &sym, sizeof(sym));
 	}
+	in->ipc = g->dcu.ipc_get && g->dcu.ipc_open && g->dcu.ipc_close && g->dcu.addr_range;
+	in->dmabuf_export = g->dcu.dmabuf != NULL;
 	in->driver_loaded = 1;
 
 	err = g->cu.init(0);

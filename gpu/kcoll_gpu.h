@@ -62,6 +62,8 @@ struct kcoll_gpu_info {
 	int driver_loaded;
 	char driver_error[KCOLL_GPU_TEXT];
 	int driver_version;		/* cuDriverGetVersion, e.g. 13000; 0 unknown */
+	int ipc;			/* the driver has the CUDA IPC entry points */
+	int dmabuf_export;		/* ... and cuMemGetHandleForAddressRange */
 
 	char kernels_lib[4096];
 	int kernels_loaded;

@@ -698,7 +698,7 @@ static char *doctor_to_string(int json, const struct kcoll_gpu_config *cfg, int 
 static const char *const top_keys[] = {
 	"kcoll_version", "usable", "status", "errno", "error", "reason", "fix", "driver",
 	"runtime", "device_count", "usable_count", "devices", "peer_memory", "rdma_devices",
-	"kernel", "path", "path_reason", "path_fix",
+	"kernel", "device_buffers", "path", "path_reason", "path_fix",
 };
 
 static int json_has_keys(const char *doc)
@@ -846,7 +846,8 @@ static void test_loader_fake(void)
 			       json_is(sub, "cuda", "\"13.0\"") &&
 			       json_get(doc, "devices", sub, sizeof(sub)) == 0 &&
 			       strstr(sub, "\"name\":\"Fake \\\"GPU\\\" 0\"") &&
-			       strstr(sub, "\"dma_buf\":false"),
+			       strstr(sub, "\"dma_buf\":false") &&
+			       json_is(doc, "device_buffers", "{\"ipc\":true,\"dmabuf_export\":true}"),
 		       "doctor --json over fake GPUs: valid, every key, names escaped, values right");
 		if (doc && !json_valid(doc))
 			tap_diag("%s", doc);
@@ -856,8 +857,10 @@ static void test_loader_fake(void)
 		tap_ok(text && trc == 0 &&
 			       !strncmp(text, "GPU: 2 of 2 devices usable, path host-staging\n", 46) &&
 			       has(text, "device 1:") && has(text, "nvidia_peermem is not loaded") &&
-			       has(text, "fix: modprobe nvidia-peermem"),
-		       "doctor text over fake GPUs: verdict first, devices, why and fix");
+			       has(text, "fix: modprobe nvidia-peermem") &&
+			       has(text, "device bufs:  CUDA IPC yes, dma-buf export yes"),
+		       "doctor text over fake GPUs: verdict first, devices, device buffers, why "
+		       "and fix");
 		free(text);
 
 		f.init_result = KCOLL_CUDA_NO_DEVICE;
