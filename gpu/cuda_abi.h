@@ -59,6 +59,11 @@ enum kcoll_cuda_attr {
 	KCOLL_CU_ATTR_DMA_BUF_SUPPORTED = 124,		/* since CUDA 11.7 */
 };
 
+/* CUDA IPC and dma-buf export (driver API). */
+#define KCOLL_CU_IPC_HANDLE_SIZE		64	/* CU_IPC_HANDLE_SIZE */
+#define KCOLL_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1	/* CUipcMem_flags */
+#define KCOLL_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 1	/* CUmemRangeHandleType, CUDA 11.7 */
+
 /*
  * CUresult or cudaError_t -> 0 or negative errno. Anything not listed is an
  * I/O-class failure of the device or driver: -EIO.

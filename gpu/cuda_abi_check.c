@@ -59,6 +59,12 @@ SAME_DRV(KCOLL_CU_ATTR_CC_MINOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
 SAME_DRV(KCOLL_CU_ATTR_GPU_DIRECT_RDMA_SUPPORTED, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED);
 SAME_DRV(KCOLL_CU_ATTR_DMA_BUF_SUPPORTED, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED);
 
+SAME_DRV(KCOLL_CU_IPC_HANDLE_SIZE, CU_IPC_HANDLE_SIZE);
+SAME_DRV(KCOLL_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+SAME_DRV(KCOLL_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD);
+_Static_assert(sizeof(CUipcMemHandle) == KCOLL_CU_IPC_HANDLE_SIZE, "CUipcMemHandle size");
+_Static_assert(sizeof(CUdeviceptr) == sizeof(unsigned long long), "CUdeviceptr width");
+
 /* The loader's function-pointer types assume these widths. */
 _Static_assert(sizeof(CUresult) == sizeof(int), "CUresult is not an int");
 _Static_assert(sizeof(CUdevice) == sizeof(int), "CUdevice is not an int");

@@ -96,6 +96,11 @@ static void text_report(FILE *out, const struct kcoll_gpu_info *in)
 	fprintf(out, "%-14s%s\n", "RDMA devices:", in->nrdma ? in->rdma : "none");
 	fprintf(out, "%-14sLinux %s (RDMA dma-buf MRs need 5.12+: %s)\n", "kernel:",
 		in->kernel_release, yes_no(in->kernel_dmabuf));
+	if (in->driver_loaded)
+		fprintf(out, "%-14sCUDA IPC %s, dma-buf export %s\n", "device bufs:",
+			yes_no(in->ipc), yes_no(in->dmabuf_export));
+	else
+		fprintf(out, "%-14sunsupported: no CUDA driver\n", "device bufs:");
 	fprintf(out, "%-14s%s\n", "path:", kcoll_gpu_path_name(in->path));
 	if (in->path_reason[0])
 		fprintf(out, "%-14swhy: %s\n%-14sfix: %s\n", "", in->path_reason, "", in->path_fix);
@@ -246,6 +251,10 @@ static void json_report(FILE *out, const struct kcoll_gpu_info *in)
 	json_str(out, in->kernel_release);
 	fputs(",\"dmabuf_mr\":", out);
 	json_flag(out, in->kernel_dmabuf);
+	fputs("},\"device_buffers\":{\"ipc\":", out);
+	json_flag(out, in->driver_loaded ? in->ipc : 0);
+	fputs(",\"dmabuf_export\":", out);
+	json_flag(out, in->driver_loaded ? in->dmabuf_export : 0);
 	fputs("},\"path\":", out);
 	json_str(out, kcoll_gpu_path_name(in->path));
 	fputs(",\"path_reason\":", out);

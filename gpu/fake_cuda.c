@@ -3,7 +3,12 @@
  * resolves, and a kernels table whose functions all fail with -ENODEV. */
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "cuda_abi.h"
 #include "fake_cuda.h"
@@ -194,6 +199,14 @@ static const char *fake_error(int err, int name)
 	case KCOLL_CUDA_SYSTEM_DRIVER_MISMATCH:
 		return name ? "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"
 			    : "system has unsupported display driver / cuda driver combination";
+	case KCOLL_CUDA_INVALID_VALUE:
+		return name ? "CUDA_ERROR_INVALID_VALUE" : "invalid argument";
+	case KCOLL_CUDA_INVALID_HANDLE:
+		return name ? "CUDA_ERROR_INVALID_HANDLE" : "invalid resource handle";
+	case KCOLL_CUDA_NOT_FOUND:
+		return name ? "CUDA_ERROR_NOT_FOUND" : "named symbol not found";
+	case KCOLL_CUDA_NOT_SUPPORTED:
+		return name ? "CUDA_ERROR_NOT_SUPPORTED" : "operation not supported";
 	case KCOLL_CUDA_OPERATING_SYSTEM:
 		return name ? "CUDA_ERROR_OPERATING_SYSTEM" : "OS call failed";
 	default:
@@ -211,4 +224,127 @@ FAKE_EXPORT int cuGetErrorString(int err, const char **str)
 {
 	*str = fake_error(err, 0);
 	return *str ? KCOLL_CUDA_SUCCESS : KCOLL_CUDA_INVALID_VALUE;
+}
+
+/* The data path: allocations, IPC handles and dma-buf fds. */
+static struct {
+	unsigned long long base;
+	size_t size;
+} allocs[8];
+
+static const char fake_magic[16] = "kcoll-fake-ipc";
+
+struct fake_handle {	/* inside the 64-byte CUipcMemHandle */
+	char magic[16];
+	unsigned long long base;
+	unsigned long long size;
+	char pad[32];
+};
+
+struct fake_cu_ipc {
+	char reserved[KCOLL_CU_IPC_HANDLE_SIZE];
+};
+
+FAKE_EXPORT void *kcoll_fake_cuda_alloc(size_t size)
+{
+	for (size_t i = 0; i < sizeof(allocs) / sizeof(allocs[0]); i++) {
+		void *p;
+
+		if (allocs[i].base)
+			continue;
+		if (posix_memalign(&p, 4096, size))
+			return NULL;
+		allocs[i].base = (uintptr_t)p;
+		allocs[i].size = size;
+		return p;
+	}
+	return NULL;
+}
+
+FAKE_EXPORT void kcoll_fake_cuda_free(void *p)
+{
+	for (size_t i = 0; i < sizeof(allocs) / sizeof(allocs[0]); i++) {
+		if (p && allocs[i].base == (uintptr_t)p) {
+			allocs[i].base = 0;
+			free(p);
+		}
+	}
+}
+
+FAKE_EXPORT int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size,
+					unsigned long long dptr)
+{
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	for (size_t i = 0; i < sizeof(allocs) / sizeof(allocs[0]); i++) {
+		if (allocs[i].base && dptr >= allocs[i].base &&
+		    dptr < allocs[i].base + allocs[i].size) {
+			*base = allocs[i].base;
+			*size = allocs[i].size;
+			return KCOLL_CUDA_SUCCESS;
+		}
+	}
+	return KCOLL_CUDA_NOT_FOUND;
+}
+
+FAKE_EXPORT int cuIpcGetMemHandle(struct fake_cu_ipc *handle, unsigned long long dptr)
+{
+	struct fake_handle h = { .base = dptr };
+	unsigned long long base;
+	size_t size;
+	int err = cuMemGetAddressRange_v2(&base, &size, dptr);
+
+	_Static_assert(sizeof(h) == sizeof(*handle), "fake handle size");
+	if (err)
+		return err;
+	if (base != dptr)	/* CUDA wants the allocation's base */
+		return KCOLL_CUDA_INVALID_VALUE;
+	memcpy(h.magic, fake_magic, sizeof(h.magic));
+	h.size = size;
+	memcpy(handle, &h, sizeof(h));
+	return KCOLL_CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int cuIpcOpenMemHandle_v2(unsigned long long *dptr, struct fake_cu_ipc handle,
+				      unsigned int flags)
+{
+	struct fake_handle h;
+
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	memcpy(&h, &handle, sizeof(h));
+	if (memcmp(h.magic, fake_magic, sizeof(h.magic)) ||
+	    flags != KCOLL_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+		return KCOLL_CUDA_INVALID_VALUE;
+	if (fake.ipc_open_result)
+		return fake.ipc_open_result;
+	*dptr = h.base;
+	return KCOLL_CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int cuIpcCloseMemHandle(unsigned long long dptr)
+{
+	return initialized && dptr ? KCOLL_CUDA_SUCCESS : KCOLL_CUDA_INVALID_VALUE;
+}
+
+FAKE_EXPORT int cuMemGetHandleForAddressRange(void *handle, unsigned long long dptr, size_t size,
+					      int type, unsigned long long flags)
+{
+	unsigned long long base;
+	size_t alloc;
+	int err = cuMemGetAddressRange_v2(&base, &alloc, dptr);
+	int fd;
+
+	if (err)
+		return err;
+	if (type != KCOLL_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || flags ||
+	    size > alloc - (dptr - base))
+		return KCOLL_CUDA_INVALID_VALUE;
+	if (fake.dmabuf_result)
+		return fake.dmabuf_result;
+	fd = memfd_create("kcoll-fake-dmabuf", MFD_CLOEXEC);
+	if (fd < 0)
+		return KCOLL_CUDA_OPERATING_SYSTEM;
+	memcpy(handle, &fd, sizeof(fd));
+	return KCOLL_CUDA_SUCCESS;
 }

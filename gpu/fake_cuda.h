@@ -11,6 +11,8 @@
 #ifndef KCOLL_GPU_FAKE_CUDA_H
 #define KCOLL_GPU_FAKE_CUDA_H
 
+#include <stddef.h>
+
 struct kcoll_fake_cuda {
 	int init_result;		/* what cuInit returns (a CUresult) */
 	int driver_version;		/* cuDriverGetVersion */
@@ -22,8 +24,18 @@ struct kcoll_fake_cuda {
 	unsigned int kernels_version;
 	int min_driver_version;
 	const char *archs;		/* must outlive the loader's use */
+	/* data path: what cuIpcOpenMemHandle_v2 / cuMemGetHandleForAddressRange return */
+	int ipc_open_result;
+	int dmabuf_result;
 };
 
 void kcoll_fake_cuda_set(const struct kcoll_fake_cuda *cfg);
+/*
+ * "Device memory": page-aligned host memory the fake's cuMemGetAddressRange
+ * and IPC calls know (at most 8 at once). An opened IPC handle yields the same
+ * address, which a fork()ed child can read.
+ */
+void *kcoll_fake_cuda_alloc(size_t size);
+void kcoll_fake_cuda_free(void *p);
 
 #endif /* KCOLL_GPU_FAKE_CUDA_H */

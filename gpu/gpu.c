@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,34 @@ struct kcoll_cuda_fns {
 	int (*get_error_string)(int err, const char **str);
 };
 
+/* CUipcMemHandle: the driver takes it by value (in memory, per the x86-64 ABI). */
+struct kcoll_cu_ipc_handle {
+	char reserved[KCOLL_CU_IPC_HANDLE_SIZE];
+};
+
+/* Entry points only the data path needs; a driver may lack them (too old). */
+struct kcoll_cuda_data_fns {
+	int (*ipc_get)(struct kcoll_cu_ipc_handle *handle, unsigned long long dptr);
+	int (*ipc_open)(unsigned long long *dptr, struct kcoll_cu_ipc_handle handle,
+			unsigned int flags);
+	int (*ipc_close)(unsigned long long dptr);
+	int (*addr_range)(unsigned long long *base, size_t *size, unsigned long long dptr);
+	int (*dmabuf)(void *handle, unsigned long long dptr, size_t size, int type,
+		      unsigned long long flags);
+};
+
+static const struct {
+	const char *name;
+	size_t off;
+} cuda_data_syms[] = {
+	{ "cuIpcGetMemHandle", offsetof(struct kcoll_cuda_data_fns, ipc_get) },
+	/* cuda.h maps these to their _v2 entry points */
+	{ "cuIpcOpenMemHandle_v2", offsetof(struct kcoll_cuda_data_fns, ipc_open) },
+	{ "cuIpcCloseMemHandle", offsetof(struct kcoll_cuda_data_fns, ipc_close) },
+	{ "cuMemGetAddressRange_v2", offsetof(struct kcoll_cuda_data_fns, addr_range) },
+	{ "cuMemGetHandleForAddressRange", offsetof(struct kcoll_cuda_data_fns, dmabuf) },
+};
+
 static const struct {
 	const char *name;
 	size_t off;
@@ -58,6 +87,7 @@ struct kcoll_gpu {
 	void *driver_dl;
 	void *kernels_dl;
 	struct kcoll_cuda_fns cu;
+	struct kcoll_cuda_data_fns dcu;	/* NULL members: this driver lacks them */
 	const struct kcoll_gpu_kernels *k;
 	struct kcoll_gpu_info info;
 };
@@ -326,6 +356,13 @@ static int load_driver(struct kcoll_gpu *g, const struct kcoll_gpu_config *cfg)
 		}
 		memcpy((char *)&g->cu + cuda_syms[i].off, &sym, sizeof(sym));
 	}
+	for (size_t i = 0; i < sizeof(cuda_data_syms) / sizeof(cuda_data_syms[0]); i++) {
+		void *sym = dlsym(g->driver_dl, cuda_data_syms[i].name);
+
+		memcpy((char *)&g->dcu + cuda_data_syms[i].off, &sym, sizeof(sym));
+	}
+	in->ipc = g->dcu.ipc_get && g->dcu.ipc_open && g->dcu.ipc_close && g->dcu.addr_range;
+	in->dmabuf_export = g->dcu.dmabuf != NULL;
 	in->driver_loaded = 1;
 
 	err = g->cu.init(0);
@@ -562,4 +599,178 @@ int kcoll_gpu_reduce(int dtype, int op, void *out, const void *const *in, unsign
 	if (rc)
 		return rc;
 	return g->k->reduce_n(dtype, op, out, in, nin, count, stream);
+}
+
+/*
+ * The gate of the data-path calls: a driver that initialised and a device.
+ * sym is the entry point the caller needs (NULL: this driver lacks it).
+ */
+static int data_gate(const struct kcoll_gpu *g, const void *sym, const char *name, char *why,
+		     size_t len)
+{
+	if (!g || !g->info.driver_loaded || g->info.ndev <= 0 ||
+	    (g->info.rc && g->info.rc != -EOPNOTSUPP)) {
+		if (why && len)
+			snprintf(why, len, "no GPU for device buffers: %s",
+				 g ? g->info.why : "no CUDA loader");
+		return -EOPNOTSUPP;
+	}
+	if (!sym) {
+		if (why && len)
+			snprintf(why, len, "CUDA driver too old for device buffers: %s has no %s; "
+				 "install a current NVIDIA driver", g->info.driver_lib, name);
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+static int cuda_fail(const struct kcoll_gpu *g, int err, const char *call, char *why, size_t len)
+{
+	char desc[256];
+
+	if (why && len) {
+		cuda_describe(g, err, desc, sizeof(desc));
+		snprintf(why, len, "%s: %s", call, desc);
+	}
+	return kcoll_cuda_errno(err);
+}
+
+int kcoll_gpu_ipc_export(struct kcoll_gpu *g, const void *dptr, size_t size,
+			 struct kcoll_gpu_ipc *h, char *why, size_t len)
+{
+	unsigned long long p = (unsigned long long)(uintptr_t)dptr, base = 0;
+	struct kcoll_cu_ipc_handle ch;
+	size_t alloc = 0;
+	int rc, err;
+
+	_Static_assert(sizeof(ch.reserved) == sizeof(h->handle), "IPC handle size");
+	rc = data_gate(g, g ? g->dcu.ipc_get : NULL, "cuIpcGetMemHandle", why, len);
+	if (!rc)
+		rc = data_gate(g, g->dcu.addr_range, "cuMemGetAddressRange_v2", why, len);
+	if (rc)
+		return rc;
+	memset(h, 0, sizeof(*h));
+	err = g->dcu.addr_range(&base, &alloc, p);
+	if (err)
+		return cuda_fail(g, err, "cuMemGetAddressRange (is it a device pointer?)", why, len);
+	if (!size || size > alloc - (p - base)) {
+		if (why && len)
+			snprintf(why, len, "device buffer of %zu bytes at offset %llu runs past its "
+				 "allocation of %zu bytes", size, p - base, alloc);
+		return -EINVAL;
+	}
+	err = g->dcu.ipc_get(&ch, base);
+	if (err)
+		return cuda_fail(g, err, "cuIpcGetMemHandle", why, len);
+	memcpy(h->handle, ch.reserved, sizeof(h->handle));
+	h->offset = p - base;
+	h->size = size;
+	h->pid = (int)getpid();
+	return 0;
+}
+
+int kcoll_gpu_ipc_import(struct kcoll_gpu *g, const struct kcoll_gpu_ipc *h, int peer_pid,
+			 size_t need, void **base, void **dptr, char *why, size_t len)
+{
+	struct kcoll_cu_ipc_handle ch;
+	unsigned long long p = 0;
+	int rc, err;
+
+	*base = *dptr = NULL;
+	rc = data_gate(g, g ? g->dcu.ipc_open : NULL, "cuIpcOpenMemHandle_v2", why, len);
+	if (rc)
+		return rc;
+	if (h->pid != peer_pid) {
+		if (why && len)
+			snprintf(why, len, "device buffer handle made by pid %d, presented by pid %d: "
+				 "a rank may register only its own GPU memory", h->pid, peer_pid);
+		return -EPERM;
+	}
+	if (h->pid == (int)getpid()) {
+		if (why && len)
+			snprintf(why, len, "CUDA cannot open an IPC handle in the process that made "
+				 "it (pid %d): device buffers go to kcolld, another process", h->pid);
+		return -EINVAL;
+	}
+	if (h->reserved || need > h->size) {
+		if (why && len)
+			snprintf(why, len, "device buffer handle covers %llu bytes, the operation "
+				 "needs %zu%s", h->size, need, h->reserved ? " (reserved bits set)" : "");
+		return -EINVAL;
+	}
+	memcpy(ch.reserved, h->handle, sizeof(ch.reserved));
+	err = g->dcu.ipc_open(&p, ch, KCOLL_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+	if (err)
+		return cuda_fail(g, err, "cuIpcOpenMemHandle", why, len);
+	*base = (void *)(uintptr_t)p;
+	*dptr = (void *)(uintptr_t)(p + h->offset);
+	return 0;
+}
+
+int kcoll_gpu_ipc_close(struct kcoll_gpu *g, void *base)
+{
+	int rc = data_gate(g, g ? g->dcu.ipc_close : NULL, "cuIpcCloseMemHandle", NULL, 0);
+
+	if (rc)
+		return rc;
+	return kcoll_cuda_errno(g->dcu.ipc_close((unsigned long long)(uintptr_t)base));
+}
+
+int kcoll_gpu_dmabuf_fd(struct kcoll_gpu *g, const void *dptr, size_t size, int *fd, char *why,
+			size_t len)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uintptr_t p = (uintptr_t)dptr;
+	int rc, err, h = -1;
+
+	*fd = -1;
+	rc = data_gate(g, g ? g->dcu.dmabuf : NULL, "cuMemGetHandleForAddressRange (CUDA 11.7)",
+		       why, len);
+	if (rc)
+		return rc;
+	if (page <= 0)
+		page = 4096;
+	if (!size || p % (uintptr_t)page || size % (size_t)page) {
+		if (why && len)
+			snprintf(why, len, "dma-buf export needs page-aligned address and size "
+				 "(%p, %zu bytes)", dptr, size);
+		return -EINVAL;
+	}
+	err = g->dcu.dmabuf(&h, (unsigned long long)p, size,
+			    KCOLL_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+	if (err)
+		return cuda_fail(g, err, "cuMemGetHandleForAddressRange(DMA_BUF_FD)", why, len);
+	*fd = h;
+	return 0;
+}
+
+enum kcoll_gpu_path kcoll_gpu_reg_outcome(enum kcoll_gpu_path planned, int export_rc,
+					  int reg_rc, char *why, size_t len)
+{
+	if (why && len)
+		why[0] = '\0';
+	if (planned == KCOLL_GPU_PATH_NONE)
+		return KCOLL_GPU_PATH_NONE;
+	if (planned == KCOLL_GPU_PATH_STAGING)
+		return KCOLL_GPU_PATH_STAGING;
+	if (planned == KCOLL_GPU_PATH_DMABUF && export_rc) {
+		if (why && len)
+			snprintf(why, len, "dma-buf export failed (%s): staging through host memory",
+				 strerror(-export_rc));
+		return KCOLL_GPU_PATH_STAGING;
+	}
+	if (reg_rc) {
+		if (why && len)
+			snprintf(why, len, "%s failed (%s)%s: staging through host memory",
+				 planned == KCOLL_GPU_PATH_DMABUF ? "ibv_reg_dmabuf_mr"
+								  : "ibv_reg_mr of GPU memory (peermem)",
+				 strerror(-reg_rc),
+				 reg_rc == -EOPNOTSUPP || reg_rc == -ENOSYS
+					 ? "; the NIC driver cannot map it"
+					 : reg_rc == -EPERM || reg_rc == -ENOMEM
+						   ? "; check ulimit -l (locked memory)"
+						   : "");
+		return KCOLL_GPU_PATH_STAGING;
+	}
+	return planned;
 }

@@ -62,6 +62,8 @@ struct kcoll_gpu_info {
 	int driver_loaded;
 	char driver_error[KCOLL_GPU_TEXT];
 	int driver_version;		/* cuDriverGetVersion, e.g. 13000; 0 unknown */
+	int ipc;			/* the driver has the CUDA IPC entry points */
+	int dmabuf_export;		/* ... and cuMemGetHandleForAddressRange */
 
 	char kernels_lib[4096];
 	int kernels_loaded;
@@ -120,6 +122,56 @@ int kcoll_gpu_process(struct kcoll_gpu **gp);
  * kcoll_gpu_available()'s error when there is none. */
 int kcoll_gpu_reduce(int dtype, int op, void *out, const void *const *in, unsigned int nin,
 		     size_t count, void *stream);
+
+/*
+ * Device buffers shared with kcolld through CUDA IPC. The application exports
+ * (it owns the allocation and its CUDA context); kcolld imports, in another
+ * process: CUDA refuses to open a handle in the process that made it. The
+ * handle names the whole allocation, so the buffer's offset inside it travels
+ * too. Fixed layout: it is passed on registration as bytes.
+ */
+struct kcoll_gpu_ipc {
+	unsigned char handle[64];	/* CUipcMemHandle (KCOLL_CU_IPC_HANDLE_SIZE) */
+	unsigned long long offset;	/* buffer start - allocation base */
+	unsigned long long size;	/* buffer bytes, within the allocation */
+	int pid;			/* the exporting process */
+	unsigned int reserved;		/* 0 */
+};
+
+/*
+ * Every call below returns -EOPNOTSUPP when this process has no CUDA driver or
+ * no device (why says which, from the probe), or when the driver lacks the
+ * entry point (too old). why may be NULL; otherwise it always gets a sentence.
+ */
+/* Fill *h for [dptr, dptr + size), which must lie inside one device allocation. */
+int kcoll_gpu_ipc_export(struct kcoll_gpu *g, const void *dptr, size_t size,
+			 struct kcoll_gpu_ipc *h, char *why, size_t len);
+/*
+ * Open *h for peer_pid (the process kcolld knows is on the other end): -EPERM
+ * when the handle was made by another process, -EINVAL when opened by its own
+ * maker, with reserved bits, or when need > h->size. *dptr is the buffer
+ * (allocation base + offset); kcoll_gpu_ipc_close(g, *dptr - offset) unmaps it,
+ * so keep the base: kcoll_gpu_ipc_import sets *base too.
+ */
+int kcoll_gpu_ipc_import(struct kcoll_gpu *g, const struct kcoll_gpu_ipc *h, int peer_pid,
+			 size_t need, void **base, void **dptr, char *why, size_t len);
+int kcoll_gpu_ipc_close(struct kcoll_gpu *g, void *base);
+/*
+ * A dma-buf fd for [dptr, dptr + size) (cuMemGetHandleForAddressRange,
+ * CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) for ibv_reg_dmabuf_mr; the caller closes
+ * it. dptr and size must be page aligned (the driver's rule).
+ */
+int kcoll_gpu_dmabuf_fd(struct kcoll_gpu *g, const void *dptr, size_t size, int *fd, char *why,
+			size_t len);
+/*
+ * How one buffer reaches the NIC after trying: planned is the probe's path for
+ * its device, export_rc what kcoll_gpu_dmabuf_fd returned (ignored unless
+ * planned is dma-buf), reg_rc what registering it with the NIC returned (0 or
+ * -errno; ignored when export failed). Returns the path taken and, when it is
+ * not planned, the reason in why (the caller logs it).
+ */
+enum kcoll_gpu_path kcoll_gpu_reg_outcome(enum kcoll_gpu_path planned, int export_rc,
+					  int reg_rc, char *why, size_t len);
 
 /* Pure helpers, exposed for the doctor and the tests. */
 enum kcoll_gpu_path kcoll_gpu_pick_path(const struct kcoll_gpu_path_facts *f, char *reason,

@@ -21,3 +21,16 @@ $(TBIN)/rdma_onesided: $(OBJ)/tests/rdma_onesided.o $(OBJ)/rdma/verbs.o $(COMMON
 
 ALL_TARGETS += $(TBIN)/rdma_onesided
 CHECK_TARGETS += $(TBIN)/rdma_onesided
+
+# GPUDirect registration (rdma/gpudirect.c) asks the GPU loader: kcolld and
+# the tests that link the daemon's units link it too; client.c names the
+# loader's reason when it refuses a device-memory SQE.
+$(RDMA_OBJS): CPPFLAGS += $(GPU_CPPFLAGS)
+KCOLLD_OBJS += $(GPU_OBJS)
+TEST_DAEMON_OBJS += $(GPU_OBJS)
+$(BIN)/kcolld: $(GPU_OBJS)
+$(OBJ)/user/daemon/client.o: CPPFLAGS += $(GPU_CPPFLAGS)
+$(BIN)/kcolld: LDFLAGS += $(GPU_LDLIBS)
+$(TBIN)/test_%: LDFLAGS += $(GPU_LDLIBS)
+$(OBJ)/tests/test_gpudirect.o: CPPFLAGS += $(GPU_CPPFLAGS) -Irdma
+$(TBIN)/test_gpudirect: | $(GPU_FAKE_CUDA)

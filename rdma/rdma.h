@@ -124,6 +124,12 @@ const char *kcoll_rdma_qp_state_name(int state);
  * registered memory: a registration pins the old pages).
  */
 int kcoll_rdma_mr_get(int dev, void *addr, size_t len, struct ibv_mr **mr);
+/*
+ * The same for memory another driver exports as a dma-buf (GPU memory):
+ * ibv_reg_dmabuf_mr of dmabuf_fd (offset 0) at iova addr; dmabuf_fd < 0 is
+ * kcoll_rdma_mr_get. The caller may close the fd afterwards.
+ */
+int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct ibv_mr **mr);
 void kcoll_rdma_mr_invalidate(void *addr, size_t len);
 /* How many registrations the cache holds (status, tests). */
 size_t kcoll_rdma_mr_count(void);

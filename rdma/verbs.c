@@ -463,6 +463,11 @@ uint16_t kcoll_rdma_udp_sport(uint32_t fl, uint32_t lqpn, uint32_t rqpn)
 
 int kcoll_rdma_mr_get(int dev, void *addr, size_t len, struct ibv_mr **out)
 {
+	return kcoll_rdma_mr_get_fd(dev, addr, len, -1, out);
+}
+
+int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct ibv_mr **out)
+{
 	uintptr_t lo = (uintptr_t)addr, hi = lo + len;
 	struct ibv_mr *mr;
 	int r = 0;
@@ -479,8 +484,13 @@ int kcoll_rdma_mr_get(int dev, void *addr, size_t len, struct ibv_mr **out)
 		r = -ENOSPC;
 		goto out;
 	}
-	mr = ibv_reg_mr(rd.dev[dev].pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-			IBV_ACCESS_REMOTE_READ);
+	if (dmabuf_fd >= 0)	/* the NIC maps the exporter's pages: iova = addr */
+		mr = ibv_reg_dmabuf_mr(rd.dev[dev].pd, 0, len, (uint64_t)lo, dmabuf_fd,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					       IBV_ACCESS_REMOTE_READ);
+	else
+		mr = ibv_reg_mr(rd.dev[dev].pd, addr, len, IBV_ACCESS_LOCAL_WRITE |
+				IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 	if (!mr) {
 		r = -errno;
 		goto out;

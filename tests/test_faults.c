@@ -586,6 +586,8 @@ static void raw_validation(void)
 	s = raw_base(KCOLL_OP_ALLREDUCE);
 	s.coll.recv_mem = KCOLL_MEM_DEVICE;
 	raw_check("recv_mem DEVICE", s, -EOPNOTSUPP, 0);
+	tap_ok(strstr(kcoll_strerror(-EOPNOTSUPP), "kcollctl gpu") != NULL,
+	       "kcoll_strerror(-EOPNOTSUPP) points at kcollctl gpu for device buffers");
 	s = raw_base(KCOLL_OP_ALLREDUCE);
 	s.coll.send_mem = KCOLL_MEM_KIND_MAX;
 	raw_check("send_mem KCOLL_MEM_KIND_MAX", s, -EINVAL, 0);

@@ -698,7 +698,7 @@ static char *doctor_to_string(int json, const struct kcoll_gpu_config *cfg, int 
 static const char *const top_keys[] = {
 	"kcoll_version", "usable", "status", "errno", "error", "reason", "fix", "driver",
 	"runtime", "device_count", "usable_count", "devices", "peer_memory", "rdma_devices",
-	"kernel", "path", "path_reason", "path_fix",
+	"kernel", "device_buffers", "path", "path_reason", "path_fix",
 };
 
 static int json_has_keys(const char *doc)
@@ -846,7 +846,8 @@ static void test_loader_fake(void)
 			       json_is(sub, "cuda", "\"13.0\"") &&
 			       json_get(doc, "devices", sub, sizeof(sub)) == 0 &&
 			       strstr(sub, "\"name\":\"Fake \\\"GPU\\\" 0\"") &&
-			       strstr(sub, "\"dma_buf\":false"),
+			       strstr(sub, "\"dma_buf\":false") &&
+			       json_is(doc, "device_buffers", "{\"ipc\":true,\"dmabuf_export\":true}"),
 		       "doctor --json over fake GPUs: valid, every key, names escaped, values right");
 		if (doc && !json_valid(doc))
 			tap_diag("%s", doc);
@@ -856,8 +857,10 @@ static void test_loader_fake(void)
 		tap_ok(text && trc == 0 &&
 			       !strncmp(text, "GPU: 2 of 2 devices usable, path host-staging\n", 46) &&
 			       has(text, "device 1:") && has(text, "nvidia_peermem is not loaded") &&
-			       has(text, "fix: modprobe nvidia-peermem"),
-		       "doctor text over fake GPUs: verdict first, devices, why and fix");
+			       has(text, "fix: modprobe nvidia-peermem") &&
+			       has(text, "device bufs:  CUDA IPC yes, dma-buf export yes"),
+		       "doctor text over fake GPUs: verdict first, devices, device buffers, why "
+		       "and fix");
 		free(text);
 
 		f.init_result = KCOLL_CUDA_NO_DEVICE;
@@ -1118,6 +1121,168 @@ static void test_gpu(void)
 	free(got);
 }
 
+/* Device buffers: CUDA IPC export/import and dma-buf export, on the fake. */
+#define N_IPC_TESTS 14
+
+/* In a fork()ed child (CUDA opens a handle only in another process). */
+static int ipc_child(struct kcoll_gpu *g, const struct kcoll_gpu_ipc *h, size_t need,
+		     const unsigned char *want, int expect_rc)
+{
+	char why[KCOLL_GPU_TEXT];
+	void *base, *dptr;
+	int rc = kcoll_gpu_ipc_import(g, h, getppid(), need, &base, &dptr, why, sizeof(why));
+
+	if (rc != expect_rc) {
+		fprintf(stderr, "# child: import %d (%s), want %d\n", rc, why, expect_rc);
+		return 1;
+	}
+	if (rc)
+		return why[0] ? 0 : 2;
+	if (memcmp(dptr, want, need) || (char *)dptr - (char *)base != (long)h->offset)
+		return 3;
+	return kcoll_gpu_ipc_close(g, base) ? 4 : 0;
+}
+
+static int ipc_in_child(struct kcoll_gpu *g, const struct kcoll_gpu_ipc *h, size_t need,
+			const unsigned char *want, int expect_rc)
+{
+	int st = 0;
+	pid_t pid = fork();
+
+	if (pid < 0)
+		return -1;
+	if (pid == 0)
+		_exit(ipc_child(g, h, need, want, expect_rc));
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+		return -1;
+	return WEXITSTATUS(st);
+}
+
+static void test_ipc(void)
+{
+	struct kcoll_fake_cuda f = fake_defaults();
+	struct kcoll_gpu_config none = { .driver_lib = "/nonexistent/libcuda.so.1" };
+	char why[KCOLL_GPU_TEXT], why2[KCOLL_GPU_TEXT], why3[KCOLL_GPU_TEXT];
+	void *(*dalloc)(size_t);
+	void (*dfree)(void *);
+	struct kcoll_gpu_ipc h, bad;
+	struct kcoll_gpu *g = NULL;
+	void *sym, *base, *dptr;
+	unsigned char *mem;
+	struct fake_env e;
+	int rc, rc2, rc3, fd;
+	long page = sysconf(_SC_PAGESIZE);
+
+	if (fake_setup(&e)) {
+		for (int i = 0; i < N_IPC_TESTS; i++)
+			tap_skip("the fake CUDA fixture did not load: %s", dlerror());
+		return;
+	}
+	sym = dlsym(e.dl, "kcoll_fake_cuda_alloc");
+	memcpy(&dalloc, &sym, sizeof(sym));
+	sym = dlsym(e.dl, "kcoll_fake_cuda_free");
+	memcpy(&dfree, &sym, sizeof(sym));
+	mem = dalloc ? dalloc(4 * (size_t)page) : NULL;
+	for (int i = 0; mem && i < 4 * page; i++)
+		mem[i] = (unsigned char)(i * 7 + 1);
+
+	rc = fake_open(&e, &f, 0, 1, "6.1.0", &g);
+	rc2 = mem ? kcoll_gpu_ipc_export(g, mem + page, 2 * (size_t)page, &h, why, sizeof(why))
+		  : -ENOMEM;
+	tap_ok(rc == 0 && rc2 == 0 && h.offset == (unsigned long long)page &&
+		       h.size == 2ULL * page && h.pid == getpid() && !h.reserved,
+	       "ipc export: handle of the allocation, the offset, the size and our pid (%d %d %s)",
+	       rc, rc2, rc2 ? why : "");
+	rc = kcoll_gpu_ipc_export(g, mem + page, 4 * (size_t)page, &bad, why, sizeof(why));
+	tap_ok(rc == -EINVAL && has(why, "runs past its allocation"),
+	       "ipc export past the allocation's end: -EINVAL and why (%s)", why);
+	rc = kcoll_gpu_ipc_export(g, &bad, 64, &bad, why, sizeof(why));
+	tap_ok(rc == -ENOENT && has(why, "cuMemGetAddressRange"),
+	       "ipc export of a host pointer: the driver's refusal, named (%s)", why);
+
+	rc = ipc_in_child(g, &h, 2 * (size_t)page, mem + page, 0);
+	tap_ok(rc == 0, "ipc round trip: another process opens the handle and reads the bytes at "
+			"the offset (child %d)", rc);
+	rc = kcoll_gpu_ipc_import(g, &h, getpid(), 16, &base, &dptr, why, sizeof(why));
+	tap_ok(rc == -EINVAL && has(why, "process that made it") && !dptr,
+	       "ipc import by the handle's own maker: -EINVAL (%s)", why);
+	rc = kcoll_gpu_ipc_import(g, &h, getpid() + 1, 16, &base, &dptr, why, sizeof(why));
+	tap_ok(rc == -EPERM && has(why, "only its own GPU memory"),
+	       "ipc handle presented by another process: -EPERM (%s)", why);
+	rc = ipc_in_child(g, &h, 2 * (size_t)page + 1, mem + page, -EINVAL);
+	bad = h;
+	bad.reserved = 1;
+	rc2 = ipc_in_child(g, &bad, 16, mem + page, -EINVAL);
+	tap_ok(rc == 0 && rc2 == 0, "ipc import needing more than the handle covers, or with "
+				    "reserved bits: -EINVAL with why (children %d %d)", rc, rc2);
+	kcoll_gpu_close(g);
+
+	f.ipc_open_result = KCOLL_CUDA_INVALID_HANDLE;
+	fake_open(&e, &f, 0, 1, "6.1.0", &g);
+	rc = ipc_in_child(g, &h, 16, mem + page, -EBADF);
+	tap_ok(rc == 0, "cuIpcOpenMemHandle fails: its error as -EBADF with why (child %d)", rc);
+	kcoll_gpu_close(g);
+
+	f = fake_defaults();
+	fake_open(&e, &f, 0, 1, "6.1.0", &g);
+	rc = kcoll_gpu_dmabuf_fd(g, mem, 2 * (size_t)page, &fd, why, sizeof(why));
+	tap_ok(rc == 0 && fd >= 0, "dma-buf export: an fd (%d %s)", rc, rc ? why : "");
+	if (fd >= 0)
+		close(fd);
+	rc = kcoll_gpu_dmabuf_fd(g, mem + 1, (size_t)page, &fd, why, sizeof(why));
+	tap_ok(rc == -EINVAL && fd == -1 && has(why, "page-aligned"),
+	       "dma-buf export of an unaligned range: -EINVAL (%s)", why);
+	kcoll_gpu_close(g);
+	f.dmabuf_result = KCOLL_CUDA_NOT_SUPPORTED;
+	fake_open(&e, &f, 0, 1, "6.1.0", &g);
+	rc = kcoll_gpu_dmabuf_fd(g, mem, (size_t)page, &fd, why, sizeof(why));
+	tap_ok(rc == -EOPNOTSUPP && fd == -1 && has(why, "cuMemGetHandleForAddressRange"),
+	       "dma-buf export refused by the driver: -EOPNOTSUPP, named (%s)", why);
+	kcoll_gpu_close(g);
+
+	f = fake_defaults();
+	f.ndev = 0;
+	fake_open(&e, &f, 0, 1, "6.1.0", &g);
+	rc = kcoll_gpu_ipc_export(g, mem, 16, &bad, why, sizeof(why));
+	tap_ok(rc == -EOPNOTSUPP && has(why, "no GPU for device buffers") &&
+		       has(why, "reports no device"),
+	       "no device: device-buffer calls fail -EOPNOTSUPP naming why (%s)", why);
+	kcoll_gpu_close(g);
+
+	kcoll_gpu_open(&g, &none);
+	rc = kcoll_gpu_ipc_export(g, mem, 16, &bad, why, sizeof(why));
+	rc2 = kcoll_gpu_ipc_import(g, &h, getpid() + 1, 16, &base, &dptr, why2, sizeof(why2));
+	rc3 = kcoll_gpu_dmabuf_fd(g, mem, (size_t)page, &fd, why3, sizeof(why3));
+	tap_ok(rc == -EOPNOTSUPP && rc2 == -EOPNOTSUPP && rc3 == -EOPNOTSUPP &&
+		       has(why, "no CUDA driver") && has(why2, "no CUDA driver") &&
+		       has(why3, "no CUDA driver") && kcoll_gpu_ipc_close(g, mem) == -EOPNOTSUPP,
+	       "no driver: export, import, close and dma-buf all -EOPNOTSUPP (%s)", why);
+	kcoll_gpu_close(g);
+
+	/* what a buffer's registration ends up as */
+	{
+		enum kcoll_gpu_path a, b, c, d, x, y;
+
+		a = kcoll_gpu_reg_outcome(KCOLL_GPU_PATH_DMABUF, 0, 0, why, sizeof(why));
+		tap_ok(a == KCOLL_GPU_PATH_DMABUF && !why[0], "registration: dma-buf works: dma-buf");
+		b = kcoll_gpu_reg_outcome(KCOLL_GPU_PATH_DMABUF, -EOPNOTSUPP, 0, why, sizeof(why));
+		c = kcoll_gpu_reg_outcome(KCOLL_GPU_PATH_DMABUF, 0, -EOPNOTSUPP, why2, sizeof(why2));
+		d = kcoll_gpu_reg_outcome(KCOLL_GPU_PATH_PEERMEM, 0, -EFAULT, why3, sizeof(why3));
+		x = kcoll_gpu_reg_outcome(KCOLL_GPU_PATH_PEERMEM, -EINVAL, 0, NULL, 0);
+		y = kcoll_gpu_reg_outcome(KCOLL_GPU_PATH_STAGING, 0, 0, NULL, 0);
+		tap_ok(b == KCOLL_GPU_PATH_STAGING && has(why, "dma-buf export failed") &&
+			       c == KCOLL_GPU_PATH_STAGING && has(why2, "ibv_reg_dmabuf_mr") &&
+			       has(why2, "NIC driver cannot map") && d == KCOLL_GPU_PATH_STAGING &&
+			       has(why3, "peermem") && x == KCOLL_GPU_PATH_PEERMEM &&
+			       y == KCOLL_GPU_PATH_STAGING,
+		       "registration: a failed export or NIC registration falls back to staging "
+		       "with the reason (%s | %s | %s)", why, why2, why3);
+	}
+	if (dfree)
+		dfree(mem);
+	fake_teardown(&e);
+}
+
 int main(void)
 {
 	find_exe_dir();
@@ -1129,6 +1294,7 @@ int main(void)
 	test_core_vs_ref();
 	test_loader_missing();
 	test_loader_fake();
+	test_ipc();
 	test_this_machine();
 	test_doctor_binary();
 	test_gpu();

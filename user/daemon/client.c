@@ -12,6 +12,7 @@
 
 #include <kcoll/futex.h>
 
+#include "kcoll_gpu.h"
 #include "kcolld.h"
 #include "log.h"
 
@@ -163,11 +164,31 @@ void kd_client_post(struct kd_client *c, uint64_t user_data, int res, uint64_t a
 		kcoll_futex_wake(&c->ring->cq_tail, INT_MAX);
 }
 
+/* Why a device-memory SQE is refused: no GPU here (the loader says why), or a
+ * GPU but no device-buffer registration in kcolld yet (docs/gpu.md). */
+static const char *dev_mem_why(void)
+{
+	static __thread char buf[KCOLL_GPU_TEXT + 64];
+	char reason[KCOLL_GPU_TEXT];
+
+	if (kcoll_gpu_available(reason, sizeof(reason)))
+		snprintf(buf, sizeof(buf), "device buffers need a GPU: %s", reason);
+	else
+		snprintf(buf, sizeof(buf), "device buffers: kcolld does not yet take GPU memory "
+			 "registrations (CUDA IPC); use host buffers");
+	return buf;
+}
+
 /* One SQE, already copied out of shared memory. */
 static void dispatch(struct kd_client *c, const struct kcoll_sqe *sqe)
 {
 	const char *why = "";
 	int r = kd_sqe_check(sqe, &why);
+
+	if (r == -EOPNOTSUPP && sqe->opcode >= KCOLL_OP_ALLREDUCE &&
+	    sqe->opcode <= KCOLL_OP_BARRIER &&
+	    (sqe->coll.send_mem != KCOLL_MEM_HOST || sqe->coll.recv_mem != KCOLL_MEM_HOST))
+		why = dev_mem_why();
 
 	if (r == 0 && sqe->opcode == KCOLL_OP_NOP) {
 		kd_client_post(c, sqe->user_data, 0, 0, KCOLL_RANK_NONE, 0);

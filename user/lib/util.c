@@ -101,7 +101,8 @@ const char *kcoll_strerror(int err)
 	case EBUSY:
 		return "all request slots stayed busy until the timeout";
 	case EOPNOTSUPP:
-		return "operation not supported by this kcolld";
+		return "operation not supported by this kcolld (device buffers need a usable GPU: "
+		       "run kcollctl gpu for the reason)";
 	case EPROTO:
 		return "protocol error talking to kcolld (corrupt ring or reply)";
 	case ERANGE:
