@@ -3,8 +3,8 @@
 # a continuous checked all-reduce loop), the detector and planner in every
 # kcolld, judged through `kcollctl events --json` / `plan --json`:
 #   (d) healthy soak: no anomaly raised on any host. KCOLL_C4_SOAK seconds
-#       (default 20 here; the issue's 2 minutes with KCOLL_C4_SOAK=120, which
-#       CI runs only when it has the time: the output says which ran)
+#       (default: the issue's 2 minutes in CI, CI=true, 20 s elsewhere;
+#       the output says which ran)
 #   (a) degrade h2's eth1 to 1gbit (about 10% of a healthy link here) during
 #       a 16 MiB all-reduce loop: communication slow naming host 2 and its
 #       eth1 address within 5 s; the plan moves the streams off it, the pairs
@@ -15,7 +15,7 @@
 #       loop goes on and every rank ends well
 #   (c) rank 1 sleeps 100 ms before each submission: straggler rank 1 named,
 #       no other rank
-# Needs root and network namespaces (SKIP otherwise). About 90 s. TAP.
+# Needs root and network namespaces (SKIP otherwise). About 90 s (190 s in CI). TAP.
 set -u
 B=${KCOLL_BUILD:?run through tests/run.sh}
 top=${KCOLL_TOP:?run through tests/run.sh}
@@ -25,7 +25,7 @@ CTL="$B/bin/kcollctl"
 export KCOLL_CLUSTER_PREFIX="c4$$"
 H=4
 HANG_MS=2000
-SOAK=${KCOLL_C4_SOAK:-20}
+if [ "${CI:-}" = true ]; then SOAK=${KCOLL_C4_SOAK:-120}; else SOAK=${KCOLL_C4_SOAK:-20}; fi
 n=0 failed=0
 ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
 skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
@@ -129,7 +129,7 @@ busbw() {	# tag from to
 if [ "$SOAK" -ge 120 ]; then
 	echo "# (d) soak: $SOAK s (the issue's full 2 minutes)"
 else
-	echo "# (d) soak: $SOAK s; the issue's full 2 minutes run with KCOLL_C4_SOAK=120 (CI time budget)"
+	echo "# (d) soak: $SOAK s; the issue's full 2 minutes run in CI (CI=true) or with KCOLL_C4_SOAK=120"
 fi
 mark
 start_loop soak "$SOAK" $((8 << 20))
