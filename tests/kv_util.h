@@ -3,7 +3,8 @@
  * What the KV tests (test_kv.c, kv_peer.c) share: a seeded xorshift64 for
  * reproducible batches and contents, and a 64-bit FNV-1a style hash to
  * compare a target image with what was sent (8 bytes a step: a 64 MiB image
- * hashes in a few ms).
+ * hashes in a few ms), and a shuffle so a batch's entries are not in offset
+ * order.
  */
 #ifndef KCOLL_TESTS_KV_UTIL_H
 #define KCOLL_TESTS_KV_UTIL_H
@@ -11,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <kcoll/kcoll.h>
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
 
@@ -38,6 +41,17 @@ static inline uint64_t fnv(const uint8_t *p, size_t n)
 	for (; i < n; i++)
 		h = (h ^ p[i]) * 1099511628211ULL;
 	return h;
+}
+
+static inline void shuffle_entries(struct kcoll_xfer_entry *e, uint32_t n)
+{
+	for (uint32_t i = n; i > 1; i--) {
+		uint32_t j = rnd() % i;
+		struct kcoll_xfer_entry t = e[i - 1];
+
+		e[i - 1] = e[j];
+		e[j] = t;
+	}
 }
 
 #endif

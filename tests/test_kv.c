@@ -133,13 +133,7 @@ static uint32_t make_batch(struct kcoll_xfer_entry *e, uint32_t max, uint64_t sr
 		at += len;
 		n++;
 	}
-	for (uint32_t i = n; i > 1; i--) {
-		uint32_t j = rnd() % i;
-		struct kcoll_xfer_entry t = e[i - 1];
-
-		e[i - 1] = e[j];
-		e[j] = t;
-	}
+	shuffle_entries(e, n);
 	return n;
 }
 
