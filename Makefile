@@ -8,6 +8,7 @@
 #   make demo       deps + build + start kcolld + 4-rank all-reduce sweep
 #   make vmtest     the VM tier (kernel module, Soft-RoCE, BPF tracing) under QEMU
 #   make fuzz       libFuzzer run over the ring consumer (FUZZ_SECONDS=60)
+#   make install    install the build (PREFIX=/usr/local, DESTDIR=; uninstall undoes it)
 
 SAN ?= 0
 ifeq ($(SAN),1)
@@ -45,7 +46,7 @@ TBIN := $(BUILD)/tests
 ALL_TARGETS :=
 CHECK_TARGETS :=
 
-.PHONY: all deps check check-host check-san demo vmtest fuzz clean help
+.PHONY: all deps check check-host check-san demo vmtest fuzz install uninstall clean help
 all:
 
 # Order matters where a fragment names another's variables in prerequisites:
@@ -106,8 +107,18 @@ fuzz:
 		-o build-fuzz/fuzz_sqe tests/test_fuzz_sqe.c user/daemon/sqe.c user/lib/util.c
 	$(Q)build-fuzz/fuzz_sqe -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus
 
+# PREFIX, DESTDIR, BINDIR, SBINDIR, LIBDIR, INCLUDEDIR, MANDIR, UNITDIR: see
+# scripts/install.sh. Installs only what was built.
+PREFIX ?= /usr/local
+export PREFIX DESTDIR BINDIR SBINDIR LIBDIR INCLUDEDIR MANDIR UNITDIR
+install: all
+	$(Q)scripts/install.sh $(BUILD)
+
+uninstall:
+	$(Q)scripts/install.sh --uninstall $(BUILD)
+
 clean:
 	rm -rf build build-asan build-clang build-fuzz
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
