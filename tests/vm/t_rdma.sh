@@ -72,12 +72,18 @@ sock() { echo "$T/h$1.sock"; }
 start_daemon() {	# host [env...]
 	local h=$1
 	shift
+	# A SIGKILLed daemon leaves its socket file behind: without this the wait
+	# below returned at once, and ranks met the dead socket (ECONNREFUSED).
+	rm -f "$(sock "$h")"
 	env KCOLL_NET_XPORT=rdma KCOLL_NET_CHUNK_BYTES=65536 KCOLL_IB_QPS=2 KCOLL_SPIN_US=0 \
 		KCOLL_IB_FLOW_LABEL=4096 "$@" \
 		"$D" -f -s "$(sock "$h")" -l "$T/h$h.log" --listen "10.31.0.$((h + 1)):0" \
 		--addrs "10.31.0.$((h + 1))" >"$T/h$h.out" 2>&1 &
 	pids[h]=$!
-	for _ in $(seq 100); do [ -S "$(sock "$h")" ] && return 0; sleep 0.1; done
+	for _ in $(seq 300); do
+		[ -S "$(sock "$h")" ] && "$CTL" -s "$(sock "$h")" status >/dev/null 2>&1 && return 0
+		sleep 0.1
+	done
 	return 1
 }
 dump() {
@@ -91,7 +97,14 @@ dump() {
 bad=
 for ((i = 0; i < H; i++)); do start_daemon $i || bad+=" h$i"; done
 [ -z "$bad" ]; ok $? "$H daemons up${bad:+ (not:$bad)}"
-sleep 0.3
+# A daemon logs its transport after it creates its socket, once the RDMA
+# device is open (seconds under TCG on a busy host): wait for the line.
+for _ in $(seq 300); do
+	bad=
+	for ((i = 0; i < H; i++)); do grep -q "transport between daemons:" "$T/h$i.log" || bad+=" h$i"; done
+	[ -z "$bad" ] && break
+	sleep 0.1
+done
 bad=
 for ((i = 0; i < H; i++)); do grep -q "transport between daemons: rdma, device $RXE" "$T/h$i.log" || bad+=" h$i"; done
 [ -z "$bad" ]; ok $? "every daemon chose rdma on $RXE${bad:+ (not:$bad)}"
@@ -130,6 +143,7 @@ start_daemon 1 KCOLL_IB_GID_INDEX=99
 t0=$(now_ms)
 run_ranks badgid check 2 60
 ms=$(( $(now_ms) - t0 ))
+for _ in $(seq 100); do grep -q "KCOLL_IB_GID_INDEX=99 names no GID" "$T/h1.log" && break; sleep 0.1; done
 grep -q "KCOLL_IB_GID_INDEX=99 names no GID" "$T/h1.log"
 gidmsg=$?
 [ "$rc_all" -ne 0 ] && [ "$rc_all" -ne 124 ] && [ $gidmsg -eq 0 ] && [ $ms -lt $((TMO * 4 + 10000)) ]
