@@ -197,16 +197,17 @@ fault_run() {	# tag nhosts victim-action
 }
 # The survivors' fault lines: err must be non-zero and come within the bound.
 judge_fault() {	# tag label ranks...
-	local tag=$1 label=$2 r l e t bad=''
+	local tag=$1 label=$2 r l e t bad='' dts=''
 	shift 2
 	for r in "$@"; do
 		l=$(grep '^fault ' "$T/$tag.$r.out")
 		e=$(sed -n 's/.* name=\([^ ]*\) .*/\1/p' <<<"$l")
 		t=$(sed -n 's/.* t_ms=\([0-9]*\).*/\1/p' <<<"$l")
+		dts+=" ${t:+$((t - t_strike))}"
 		{ [ -n "$e" ] && [ "$e" != 0 ] && [ $((t - t_strike)) -le $((TMO * 3 + 5000)) ]; } ||
 			bad+=" rank $r: ${l:-nothing}"
 	done
-	[ -z "$bad" ]; ok $? "$label: every survivor's op fails, within $((TMO * 3 + 5000)) ms${bad:+ (got:$bad)}"
+	[ -z "$bad" ]; ok $? "$label: every survivor's op fails, within $((TMO * 3 + 5000)) ms (ms after the fault:${dts:- none})${bad:+ (got:$bad)}"
 	[ -z "$bad" ] || { cat "$T/$tag".*.out | head -10 | sed 's/^/# /'; dump; }
 }
 
