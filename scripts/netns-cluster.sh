@@ -94,11 +94,12 @@ sock_of() { echo "$RUNDIR/h$1/kcolld.sock"; }
 
 # ---- down ---------------------------------------------------------------------
 
-# TERM, wait up to 3 s, then KILL; pids given.
+# TERM, wait up to 10 s (an ASan build on a busy machine exits slowly, and a
+# KILLed kcolld leaves its BPF pins behind), then KILL; pids given.
 stop_pids() {
 	[ $# -gt 0 ] || return 0
 	kill -TERM "$@" 2>/dev/null || true
-	for _ in $(seq 30); do
+	for _ in $(seq 100); do
 		local alive=0
 		for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
 		[ "$alive" -eq 0 ] && return 0
@@ -160,7 +161,7 @@ start_daemon() {	# i
 
 wait_daemon() {	# i
 	local sock; sock=$(sock_of "$1")
-	for _ in $(seq 100); do
+	for _ in $(seq 600); do
 		[ -S "$sock" ] && [ -s "$RUNDIR/h$1/kcolld.pid" ] && return 0
 		sleep 0.05
 	done

@@ -14,7 +14,9 @@ export KCOLL_TEST_TMP="$tmp"
 export KCOLL_SOCKET="$tmp/kcolld.sock"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-per_test_timeout=${KCOLL_TEST_TIMEOUT:-300}
+# A hang guard, not a speed check: under load t_shim took ~600 s here (its
+# MPI jobs oversubscribe the cores) and t_shim_cluster ~240 s.
+per_test_timeout=${KCOLL_TEST_TIMEOUT:-900}
 daemon_pid=
 
 cleanup() {
@@ -26,7 +28,7 @@ trap cleanup EXIT
 start_daemon() {
 	"$KCOLL_BUILD/bin/kcolld" -f -s "$KCOLL_SOCKET" -l "$tmp/kcolld.log" &
 	daemon_pid=$!
-	for _ in $(seq 100); do [ -S "$KCOLL_SOCKET" ] && return 0; sleep 0.05; done
+	for _ in $(seq 600); do [ -S "$KCOLL_SOCKET" ] && return 0; sleep 0.05; done
 	echo "Bail out! kcolld did not create $KCOLL_SOCKET"; cat "$tmp/kcolld.log"; exit 1
 }
 
@@ -39,10 +41,11 @@ selected() {
 pass=0 fail=0 skip=0
 run_one() {	# name, command...
 	local name=$1; shift
-	local out rc
+	local out rc t0=$SECONDS
 	echo "# --- $name"
 	out=$(timeout -k 5 "$per_test_timeout" "$@" 2>&1); rc=$?
 	printf '%s\n' "$out"
+	echo "# $name: $((SECONDS - t0)) s (limit $per_test_timeout s)"
 	local p f s
 	p=$(grep -cE '^ok [0-9]+' <<<"$out" | head -1)
 	s=$(grep -cE '^ok [0-9]+.*# *(SKIP|skip)' <<<"$out" | head -1)

@@ -57,7 +57,9 @@ tcp() {
 	local port=$1 bytes=$2; shift 2
 	ip netns exec "$Bn" $NET serve-tcp 10.77.0.2 "$port" > "$T/recv" &
 	local srv=$!
-	for _ in $(seq 50); do
+	# the sender does not retry a refused connect: wait until the server
+	# listens (30 s: python starts slowly on a busy machine)
+	for _ in $(seq 600); do
 		ip netns exec "$Bn" ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.05
 	done
 	"$@" ip netns exec "$A" $NET send-tcp 10.77.0.2 "$port" "$bytes"

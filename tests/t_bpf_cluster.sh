@@ -64,6 +64,7 @@ ok $? "kcoll-bench allreduce --hosts $H, $S bytes, $WARM warmup + $ITERS timed$(
 for i in $(seq 0 $((H - 1))); do
 	bpftool map dump pinned "$(pin "$i")/flows" >"$T/dump$i.json" 2>>"$T/dump.err" || err=1
 	K "$i" links --json >"$T/links$i.json" || err=1
+	K "$i" flows --json >"$T/kf$i.json" || err=1	# with sockops' retransmissions
 done
 ok $err "bpftool map dump pinned $(pin 0)/flows (and hosts 1-3)"
 
@@ -72,7 +73,7 @@ $PY - "$T" $H $S $((ITERS + WARM)) $PORT >"$T/verdict" <<'EOF'
 import json, sys
 t, h, s, ops, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 per_host = ops * 2 * (h - 1) * s // h
-tx, rx, links, peers_ok = [], [], [], True
+tx, rx, rt, links, peers_ok = [], [], [], [], True
 for i in range(h):
     d = json.load(open("%s/dump%d.json" % (t, i)))
     mine = [e for e in d if port in (e["key"]["lport"], e["key"]["rport"]) and e["key"]["proto"] == 6]
@@ -83,22 +84,32 @@ for i in range(h):
         peers_ok &= e["value"]["link_id"] in (0, 1)
     l = json.load(open("%s/links%d.json" % (t, i)))["links"]
     links.append(sum(x["tx_bytes"] for x in l if x["link"] in (0, 1)))
+    f = json.load(open("%s/kf%d.json" % (t, i)))["flows"]
+    rt.append(sum(x["retrans"] for x in f if x["proto"] == "tcp" and port in (x["lport"], x["rport"])))
 within = lambda a, b: b > 0 and abs(a - b) * 100 <= b
+# The classifiers count what crosses the wire: a segment TCP retransmits (a
+# veth backlog overflowing on a loaded machine drops the first copy) counts
+# again on egress, and a dropped copy never reaches the receiver. Beyond 1%,
+# such a difference must be covered by the retransmissions sockops counted
+# (at most one 64 KiB GSO segment each).
+slack = lambda r: r * 65536
+counted = lambda a, b, r: within(a, b) or (a >= b and a - b <= slack(r))
 print("expected per host %d, total %d" % (per_host, per_host * h))
 print("tx per host %s" % tx)
 print("rx per host %s" % rx)
+print("retransmissions per host %s" % rt)
 print("link totals (headers included) %s" % links)
-print("TOTAL", int(within(sum(tx), per_host * h)), sum(tx), per_host * h)
-print("EACH", int(all(within(x, per_host) for x in tx)))
-print("RXTX", int(within(sum(rx), sum(tx))))
+print("TOTAL", int(counted(sum(tx), per_host * h, sum(rt))), sum(tx), per_host * h)
+print("EACH", int(all(counted(tx[i], per_host, rt[i]) for i in range(h))))
+print("RXTX", int(within(sum(rx), sum(tx)) or (sum(rx) <= sum(tx) and sum(tx) - sum(rx) <= slack(sum(rt)))))
 print("LINKS", int(all(within(links[i], tx[i]) and links[i] >= tx[i] for i in range(h))))
 print("PEERS", int(peers_ok))
 EOF
 sed 's/^/# /' "$T/verdict"
 v() { awk -v k="$1" '$1 == k { print $2 }' "$T/verdict"; }
-ok "$([ "$(v TOTAL)" = 1 ]; echo $?)" "cluster tx_payload within 1% of what the all-reduce moved ($(awk '$1 == "TOTAL" { printf "%s of %s", $3, $4 }' "$T/verdict"))"
-ok "$([ "$(v EACH)" = 1 ]; echo $?)" "every host sent its 2(n-1)/n share (within 1%)"
-ok "$([ "$(v RXTX)" = 1 ]; echo $?)" "receivers counted what senders sent (within 1%)"
+ok "$([ "$(v TOTAL)" = 1 ]; echo $?)" "cluster tx_payload within 1% of what the all-reduce moved, or the excess covered by retransmissions ($(awk '$1 == "TOTAL" { printf "%s of %s", $3, $4 }' "$T/verdict"))"
+ok "$([ "$(v EACH)" = 1 ]; echo $?)" "every host sent its 2(n-1)/n share (within 1%, or retransmissions as above)"
+ok "$([ "$(v RXTX)" = 1 ]; echo $?)" "receivers counted what senders sent (within 1%, or the dropped copies covered by retransmissions)"
 ok "$([ "$(v LINKS)" = 1 ]; echo $?)" "per-link totals (links 0 and 1) cover every host's flows"
 ok "$([ "$(v PEERS)" = 1 ]; echo $?)" "every flow is tagged with a link id and another host's index"
 
@@ -134,16 +145,25 @@ for i in range(3):
     d = json.load(open("%s/kd%d.json" % (t, i)))["flows"]
     mine = [f for f in d if f["proto"] == "tcp" and port in (f["lport"], f["rport"])]
     tx = sum(f["tx_payload"] for f in mine)
+    rt = sum(f["retrans"] for f in mine)
     tagged = all(f["peer"] in range(h) and f["peer"] != i and f["link"] in (0, 1) for f in mine)
-    print("host %d: tx_payload %d of %d, %d flows, tagged %s" % (i, tx, per_host, len(mine), tagged))
-    good &= abs(tx - per_host) * 100 <= per_host and tagged and len(mine) > 0
+    print("host %d: tx_payload %d of %d, %d retransmissions, %d flows, tagged %s" %
+          (i, tx, per_host, rt, len(mine), tagged))
+    # within 1%, or the excess covered by retransmissions as above
+    good &= (abs(tx - per_host) * 100 <= per_host or 0 <= tx - per_host <= rt * 65536) and \
+        tagged and len(mine) > 0
 print("OK", int(good))
 EOF2
 sed 's/^/# /' "$T/verdict2"
 ok "$([ "$(awk '$1 == "OK" { print $2 }' "$T/verdict2")" = 1 ]; echo $?)" \
 	"kcolld's own tracking: each host's tx within 1% of its share, flows tagged with peer host and link"
 "$C" down >/dev/null 2>&1
-ls "$T/bpffs" | grep -v '\.debug$' > "$T/left"	# maps.debug, progs.debug: the kernel's own
+# The daemons' pin directories must be gone. Only those: whatever else is
+# there is not theirs (maps.debug, progs.debug are the kernel's own, and tc
+# under 'ip netns exec', where /sys/fs/bpf is hidden, puts its ip/tc/xdp
+# directories on the first bpffs it finds: this one, if another test loads a
+# tc object meanwhile).
+ls -d "$T/bpffs"/h[0-9]* 2>/dev/null > "$T/left"
 ok "$([ ! -s "$T/left" ]; echo $?)" "daemons detached at exit: nothing left pinned$( [ -s "$T/left" ] && echo ": $(cat "$T/left")")"
 echo "1..$n"
 exit $failed

@@ -61,7 +61,9 @@ window() {
 stream() {
 	ip netns exec "$P-h1" $NET serve 10.10.0.2 "$2" "$T/prog$1" >"$T/recv$1" 2>"$T/recv$1.err" &
 	PIDS+=($!)
-	for _ in $(seq 50); do
+	# the sender does not retry: wait (generously: python starts slowly on
+	# a busy machine) until the server listens
+	for _ in $(seq 300); do
 		ip netns exec "$P-h1" ss -Hltn "sport = :$2" | grep -q . && break
 		sleep 0.1
 	done
@@ -84,16 +86,21 @@ switch() {
 "$C" up -H 2 --no-daemon >"$T/up.log" 2>&1
 ok $? "2-host cluster $P up"
 
+# Which path carries the stream is judged on the interface counters (the
+# stream is the only traffic here: eth0 against eth1); the receiver's count
+# only shows that it moves, and ties the bytes to it loosely: what a starved
+# receiver reads in a window lags the wire by its socket backlog and 50 ms
+# of progress granularity (a run here saw eth0 +41.2 MB vs received +43.2 MB).
 stream 1 5301
 sleep 1
-window 1
-ok $(( !(W_R > 1000000 && W_A0 * 10 >= W_R * 9 && W_A1 * 20 < W_R) )) \
+window 2
+ok $(( !(W_R > 1000000 && W_A0 * 2 >= W_R && W_A1 * 20 < W_A0) )) \
 	"stream 1 (10.10.0.1 -> 10.10.0.2:5301) flows on eth0 before steering: $W_TXT"
 
 switch on 2>"$T/on.err"
 ok $? "steer on: --recv-only on both hosts, then the rule on both$(cat "$T/on.err")"
 window 2
-ok $(( !(W_R > 1000000 && W_A1 * 10 >= W_R * 9 && W_A0 * 20 < W_R && W_B1 > 0 && W_B0 * 20 < W_B1 + 1) )) \
+ok $(( !(W_R > 1000000 && W_A1 * 2 >= W_R && W_A0 * 20 < W_A1 && W_B1 > 0 && W_B0 * 20 < W_B1 + 1) )) \
 	"steered: h0 sends stream 1 on eth1, not eth0; h1's ACKs come back on eth1: $W_TXT"
 K 0 steer list --json >"$T/l0.json" && K 1 steer list --json >"$T/l1.json"
 $PY - "$T/l0.json" "$T/l1.json" <<'PYEOF'
@@ -123,7 +130,7 @@ switch off 2>"$T/off.err"
 ok $? "steer off: --recv-only on both hosts, then del on both$(cat "$T/off.err")"
 touch "$T/stop2"
 window 2
-ok $(( !(W_R > 1000000 && W_A0 * 10 >= W_R * 9 && W_A1 * 20 < W_R) )) \
+ok $(( !(W_R > 1000000 && W_A0 * 2 >= W_R && W_A1 * 20 < W_A0) )) \
 	"rule deleted: stream 1 back on eth0: $W_TXT"
 [ "$(K 0 steer list --json | tr -d ' \n')" = '{"rules":[]}' ]
 ok $? "steer list --json on h0 is empty after del"
@@ -131,7 +138,7 @@ ok $? "steer list --json on h0 is empty after del"
 touch "$T/stop1"
 err=0
 for s in 1 2; do wait "${SENDER[$s]}" || err=1; done
-for _ in $(seq 50); do [ -s "$T/recv1" ] && [ -s "$T/recv2" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -s "$T/recv1" ] && [ -s "$T/recv2" ] && break; sleep 0.1; done
 read -r sb1 sh1 <"$T/send1"; read -r rb1 rh1 rl1 rp1 <"$T/recv1"
 read -r sb2 sh2 <"$T/send2"; read -r rb2 rh2 _ _ <"$T/recv2"
 [ $err = 0 ] && [ "${sb1:-x}" = "${rb1:-y}" ] && [ "${sh1:-x}" = "${rh1:-y}" ] && [ "$rl1" = 10.10.0.2 ] &&
@@ -144,7 +151,11 @@ K 1 steer add udp 10.10.0.2:5401 10.10.0.1 via 10.20.0.2 10.20.0.1 --recv-only &
 ok $? "udp rule (port 5401) on: h1 restores, h0 sends via eth1"
 ip netns exec "$P-h1" $NET udp-recv 10.10.0.2 5401 200 >"$T/udp" 2>&1 &
 urecv=$!
-sleep 0.3
+# datagrams sent before the receiver binds are lost: wait until it does
+for _ in $(seq 300); do
+	ip netns exec "$P-h1" ss -Hlun "sport = :5401" | grep -q . && break
+	sleep 0.1
+done
 a1=$(tx 0 eth1) a0=$(tx 0 eth0)
 ip netns exec "$P-h0" $NET udp-send 10.10.0.2 5401 200
 wait $urecv

@@ -30,8 +30,16 @@ cleanup() { "$C" down >/dev/null 2>&1; rm -rf "$T"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# One ICMP echo, 1 s timeout: ping, or a raw socket where iputils-ping is missing.
+# An ICMP echo, 1 s timeout, three tries (a first echo also waits for ARP,
+# and a busy machine may not schedule the reply in time): ping, or a raw
+# socket where iputils-ping is missing.
 reach() {	# host addr
+	for _ in 1 2 3; do
+		reach1 "$@" && return 0
+	done
+	return 1
+}
+reach1() {	# host addr
 	if command -v ping >/dev/null; then
 		"$C" exec "$1" ping -c1 -W1 -q "$2" >/dev/null 2>&1
 		return
@@ -61,7 +69,7 @@ EOF
 rate() {	# from addr to
 	local out
 	"$C" exec "$3" "$CAP" server -B "$2" -c 1 >/dev/null 2>&1 &
-	out=$("$C" exec "$1" "$CAP" client "$2" -t 1 -T 5 --json 2>/dev/null)
+	out=$("$C" exec "$1" "$CAP" client "$2" -t 1 -T 30 --json 2>/dev/null)
 	wait
 	python3 -c 'import json,sys; print(json.loads(sys.argv[1])["GBps"])' "$out" 2>/dev/null || echo 0
 }

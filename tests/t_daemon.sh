@@ -20,7 +20,7 @@ out=$("$B/bin/kcollctl" -s "$T/none.sock" status 2>&1); rc=$?
 
 "$B/bin/kcolld" -s "$T/d.sock" -l "$T/d.log" -p "$T/d.pid"; rc=$?
 [ $rc -eq 0 ]; ok $? "kcolld daemonizes (parent exits 0)"
-for _ in $(seq 50); do [ -S "$T/d.sock" ] && [ -s "$T/d.pid" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -S "$T/d.sock" ] && [ -s "$T/d.pid" ] && break; sleep 0.1; done
 pid=$(cat "$T/d.pid" 2>/dev/null)
 [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; ok $? "pid file names a live daemon"
 [ "$(stat -c %a "$T/d.sock" 2>/dev/null)" = 666 ]; ok $? "socket is connectable by every local user (0666)"
@@ -41,7 +41,7 @@ out=$("$B/bin/kcolld" -f -s "$T/d.sock" 2>&1); rc=$?
 kill -0 "$pid" 2>/dev/null; ok $? "the first daemon is untouched"
 
 kill -TERM "$pid"
-for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 ! kill -0 "$pid" 2>/dev/null; ok $? "SIGTERM: daemon exits"
 [ ! -e "$T/d.sock" ] && [ ! -e "$T/d.pid" ]; ok $? "SIGTERM: socket and pid file removed"
 grep -q "draining and exiting" "$T/d.log"; ok $? "SIGTERM: the log says it drained"
@@ -49,7 +49,7 @@ grep -q "draining and exiting" "$T/d.log"; ok $? "SIGTERM: the log says it drain
 # A stale socket file (nobody listening) is replaced.
 python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.bind(sys.argv[1])' "$T/stale.sock"
 "$B/bin/kcolld" -s "$T/stale.sock" -l "$T/s.log" -p "$T/d.pid"
-for _ in $(seq 50); do "$B/bin/kcollctl" -s "$T/stale.sock" status >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 300); do "$B/bin/kcollctl" -s "$T/stale.sock" status >/dev/null 2>&1 && break; sleep 0.1; done
 "$B/bin/kcollctl" -s "$T/stale.sock" status >/dev/null 2>&1; ok $? "a stale socket file is replaced"
 kill -TERM "$(cat "$T/d.pid")" 2>/dev/null
 echo "1..$n"

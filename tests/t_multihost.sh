@@ -554,7 +554,7 @@ send(b"\0" * 4096)
 for i in range(50):
     send(b"")
 print("sent; %d cut short by the daemon" % closed, flush=True)' "${net[@]}" >"$T/garbage.out" 2>&1
-		for _ in $(seq 100); do grep -q held "$T/hold.out" && break; sleep 0.05; done
+		for _ in $(seq 600); do grep -q held "$T/hold.out" && break; sleep 0.05; done
 		grep -q '^sent' "$T/garbage.out"
 		ok $? "garbage: 20 x 64 KiB random, 1 MiB of 0xff, 4 KiB of zeros, 50 empty connections sent to h0's port ($(head -3 "$T/garbage.out" | tr '\n' ' '))"
 		garbage=$(status_key 0 garbage | head -1)

@@ -19,7 +19,7 @@ run_daemon() {
 	rm -f "$T/log" "$T/s"
 	env "$@" "$D" -f -s "$T/s" -l "$T/log" --listen 127.0.0.1:0 --addrs 127.0.0.1 >"$T/out" 2>&1 &
 	pid=$!
-	for _ in $(seq 100); do grep -q "transport between daemons" "$T/log" 2>/dev/null && break; sleep 0.1; done
+	for _ in $(seq 300); do grep -q "transport between daemons" "$T/log" 2>/dev/null && break; sleep 0.1; done
 	kill -TERM "$pid" 2>/dev/null
 	wait "$pid" 2>/dev/null
 	pid=

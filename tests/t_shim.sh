@@ -187,11 +187,23 @@ fi
 
 # Communicators made and freed 200 times: the daemon holds only the live ones
 # (then none), the fd count stays put. Freed communicators leave kcolld on its
-# next watchdog tick (50 ms), hence the pause.
-probe="sleep 0.3; '$build/bin/kcollctl' -s '$KCOLL_SOCKET' status --json | python3 -c '
+# next watchdog tick (50 ms; later on a busy machine), so the probe waits up
+# to 20 s for the count this point expects (3 live, then 0) and prints the
+# last one it saw.
+cat >"$tmp/probe.sh" <<'EOF'
+want=3
+[ "$SHIM_CHECK_WHEN" = after ] && want=0
+for _ in $(seq 200); do
+	got=$("$1" -s "$2" status --json | python3 -c '
 import json, sys
-c = json.load(sys.stdin)[\"communicators\"]
-print(\"comms\", len(c), \"active\", sum(x[\"state\"] == \"active\" for x in c), end=\"\")'"
+c = json.load(sys.stdin)["communicators"]
+print("comms", len(c), "active", sum(x["state"] == "active" for x in c))')
+	[ "$got" = "comms $want active $want" ] && break
+	sleep 0.1
+done
+printf %s "$got"
+EOF
+probe="sh '$tmp/probe.sh' '$build/bin/kcollctl' '$KCOLL_SOCKET'"
 SHIM_CHECK_PROBE="$probe" LD_PRELOAD="$preload" "${mpi[@]}" -np 4 "$build/tests/shim_check_ompi" loop 200 \
 	>"$tmp/loop" 2>"$tmp/loop.err"
 ok $? "200 x dup+split+allreduce+free at np 4 exits 0"

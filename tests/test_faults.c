@@ -1726,6 +1726,30 @@ static void sc_drain(int me)
 	kcoll_disconnect(k);
 }
 
+/* The daemon on sock reports an op in flight (status counters.inflight)
+ * within timeout_ms. */
+static bool wait_inflight(const char *sock, int timeout_ms)
+{
+	static char buf[KCOLL_MSG_BYTES];
+	static const char key[] = "\"inflight\":";
+	int64_t end = kcoll_raw_now_ms() + timeout_ms;
+
+	do {
+		struct kcoll_raw rc;
+		const char *p = NULL;
+
+		if (!kcoll_raw_connect(&rc, sock)) {
+			if (!kcoll_raw_status(&rc, 1, buf, sizeof(buf)))
+				p = strstr(buf, key);
+			kcoll_raw_close(&rc);
+		}
+		if (p && strtoull(p + strlen(key), NULL, 10) > 0)
+			return true;
+		usleep(10000);
+	} while (kcoll_raw_now_ms() < end);
+	return false;
+}
+
 static void daemon_drained(void)
 {
 	struct kcoll_connect_opts o = { .size = sizeof(o) };
@@ -1733,7 +1757,7 @@ static void daemon_drained(void)
 	struct kcoll *k;
 	pid_t d, pid[2];
 	int r, ds;
-	bool waited;
+	bool waited, inflight;
 
 	board_reset();
 	snprintf(B->sock, sizeof(B->sock), "%s/drain.sock", getenv("KCOLL_TEST_TMP"));
@@ -1745,14 +1769,17 @@ static void daemon_drained(void)
 	pid[1] = spawn(sc_drain, 1);
 	tap_ok(!r && wait_phase(0, 1, 10000) && wait_phase(1, 1, 10000), "drain: 2 ranks joined");
 	go(0, 1);
-	usleep(100000);	/* rank 0's op is in flight, waiting for rank 1 */
+	/* rank 0's op is in flight, waiting for rank 1 (the daemon says so: a
+	 * fixed pause could end before a busy machine ran rank 0's submit) */
+	inflight = wait_inflight(B->sock, 20000);
 	kill(d, SIGTERM);
 	usleep(300000);
 	waited = waitpid(d, &ds, WNOHANG) == 0;
 	go(1, 1);
-	tap_ok(wait_phase(0, 2, 8000) && wait_phase(1, 2, 8000) && B->s[0].res[0] == 0 &&
+	tap_ok(inflight && wait_phase(0, 2, 8000) && wait_phase(1, 2, 8000) && B->s[0].res[0] == 0 &&
 	       B->s[1].res[0] == 0,
-	       "drain: the op in flight at SIGTERM completes on both ranks (got %s, %s)",
+	       "drain: the op in flight at SIGTERM (%s) completes on both ranks (got %s, %s)",
+	       inflight ? "the daemon counted it" : "never seen in flight",
 	       en(B->s[0].res[0]), en(B->s[1].res[0]));
 	ds = wait_kid(d, 8000);
 	tap_ok(waited && ds >= 0 && WIFEXITED(ds) && WEXITSTATUS(ds) == 0,

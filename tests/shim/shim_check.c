@@ -10,7 +10,8 @@
  *	mpirun -np N shim_check loop K  dup+split, large all-reduce, free, K
  *	                                times; prints the fd counts and runs
  *	                                $SHIM_CHECK_PROBE (rank 0) before freeing
- *	                                the last pair and after the loop
+ *	                                the last pair and after the loop, with
+ *	                                SHIM_CHECK_WHEN=live / after
  *
  * Inputs are small integers, so float sums, products, minima and maxima are
  * exact in any order: the comparison is bitwise for every type. One case
@@ -446,7 +447,8 @@ static int count_fds(void)
 	return n - 3;	/* ., .. and the DIR's own fd */
 }
 
-/* rank 0 runs $SHIM_CHECK_PROBE (a status query) with everyone waiting. */
+/* rank 0 runs $SHIM_CHECK_PROBE (a status query) with everyone waiting;
+ * $SHIM_CHECK_WHEN tells it which point of the loop this is (live, after). */
 static void probe(const char *when)
 {
 	const char *cmd = getenv("SHIM_CHECK_PROBE");
@@ -455,6 +457,7 @@ static void probe(const char *when)
 	if (world_rank == 0 && cmd && *cmd) {
 		printf("probe %s: ", when);
 		fflush(stdout);
+		setenv("SHIM_CHECK_WHEN", when, 1);
 		if (system(cmd) != 0)
 			printf("probe failed\n");
 		printf("\n");

@@ -72,12 +72,18 @@ sock() { echo "$T/h$1.sock"; }
 start_daemon() {	# host [env...]
 	local h=$1
 	shift
+	# A SIGKILLed daemon leaves its socket file behind: without this the wait
+	# below returned at once, and ranks met the dead socket (ECONNREFUSED).
+	rm -f "$(sock "$h")"
 	env KCOLL_NET_XPORT=rdma KCOLL_NET_CHUNK_BYTES=65536 KCOLL_IB_QPS=2 KCOLL_SPIN_US=0 \
 		KCOLL_IB_FLOW_LABEL=4096 "$@" \
 		"$D" -f -s "$(sock "$h")" -l "$T/h$h.log" --listen "10.31.0.$((h + 1)):0" \
 		--addrs "10.31.0.$((h + 1))" >"$T/h$h.out" 2>&1 &
 	pids[h]=$!
-	for _ in $(seq 100); do [ -S "$(sock "$h")" ] && return 0; sleep 0.1; done
+	for _ in $(seq 300); do
+		[ -S "$(sock "$h")" ] && "$CTL" -s "$(sock "$h")" status >/dev/null 2>&1 && return 0
+		sleep 0.1
+	done
 	return 1
 }
 dump() {
@@ -91,7 +97,14 @@ dump() {
 bad=
 for ((i = 0; i < H; i++)); do start_daemon $i || bad+=" h$i"; done
 [ -z "$bad" ]; ok $? "$H daemons up${bad:+ (not:$bad)}"
-sleep 0.3
+# A daemon logs its transport after it creates its socket, once the RDMA
+# device is open (seconds under TCG on a busy host): wait for the line.
+for _ in $(seq 300); do
+	bad=
+	for ((i = 0; i < H; i++)); do grep -q "transport between daemons:" "$T/h$i.log" || bad+=" h$i"; done
+	[ -z "$bad" ] && break
+	sleep 0.1
+done
 bad=
 for ((i = 0; i < H; i++)); do grep -q "transport between daemons: rdma, device $RXE" "$T/h$i.log" || bad+=" h$i"; done
 [ -z "$bad" ]; ok $? "every daemon chose rdma on $RXE${bad:+ (not:$bad)}"
@@ -130,6 +143,7 @@ start_daemon 1 KCOLL_IB_GID_INDEX=99
 t0=$(now_ms)
 run_ranks badgid check 2 60
 ms=$(( $(now_ms) - t0 ))
+for _ in $(seq 100); do grep -q "KCOLL_IB_GID_INDEX=99 names no GID" "$T/h1.log" && break; sleep 0.1; done
 grep -q "KCOLL_IB_GID_INDEX=99 names no GID" "$T/h1.log"
 gidmsg=$?
 [ "$rc_all" -ne 0 ] && [ "$rc_all" -ne 124 ] && [ $gidmsg -eq 0 ] && [ $ms -lt $((TMO * 4 + 10000)) ]
@@ -183,16 +197,17 @@ fault_run() {	# tag nhosts victim-action
 }
 # The survivors' fault lines: err must be non-zero and come within the bound.
 judge_fault() {	# tag label ranks...
-	local tag=$1 label=$2 r l e t bad=''
+	local tag=$1 label=$2 r l e t bad='' dts=''
 	shift 2
 	for r in "$@"; do
 		l=$(grep '^fault ' "$T/$tag.$r.out")
 		e=$(sed -n 's/.* name=\([^ ]*\) .*/\1/p' <<<"$l")
 		t=$(sed -n 's/.* t_ms=\([0-9]*\).*/\1/p' <<<"$l")
+		dts+=" ${t:+$((t - t_strike))}"
 		{ [ -n "$e" ] && [ "$e" != 0 ] && [ $((t - t_strike)) -le $((TMO * 3 + 5000)) ]; } ||
 			bad+=" rank $r: ${l:-nothing}"
 	done
-	[ -z "$bad" ]; ok $? "$label: every survivor's op fails, within $((TMO * 3 + 5000)) ms${bad:+ (got:$bad)}"
+	[ -z "$bad" ]; ok $? "$label: every survivor's op fails, within $((TMO * 3 + 5000)) ms (ms after the fault:${dts:- none})${bad:+ (got:$bad)}"
 	[ -z "$bad" ] || { cat "$T/$tag".*.out | head -10 | sed 's/^/# /'; dump; }
 }
 
