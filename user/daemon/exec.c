@@ -227,6 +227,9 @@ static void op_prepare(struct kd_op *op)
 		    ((uintptr_t)ct->sbuf.dptr | (uintptr_t)ct->rbuf.dptr) % op->esz)
 			op->on_gpu = false;
 	}
+	if (op->on_gpu)
+		kc_dbg("comm %s: op %llu runs on GPU %d", op->comm->name, (unsigned long long)op->seq,
+		       op->gpu_dev);
 	/* The stage holds nr + 1 chunks; keep it bounded for many ranks. */
 	if (chunk * (nr + 1) > KD_STAGE_MAX)
 		chunk = KD_STAGE_MAX / (nr + 1);
