@@ -149,7 +149,7 @@ static void *dalloc(size_t n)
 }
 
 /* ---- kcolld ---- */
-static pid_t kcolld_start(const char *sock, const char *log, int gpu)
+static pid_t kcolld_start(const char *sock, const char *log, int gpu, int loopback)
 {
 	char bin[PATH_MAX + 16];
 	pid_t pid;
@@ -162,7 +162,11 @@ static pid_t kcolld_start(const char *sock, const char *log, int gpu)
 	if (pid == 0) {
 		if (!gpu)
 			setenv("KCOLL_GPU_LIB", "/nonexistent/libkcoll_gpu.so", 1);
-		execl(bin, "kcolld", "-f", "-v", "-s", sock, "-l", log, (char *)NULL);
+		if (loopback)
+			execl(bin, "kcolld", "-f", "-v", "-s", sock, "-l", log, "-P", "127.0.0.1:0",
+			      "-A", "127.0.0.1", (char *)NULL);
+		else
+			execl(bin, "kcolld", "-f", "-v", "-s", sock, "-l", log, (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 600; i++) {	/* 30 s: a loaded machine, ASan */
@@ -267,7 +271,14 @@ static void note(int i, int rank, int rc, const char *fmt, const char *detail)
 	snprintf(sh->why[i][rank], sizeof(sh->why[i][rank]), fmt, detail);
 }
 
-static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock)
+/* The subset run across two kcollds (multi-host path, host staging). */
+static int cross_case(const struct tcase *t)
+{
+	return t->count <= 100003 && (t->dtype == KCOLL_F32 || t->dtype == KCOLL_BF16 ||
+				      t->dtype == KCOLL_I64);
+}
+
+static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock, int cross)
 {
 	struct kcoll_connect_opts o = { .size = sizeof(o), .socket_path = sock };
 	uint8_t *hin[NR], *want, *got, *hsend, *hrecv, *dsend, *drecv;
@@ -305,6 +316,8 @@ static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock)
 		int host = t->kind == K_MIXED && rank == 1;
 		uint8_t *send = host ? hsend : dsend, *recv = host ? hrecv : drecv;
 
+		if (cross && !cross_case(t))
+			continue;
 		expect(t, i, rank, want, hin);
 		if (t->kind == K_INPLACE)
 			recv = send;
@@ -358,7 +371,7 @@ static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock)
 	}
 
 	/* A freed allocation whose address comes back: the new one must be used. */
-	{
+	if (!cross) {
 		size_t n = REUSE_BYTES / sizeof(int32_t);
 		int32_t *a = dalloc(REUSE_BYTES), *b;
 		int32_t *h = (int32_t *)hsend, *w = (int32_t *)want, *o2 = (int32_t *)got;
@@ -392,8 +405,9 @@ static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock)
 	}
 
 	/* A count past the end of the allocation: refused before anything is sent. */
-	sh->past_rc[rank] = kcoll_allreduce(comm, dsend, drecv, BUF_BYTES / 4 + 1, KCOLL_F32,
-					    KCOLL_SUM, &req);
+	if (!cross)
+		sh->past_rc[rank] = kcoll_allreduce(comm, dsend, drecv, BUF_BYTES / 4 + 1,
+						    KCOLL_F32, KCOLL_SUM, &req);
 	kcoll_comm_destroy(comm);
 	kcoll_disconnect(k);
 	return 0;
@@ -621,7 +635,9 @@ static int nogpu_main(const char *sock)
 	return fails;
 }
 
-#define RUN_CHECKS	(6 + 3 + RAW_N + 4 + 2)
+static void run_cross(void);
+
+#define RUN_CHECKS	(6 + 3 + RAW_N + 4 + 2 + 2)
 
 static void run_all(void)
 {
@@ -637,8 +653,8 @@ static void run_all(void)
 	snprintf(sock0, sizeof(sock0), "%s/%s-nogpu.sock", dir, run_name);
 	snprintf(log0, sizeof(log0), "%s/%s-nogpu.log", dir, run_name);
 	memset(sh, 0, sizeof(*sh));
-	kd = kcolld_start(sock, log, 1);
-	kd0 = kcolld_start(sock0, log0, 0);
+	kd = kcolld_start(sock, log, 1, 0);
+	kd0 = kcolld_start(sock0, log0, 0, 0);
 	o.socket_path = sock;
 	if (kd < 0 || kd0 < 0 || kcoll_connect(&o, &k) || kcoll_get_unique_id(k, &id)) {
 		for (int i = 0; i < RUN_CHECKS; i++)
@@ -654,7 +670,7 @@ static void run_all(void)
 	for (int r = 0; r < NR; r++) {
 		ranks[r] = fork();
 		if (ranks[r] == 0)
-			_exit(rank_main(r, &id, sock));
+			_exit(rank_main(r, &id, sock, 0));
 	}
 	for (int r = 0; r < NR; r++) {
 		st = wait_child(ranks[r]);
@@ -709,6 +725,66 @@ static void run_all(void)
 	       st);
 	st = kcolld_stop(kd0);
 	tap_ok(st == 0, "%s: kcolld without a GPU exited 0 on SIGTERM (%d)", run_name, st);
+	run_cross();
+}
+
+/*
+ * Across two kcollds on loopback (each rank on its own daemon): the multi-host
+ * path reads and writes device buffers through kd_mem_dev, host staging.
+ */
+static void run_cross(void)
+{
+	char sk[2][PATH_MAX + 16], lg[2][PATH_MAX + 16];
+	struct kcoll_connect_opts o = { .size = sizeof(o) };
+	kcoll_unique_id_t id;
+	struct kcoll *k = NULL;
+	pid_t kd[2], ranks[NR];
+	int ok = 1, n = 0, bad = 0, st[2];
+
+	for (int h = 0; h < 2; h++) {
+		snprintf(sk[h], sizeof(sk[h]), "%s/%s-host%d.sock", dir, run_name, h);
+		snprintf(lg[h], sizeof(lg[h]), "%s/%s-host%d.log", dir, run_name, h);
+		kd[h] = kcolld_start(sk[h], lg[h], 1, 1);
+	}
+	memset(sh, 0, sizeof(*sh));
+	o.socket_path = sk[0];
+	if (kd[0] < 0 || kd[1] < 0 || kcoll_connect(&o, &k) || kcoll_get_unique_id(k, &id)) {
+		ok = 0;
+	} else {
+		for (int r = 0; r < NR; r++) {
+			ranks[r] = fork();
+			if (ranks[r] == 0)
+				_exit(rank_main(r, &id, sk[r], 1));
+		}
+		for (int r = 0; r < NR; r++) {
+			int rc = wait_child(ranks[r]);
+
+			if (rc) {
+				tap_diag("cross rank %d exited with %d", r, rc);
+				ok = 0;
+			}
+		}
+	}
+	if (k)
+		kcoll_disconnect(k);
+	for (int i = 0; i < ncases; i++) {
+		if (!cross_case(&cases[i]))
+			continue;
+		n++;
+		for (int r = 0; r < NR; r++) {
+			if (sh->bad[i][r] && bad++ < 3)
+				tap_diag("across daemons: %s/%s count %zu kind %d rank %d: %s",
+					 kcoll_dtype_name(cases[i].dtype), kcoll_redop_name(cases[i].op),
+					 cases[i].count, cases[i].kind, r, sh->why[i][r]);
+		}
+	}
+	tap_ok(ok && n && !bad, "%s: across two kcollds (one rank each, TCP on loopback): %d cases "
+	       "of every collective on device buffers, staged through host memory, bit-exact "
+	       "(%d wrong)", run_name, n, bad);
+	st[0] = kcolld_stop(kd[0]);
+	st[1] = kcolld_stop(kd[1]);
+	tap_ok(st[0] == 0 && st[1] == 0, "%s: both kcollds exited 0 on SIGTERM (%d %d)", run_name,
+	       st[0], st[1]);
 }
 
 /* Does this machine have a usable GPU? Probed in a child: never fork after cuInit. */
