@@ -56,7 +56,7 @@ struct tcase {
 struct shared {
 	int bad[MAX_CASES][NR];		/* 0 ok, else -errno or 1 (wrong bytes) */
 	char why[MAX_CASES][NR][96];
-	int reuse_rc[NR], reuse_same_addr[NR], past_rc[NR];
+	int reuse_rc[NR], reuse_same_addr[NR], past_rc[NR], dereg_rc[NR][3];
 	struct kcoll_gpu_ipc foreign;	/* exported by a child for the -EPERM check */
 	int foreign_ready;
 };
@@ -66,6 +66,19 @@ static int ncases;
 static struct shared *sh;
 static char exe_dir[PATH_MAX], dir[PATH_MAX];
 static const char *run_name;
+
+/* Under ASan with a real driver (as tests/test_gpu.c): CUDA needs the shadow gap. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+	return "protect_shadow_gap=0";
+}
+
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+	return "leak:libcuda.so\nleak:libkcoll_gpu.so\n";
+}
 
 static const int dtypes[] = { KCOLL_F32, KCOLL_F16, KCOLL_BF16, KCOLL_F64, KCOLL_I32, KCOLL_U8,
 			      KCOLL_I64 };
@@ -160,8 +173,24 @@ static pid_t kcolld_start(const char *sock, const char *log, int gpu, int loopba
 	if (pid < 0)
 		return -1;
 	if (pid == 0) {
+		const char *asan = getenv("ASAN_OPTIONS");
+		char opts[PATH_MAX + 1024], supp[PATH_MAX + 64];
+		FILE *f;
+
 		if (!gpu)
 			setenv("KCOLL_GPU_LIB", "/nonexistent/libkcoll_gpu.so", 1);
+		/* kcolld under ASan on a real GPU: what the test has by default. */
+		snprintf(opts, sizeof(opts), "%s%sprotect_shadow_gap=0", asan ? asan : "",
+			 asan ? ":" : "");
+		setenv("ASAN_OPTIONS", opts, 1);
+		snprintf(supp, sizeof(supp), "%s/lsan.supp", dir);
+		f = fopen(supp, "w");
+		if (f) {
+			fputs("leak:libcuda.so\nleak:libkcoll_gpu.so\n", f);
+			fclose(f);
+			snprintf(opts, sizeof(opts), "suppressions=%s", supp);
+			setenv("LSAN_OPTIONS", opts, 1);
+		}
 		if (loopback)
 			execl(bin, "kcolld", "-f", "-v", "-s", sock, "-l", log, "-P", "127.0.0.1:0",
 			      "-A", "127.0.0.1", (char *)NULL);
@@ -405,9 +434,15 @@ static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock, in
 	}
 
 	/* A count past the end of the allocation: refused before anything is sent. */
-	if (!cross)
+	if (!cross) {
 		sh->past_rc[rank] = kcoll_allreduce(comm, dsend, drecv, BUF_BYTES / 4 + 1,
 						    KCOLL_F32, KCOLL_SUM, &req);
+		/* Dropping a registration: once, then it is gone; the next op registers again. */
+		sh->dereg_rc[rank][0] = kcoll_mem_deregister(k, dsend);
+		sh->dereg_rc[rank][1] = kcoll_mem_deregister(k, dsend);
+		r = kcoll_allreduce(comm, dsend, drecv, 1000, KCOLL_F32, KCOLL_SUM, &req);
+		sh->dereg_rc[rank][2] = r ? r : kcoll_wait(req, 60000);
+	}
 	kcoll_comm_destroy(comm);
 	kcoll_disconnect(k);
 	return 0;
@@ -637,7 +672,7 @@ static int nogpu_main(const char *sock)
 
 static void run_cross(void);
 
-#define RUN_CHECKS	(6 + 3 + RAW_N + 4 + 2 + 2)
+#define RUN_CHECKS	(6 + 4 + RAW_N + 4 + 2 + 2)
 
 static void run_all(void)
 {
@@ -693,6 +728,12 @@ static void run_all(void)
 	tap_ok(ok && sh->past_rc[0] == -EINVAL && sh->past_rc[1] == -EINVAL,
 	       "%s: a count past the end of the device allocation: -EINVAL before submitting "
 	       "(%d %d)", run_name, sh->past_rc[0], sh->past_rc[1]);
+
+	tap_ok(ok && !sh->dereg_rc[0][0] && !sh->dereg_rc[1][0] && sh->dereg_rc[0][1] == -ENOENT &&
+	       sh->dereg_rc[1][1] == -ENOENT && !sh->dereg_rc[0][2] && !sh->dereg_rc[1][2],
+	       "%s: kcoll_mem_deregister of a device allocation: 0, then -ENOENT; the next op "
+	       "registers it again and works (%d %d %d)", run_name, sh->dereg_rc[0][0],
+	       sh->dereg_rc[0][1], sh->dereg_rc[0][2]);
 
 	foreign = fork();
 	if (foreign == 0)
