@@ -58,7 +58,7 @@ struct shared {
 	char why[MAX_CASES][NR][96];
 	int reuse_rc[NR], reuse_same_addr[NR], past_rc[NR], dereg_rc[NR][3];
 	struct kcoll_gpu_ipc foreign;	/* exported by a child for the -EPERM check */
-	int foreign_ready;
+	int foreign_ready, foreign_done;
 };
 
 static struct tcase cases[MAX_CASES];
@@ -198,7 +198,7 @@ static pid_t kcolld_start(const char *sock, const char *log, int gpu, int loopba
 			execl(bin, "kcolld", "-f", "-v", "-s", sock, "-l", log, (char *)NULL);
 		_exit(127);
 	}
-	for (int i = 0; i < 600; i++) {	/* 30 s: a loaded machine, ASan */
+	for (int i = 0; i < 1200; i++) {	/* 60 s: a loaded machine, ASan */
 		struct stat st;
 		int status;
 
@@ -582,9 +582,10 @@ static int raw_main(const char *sock)
 	r = raw_allreduce(&rc, comm_id, d + 4096, d + 4096, n - 1000, KCOLL_MEM_DEVICE);
 	if (r != -EFAULT)
 		fails |= 1 << RAW_PAST;
-	for (int i = 0; i < 1000 && !__atomic_load_n(&sh->foreign_ready, __ATOMIC_ACQUIRE); i++)
-		usleep(10000);
+	for (int i = 0; i < 12000 && !__atomic_load_n(&sh->foreign_ready, __ATOMIC_ACQUIRE); i++)
+		usleep(10000);	/* up to 120 s for the other child to start */
 	r = raw_reg(&rc, other, bytes, &sh->foreign);
+	__atomic_store_n(&sh->foreign_done, 1, __ATOMIC_RELEASE);
 	if (r != -EPERM)
 		fails |= 1 << RAW_FOREIGN;
 	r = kcoll_gpu_ipc_export(g, other + 4096, 4096, &part, why, sizeof(why));
@@ -616,7 +617,9 @@ static int foreign_main(void)
 	if (!d || kcoll_gpu_ipc_export(g, d, 65536 * sizeof(float), &sh->foreign, why, sizeof(why)))
 		return 2;
 	__atomic_store_n(&sh->foreign_ready, 1, __ATOMIC_RELEASE);
-	sleep(3);	/* the handle must stay valid while the raw child uses it */
+	/* The handle stays valid until the raw child has presented it. */
+	for (int i = 0; i < 12000 && !__atomic_load_n(&sh->foreign_done, __ATOMIC_ACQUIRE); i++)
+		usleep(10000);
 	return 0;
 }
 
@@ -742,6 +745,7 @@ static void run_all(void)
 	if (raw == 0)
 		_exit(raw_main(sock));
 	st = wait_child(raw);
+	__atomic_store_n(&sh->foreign_done, 1, __ATOMIC_RELEASE);	/* whatever raw did */
 	wait_child(foreign);
 	for (int i = 0; i < RAW_N; i++)
 		tap_ok(st >= 0 && st != 0x7f && !(st & (1 << i)), "%s: %s (child %d)", run_name,
