@@ -67,6 +67,7 @@ enum kcoll_cuda_attr {
 /* cuPointerGetAttribute (CUpointer_attribute, CUmemorytype). */
 #define KCOLL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE	2
 #define KCOLL_CU_POINTER_ATTRIBUTE_BUFFER_ID	7
+#define KCOLL_CU_POINTER_ATTRIBUTE_IS_MANAGED	8
 #define KCOLL_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define KCOLL_CU_MEMORYTYPE_DEVICE		2
 

@@ -805,7 +805,7 @@ int kcoll_gpu_ptr_query(struct kcoll_gpu *g, const void *ptr, struct kcoll_gpu_p
 	unsigned long long p = (unsigned long long)(uintptr_t)ptr, base = 0, id = 0;
 	unsigned int type = 0;
 	size_t size = 0;
-	int rc, err, ord = -1;
+	int rc, err, ord = -1, managed = 0;
 
 	memset(out, 0, sizeof(*out));
 	out->dev = -1;
@@ -817,6 +817,9 @@ int kcoll_gpu_ptr_query(struct kcoll_gpu *g, const void *ptr, struct kcoll_gpu_p
 	/* Host memory CUDA does not know: CUDA_ERROR_INVALID_VALUE. */
 	err = g->dcu.ptr_attr(&type, KCOLL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
 	if (err || type != KCOLL_CU_MEMORYTYPE_DEVICE)
+		return 0;
+	/* Managed memory is host-accessible and has no IPC handle: host. */
+	if (!g->dcu.ptr_attr(&managed, KCOLL_CU_POINTER_ATTRIBUTE_IS_MANAGED, p) && managed)
 		return 0;
 	err = g->dcu.addr_range(&base, &size, p);
 	if (!err)

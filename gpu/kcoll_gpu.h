@@ -175,7 +175,8 @@ struct kcoll_gpu_ptr {
 
 /*
  * Is ptr device memory, and which allocation? 0 with is_device = 0 for memory
- * the driver does not know (host memory). Needs cuPointerGetAttribute.
+ * the driver does not know (host memory), pinned host memory and managed
+ * memory (host-accessible, no IPC handle). Needs cuPointerGetAttribute.
  */
 int kcoll_gpu_ptr_query(struct kcoll_gpu *g, const void *ptr, struct kcoll_gpu_ptr *out, char *why,
 			size_t len);
