@@ -318,6 +318,10 @@ static void load_kernels(struct kcoll_gpu *g, const struct kcoll_gpu_config *cfg
 	else
 		default_kernels_path(in->kernels_lib, sizeof(in->kernels_lib));
 
+	if (cfg->driver_only) {
+		SET(in->kernels_error, "not loaded: this process needs only the driver");
+		return;
+	}
 	/* NODELETE: the static CUDA runtime inside must never be unmapped */
 	g->kernels_dl = dlopen(in->kernels_lib, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 	if (!g->kernels_dl) {

@@ -94,6 +94,8 @@ struct kcoll_gpu_config {
 					 * then libkcoll_gpu.so on the loader's path */
 	const char *sysfs_root;		/* default "/sys" */
 	const char *kernel_release;	/* default uname -r */
+	int driver_only;		/* skip the kernels library: for a process that only
+					 * registers device buffers (libkcoll in an application) */
 };
 
 struct kcoll_gpu;

@@ -642,6 +642,17 @@ static bool cuda_loaded(void)
 	return true;
 }
 
+/* The driver for pointer queries and IPC export; never the kernels library. */
+static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
+static struct kcoll_gpu *gpu;
+
+static void gpu_open(void)
+{
+	static const struct kcoll_gpu_config cfg = { .driver_only = 1 };
+
+	kcoll_gpu_open(&gpu, &cfg);
+}
+
 static int dev_unreg(struct kcoll *k, uint64_t base)
 {
 	struct kcoll_msg_mem_unreg req = { .hdr.type = KCOLL_MSG_MEM_UNREG, .addr = base };
@@ -727,7 +738,8 @@ static int mem_kind(struct kcoll *k, const void *ptr, size_t bytes, uint8_t *kin
 	*kind = KCOLL_MEM_HOST;
 	if (!ptr || !bytes || !cuda_loaded())
 		return 0;
-	kcoll_gpu_process(&g);
+	pthread_once(&gpu_once, gpu_open);
+	g = gpu;
 	r = g ? kcoll_gpu_ptr_query(g, ptr, &q, why, sizeof(why)) : -EOPNOTSUPP;
 	if (r == -EOPNOTSUPP)
 		return 0;	/* a driver without a device: nothing is device memory */
