@@ -92,9 +92,13 @@ static void run_task_gpu(struct kd_op *op, uint32_t seg, uint64_t e, uint64_t n)
 		what = "device-to-device copy";
 		r = 0;
 		for (uint32_t i = 0; !r && i < nr; i++) {
-			if (op->opcode == KCOLL_OP_BROADCAST && i == src_rank)
+			uint8_t *to = op->c[i].rbuf.dptr + roff;
+			const uint8_t *from = op->c[src_rank].sbuf.dptr + soff;
+
+			/* broadcast's root, all-gather in place: already there */
+			if (to == from || (op->opcode == KCOLL_OP_BROADCAST && i == src_rank))
 				continue;
-			r = k->copy(op->c[i].rbuf.dptr + roff, op->c[src_rank].sbuf.dptr + soff, bytes);
+			r = k->copy(to, from, bytes);
 		}
 		break;
 	}
