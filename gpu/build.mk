@@ -73,3 +73,7 @@ ALL_TARGETS += $(GPU_LIB)
 endif
 
 .PHONY: FORCE_GPU_CMD
+
+# Device buffers through kcolld, on the fake driver (and a real one if present).
+$(OBJ)/tests/test_gpu_ring.o: CPPFLAGS += $(GPU_CPPFLAGS)
+$(TBIN)/test_gpu_ring: | $(GPU_FAKE_CUDA) $(BIN)/kcolld

@@ -64,6 +64,13 @@ enum kcoll_cuda_attr {
 #define KCOLL_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1	/* CUipcMem_flags */
 #define KCOLL_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 1	/* CUmemRangeHandleType, CUDA 11.7 */
 
+/* cuPointerGetAttribute (CUpointer_attribute, CUmemorytype). */
+#define KCOLL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE	2
+#define KCOLL_CU_POINTER_ATTRIBUTE_BUFFER_ID	7
+#define KCOLL_CU_POINTER_ATTRIBUTE_IS_MANAGED	8
+#define KCOLL_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define KCOLL_CU_MEMORYTYPE_DEVICE		2
+
 /*
  * CUresult or cudaError_t -> 0 or negative errno. Anything not listed is an
  * I/O-class failure of the device or driver: -EIO.

@@ -1,18 +1,23 @@
 // SPDX-License-Identifier: MIT
-/* The fake CUDA driver of gpu/fake_cuda.h: the ten entry points gpu.c
- * resolves, and a kernels table whose functions all fail with -ENODEV. */
+/* The fake CUDA driver of gpu/fake_cuda.h: the entry points gpu.c resolves,
+ * fake device memory shared between processes, and a kernels table that runs
+ * the reductions and copies on the CPU. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cuda_abi.h"
 #include "fake_cuda.h"
 #include "kernels.h"
+#include "reduce_core.h"
 
 #define FAKE_EXPORT __attribute__((visibility("default")))
 
@@ -30,40 +35,84 @@ static struct kcoll_fake_cuda fake = {
 };
 static int initialized;
 
-static int no_reduce_n(int dtype, int op, void *out, const void *const *in, unsigned int nin,
-		       size_t count, void *stream)
+static __thread void *cur_ctx;
+static char primary_ctx[64];
+
+/*
+ * The kernels table: the same contract as libkcoll_gpu.so (kernels.h), run on
+ * the CPU over the fake's "device memory" with gpu/reduce_core.h (the code the
+ * CUDA kernels run), synchronously: a stream is done when the call returns.
+ * Every call needs a current context on the calling thread, as CUDA does.
+ */
+static const char *fake_last = "no error";
+
+static int need_ctx(void)
 {
-	return -ENODEV;
+	if (cur_ctx)
+		return 0;
+	fake_last = "CUDA_ERROR_INVALID_CONTEXT: no context current on this thread (fake)";
+	return -EINVAL;
 }
 
-static int no_set_device(int dev)
+static int cpu_reduce_n(int dtype, int op, void *out, const void *const *in, unsigned int nin,
+			size_t count, void *stream)
 {
-	return -ENODEV;
+	size_t esz;
+
+	if (need_ctx())
+		return -EINVAL;
+	if (!kcoll_core_valid(dtype, op) || !nin || !out)
+		return -EINVAL;
+	esz = kcoll_core_size(dtype);
+	if ((uintptr_t)out % esz)
+		return -EINVAL;
+	for (unsigned int k = 0; k < nin; k++) {
+		if (!in[k] || (uintptr_t)in[k] % esz)
+			return -EINVAL;
+	}
+	if (count > SIZE_MAX / esz)
+		return -EOVERFLOW;
+	for (size_t i = 0; i < count; i++)
+		kcoll_core_reduce_elem(dtype, op, out, in, nin, i);
+	return 0;
 }
 
-static int no_mem_alloc(void **ptr, size_t len)
+static int cpu_set_device(int dev)
 {
-	return -ENODEV;
+	if (dev < 0 || dev >= fake.ndev)
+		return -ENODEV;
+	cur_ctx = &primary_ctx[dev % (int)sizeof(primary_ctx)];
+	return 0;
 }
 
-static int no_mem_free(void *ptr)
+static int cpu_mem_alloc(void **ptr, size_t len)
 {
-	return -ENODEV;
+	*ptr = kcoll_fake_cuda_alloc(len);
+	return *ptr ? 0 : -ENOMEM;
 }
 
-static int no_copy(void *dst, const void *src, size_t len)
+static int cpu_mem_free(void *ptr)
 {
-	return -ENODEV;
+	kcoll_fake_cuda_free(ptr);
+	return 0;
 }
 
-static int no_stream_sync(void *stream)
+static int cpu_copy(void *dst, const void *src, size_t len)
 {
-	return -ENODEV;
+	if (need_ctx())
+		return -EINVAL;
+	memmove(dst, src, len);
+	return 0;
 }
 
-static const char *no_last_error(void)
+static int cpu_stream_sync(void *stream)
 {
-	return "fake CUDA: no device";
+	return need_ctx();
+}
+
+static const char *cpu_last_error(void)
+{
+	return fake_last;
 }
 
 FAKE_EXPORT struct kcoll_gpu_kernels kcoll_gpu_kernels_v1 = {
@@ -72,13 +121,13 @@ FAKE_EXPORT struct kcoll_gpu_kernels kcoll_gpu_kernels_v1 = {
 	.runtime_version = 13000,
 	.min_driver_version = 13000,
 	.archs = "sm_80 sm_90 compute_90",
-	.reduce_n = no_reduce_n,
-	.set_device = no_set_device,
-	.mem_alloc = no_mem_alloc,
-	.mem_free = no_mem_free,
-	.copy = no_copy,
-	.stream_sync = no_stream_sync,
-	.last_error = no_last_error,
+	.reduce_n = cpu_reduce_n,
+	.set_device = cpu_set_device,
+	.mem_alloc = cpu_mem_alloc,
+	.mem_free = cpu_mem_free,
+	.copy = cpu_copy,
+	.stream_sync = cpu_stream_sync,
+	.last_error = cpu_last_error,
 };
 
 FAKE_EXPORT void kcoll_fake_cuda_set(const struct kcoll_fake_cuda *cfg)
@@ -226,11 +275,34 @@ FAKE_EXPORT int cuGetErrorString(int err, const char **str)
 	return *str ? KCOLL_CUDA_SUCCESS : KCOLL_CUDA_INVALID_VALUE;
 }
 
-/* The data path: allocations, IPC handles and dma-buf fds. */
+/*
+ * The data path: allocations, IPC handles and dma-buf fds.
+ *
+ * "Device memory" is a memfd mapped at a fixed slot of an address range the
+ * fake reserves once, so that freeing and allocating again reuses the address
+ * like CUDA's allocator does (the freed-and-reused case of the tests). Every
+ * allocation gets a new buffer id. An IPC handle names the maker's pid and
+ * memfd; another process opens it through /proc/<pid>/fd/<fd> and maps it at
+ * an address of its own, so the importer really translates addresses.
+ */
+#define FAKE_SLOTS	8
+#define FAKE_SLOT_BYTES	(64ULL << 20)
+#define FAKE_OPENED	64
+
 static struct {
-	unsigned long long base;
+	unsigned long long base;	/* 0: free */
 	size_t size;
-} allocs[8];
+	int fd;
+	unsigned long long buffer_id;
+} allocs[FAKE_SLOTS];
+static struct {
+	unsigned long long base;	/* 0: free */
+	size_t size;
+} opened[FAKE_OPENED];
+static uint8_t *arena;
+static unsigned long long next_buffer_id = 1;
+static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
+
 
 static const char fake_magic[16] = "kcoll-fake-ipc";
 
@@ -238,7 +310,10 @@ struct fake_handle {	/* inside the 64-byte CUipcMemHandle */
 	char magic[16];
 	unsigned long long base;
 	unsigned long long size;
-	char pad[32];
+	int pid;
+	int fd;
+	unsigned long long buffer_id;
+	char pad[16];
 };
 
 struct fake_cu_ipc {
@@ -247,49 +322,154 @@ struct fake_cu_ipc {
 
 FAKE_EXPORT void *kcoll_fake_cuda_alloc(size_t size)
 {
-	for (size_t i = 0; i < sizeof(allocs) / sizeof(allocs[0]); i++) {
-		void *p;
+	void *ret = NULL;
+
+	if (!size || size > FAKE_SLOT_BYTES)
+		return NULL;
+	pthread_mutex_lock(&mem_lock);
+	if (!arena) {
+		void *a = mmap(NULL, FAKE_SLOTS * FAKE_SLOT_BYTES, PROT_NONE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+		arena = a == MAP_FAILED ? NULL : a;
+	}
+	for (size_t i = 0; arena && i < FAKE_SLOTS; i++) {
+		void *want = arena + i * FAKE_SLOT_BYTES, *p;
+		int fd;
 
 		if (allocs[i].base)
 			continue;
-		if (posix_memalign(&p, 4096, size))
-			return NULL;
+		fd = memfd_create("kcoll-fake-device", MFD_CLOEXEC);
+		if (fd < 0)
+			break;
+		if (ftruncate(fd, (off_t)size)) {
+			close(fd);
+			break;
+		}
+		p = mmap(want, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+		if (p == MAP_FAILED) {
+			close(fd);
+			break;
+		}
 		allocs[i].base = (uintptr_t)p;
 		allocs[i].size = size;
-		return p;
+		allocs[i].fd = fd;
+		allocs[i].buffer_id = next_buffer_id++;
+		ret = p;
+		break;
 	}
-	return NULL;
+	pthread_mutex_unlock(&mem_lock);
+	/* Like cudaMalloc: the allocating thread has the primary context. */
+	if (ret)
+		cur_ctx = &primary_ctx[0];
+	return ret;
 }
 
 FAKE_EXPORT void kcoll_fake_cuda_free(void *p)
 {
-	for (size_t i = 0; i < sizeof(allocs) / sizeof(allocs[0]); i++) {
+	pthread_mutex_lock(&mem_lock);
+	for (size_t i = 0; i < FAKE_SLOTS; i++) {
 		if (p && allocs[i].base == (uintptr_t)p) {
+			/* Back to reserved address space: the slot's address is reused. */
+			mmap(p, allocs[i].size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+			     MAP_NORESERVE, -1, 0);
+			close(allocs[i].fd);
 			allocs[i].base = 0;
-			free(p);
 		}
 	}
+	pthread_mutex_unlock(&mem_lock);
+}
+
+/* The allocation or opened mapping holding dptr; 0 when none. */
+static int fake_find(unsigned long long dptr, unsigned long long *base, size_t *size,
+		     unsigned long long *id)
+{
+	int found = 0;
+
+	pthread_mutex_lock(&mem_lock);
+	for (size_t i = 0; !found && i < FAKE_SLOTS; i++) {
+		if (allocs[i].base && dptr >= allocs[i].base &&
+		    dptr < allocs[i].base + allocs[i].size) {
+			*base = allocs[i].base;
+			*size = allocs[i].size;
+			*id = allocs[i].buffer_id;
+			found = 1;
+		}
+	}
+	for (size_t i = 0; !found && i < FAKE_OPENED; i++) {
+		if (opened[i].base && dptr >= opened[i].base &&
+		    dptr < opened[i].base + opened[i].size) {
+			*base = opened[i].base;
+			*size = opened[i].size;
+			*id = 0x8000000000000000ULL | i;
+			found = 1;
+		}
+	}
+	pthread_mutex_unlock(&mem_lock);
+	return found;
 }
 
 FAKE_EXPORT int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size,
 					unsigned long long dptr)
 {
+	unsigned long long id;
+
 	if (!initialized)
 		return KCOLL_CUDA_NOT_INITIALIZED;
-	for (size_t i = 0; i < sizeof(allocs) / sizeof(allocs[0]); i++) {
-		if (allocs[i].base && dptr >= allocs[i].base &&
-		    dptr < allocs[i].base + allocs[i].size) {
-			*base = allocs[i].base;
-			*size = allocs[i].size;
-			return KCOLL_CUDA_SUCCESS;
-		}
+	return fake_find(dptr, base, size, &id) ? KCOLL_CUDA_SUCCESS : KCOLL_CUDA_NOT_FOUND;
+}
+
+FAKE_EXPORT int cuPointerGetAttribute(void *data, int attr, unsigned long long dptr)
+{
+	unsigned long long base, id;
+	size_t size;
+
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	if (!fake_find(dptr, &base, &size, &id))
+		return KCOLL_CUDA_INVALID_VALUE;	/* host memory CUDA does not know */
+	switch (attr) {
+	case KCOLL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+		*(unsigned int *)data = KCOLL_CU_MEMORYTYPE_DEVICE;
+		return KCOLL_CUDA_SUCCESS;
+	case KCOLL_CU_POINTER_ATTRIBUTE_BUFFER_ID:
+		*(unsigned long long *)data = id;
+		return KCOLL_CUDA_SUCCESS;
+	case KCOLL_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+		*(int *)data = 0;
+		return KCOLL_CUDA_SUCCESS;
+	default:
+		return KCOLL_CUDA_INVALID_VALUE;
 	}
-	return KCOLL_CUDA_NOT_FOUND;
+}
+
+FAKE_EXPORT int cuDevicePrimaryCtxRetain(void **ctx, int dev)
+{
+	int err = check_dev(dev);
+
+	if (!err)
+		*ctx = &primary_ctx[dev % (int)sizeof(primary_ctx)];
+	return err;
+}
+
+FAKE_EXPORT int cuDevicePrimaryCtxRelease_v2(int dev)
+{
+	return check_dev(dev);
+}
+
+FAKE_EXPORT int cuCtxSetCurrent(void *ctx)
+{
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	if (ctx && ((char *)ctx < primary_ctx || (char *)ctx >= primary_ctx + sizeof(primary_ctx)))
+		return KCOLL_CUDA_INVALID_CONTEXT;
+	cur_ctx = ctx;
+	return KCOLL_CUDA_SUCCESS;
 }
 
 FAKE_EXPORT int cuIpcGetMemHandle(struct fake_cu_ipc *handle, unsigned long long dptr)
 {
-	struct fake_handle h = { .base = dptr };
+	struct fake_handle h = { .base = dptr, .pid = (int)getpid(), .fd = -1 };
 	unsigned long long base;
 	size_t size;
 	int err = cuMemGetAddressRange_v2(&base, &size, dptr);
@@ -298,6 +478,16 @@ FAKE_EXPORT int cuIpcGetMemHandle(struct fake_cu_ipc *handle, unsigned long long
 	if (err)
 		return err;
 	if (base != dptr)	/* CUDA wants the allocation's base */
+		return KCOLL_CUDA_INVALID_VALUE;
+	pthread_mutex_lock(&mem_lock);
+	for (size_t i = 0; i < FAKE_SLOTS; i++) {
+		if (allocs[i].base == base) {
+			h.fd = allocs[i].fd;
+			h.buffer_id = allocs[i].buffer_id;
+		}
+	}
+	pthread_mutex_unlock(&mem_lock);
+	if (h.fd < 0)	/* an opened mapping: CUDA does not re-export those either */
 		return KCOLL_CUDA_INVALID_VALUE;
 	memcpy(h.magic, fake_magic, sizeof(h.magic));
 	h.size = size;
@@ -309,22 +499,70 @@ FAKE_EXPORT int cuIpcOpenMemHandle_v2(unsigned long long *dptr, struct fake_cu_i
 				      unsigned int flags)
 {
 	struct fake_handle h;
+	char path[64];
+	struct stat st;
+	void *p;
+	int fd, err = KCOLL_CUDA_OUT_OF_MEMORY;
 
 	if (!initialized)
 		return KCOLL_CUDA_NOT_INITIALIZED;
+	if (!cur_ctx)
+		return KCOLL_CUDA_INVALID_CONTEXT;
 	memcpy(&h, &handle, sizeof(h));
 	if (memcmp(h.magic, fake_magic, sizeof(h.magic)) ||
 	    flags != KCOLL_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
 		return KCOLL_CUDA_INVALID_VALUE;
 	if (fake.ipc_open_result)
 		return fake.ipc_open_result;
-	*dptr = h.base;
-	return KCOLL_CUDA_SUCCESS;
+	if (h.pid == (int)getpid())
+		return KCOLL_CUDA_INVALID_CONTEXT;	/* CUDA: not in the maker */
+	/* The maker's memfd; gone (freed, process exited) = an invalid handle. */
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", h.pid, h.fd);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return KCOLL_CUDA_INVALID_HANDLE;
+	if (fstat(fd, &st) || (unsigned long long)st.st_size != h.size) {
+		close(fd);
+		return KCOLL_CUDA_INVALID_HANDLE;
+	}
+	p = mmap(NULL, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		return KCOLL_CUDA_OUT_OF_MEMORY;
+	pthread_mutex_lock(&mem_lock);
+	for (size_t i = 0; i < FAKE_OPENED; i++) {
+		if (!opened[i].base) {
+			opened[i].base = (uintptr_t)p;
+			opened[i].size = h.size;
+			*dptr = (uintptr_t)p;
+			err = KCOLL_CUDA_SUCCESS;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&mem_lock);
+	if (err)
+		munmap(p, h.size);
+	return err;
 }
 
 FAKE_EXPORT int cuIpcCloseMemHandle(unsigned long long dptr)
 {
-	return initialized && dptr ? KCOLL_CUDA_SUCCESS : KCOLL_CUDA_INVALID_VALUE;
+	int err = KCOLL_CUDA_INVALID_VALUE;
+
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	if (!cur_ctx)
+		return KCOLL_CUDA_INVALID_CONTEXT;
+	pthread_mutex_lock(&mem_lock);
+	for (size_t i = 0; i < FAKE_OPENED; i++) {
+		if (dptr && opened[i].base == dptr) {
+			munmap((void *)(uintptr_t)dptr, opened[i].size);
+			opened[i].base = 0;
+			err = KCOLL_CUDA_SUCCESS;
+		}
+	}
+	pthread_mutex_unlock(&mem_lock);
+	return err;
 }
 
 FAKE_EXPORT int cuMemGetHandleForAddressRange(void *handle, unsigned long long dptr, size_t size,

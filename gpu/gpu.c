@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -52,6 +53,10 @@ struct kcoll_cuda_data_fns {
 	int (*addr_range)(unsigned long long *base, size_t *size, unsigned long long dptr);
 	int (*dmabuf)(void *handle, unsigned long long dptr, size_t size, int type,
 		      unsigned long long flags);
+	int (*ptr_attr)(void *data, int attr, unsigned long long dptr);
+	int (*ctx_retain)(void **ctx, int dev);		/* cuDevicePrimaryCtxRetain */
+	int (*ctx_set)(void *ctx);			/* cuCtxSetCurrent */
+	int (*ctx_release)(int dev);			/* cuDevicePrimaryCtxRelease */
 };
 
 static const struct {
@@ -64,6 +69,11 @@ static const struct {
 	{ "cuIpcCloseMemHandle", offsetof(struct kcoll_cuda_data_fns, ipc_close) },
 	{ "cuMemGetAddressRange_v2", offsetof(struct kcoll_cuda_data_fns, addr_range) },
 	{ "cuMemGetHandleForAddressRange", offsetof(struct kcoll_cuda_data_fns, dmabuf) },
+	{ "cuPointerGetAttribute", offsetof(struct kcoll_cuda_data_fns, ptr_attr) },
+	{ "cuDevicePrimaryCtxRetain", offsetof(struct kcoll_cuda_data_fns, ctx_retain) },
+	{ "cuCtxSetCurrent", offsetof(struct kcoll_cuda_data_fns, ctx_set) },
+	/* cuda.h maps it to the _v2 entry point */
+	{ "cuDevicePrimaryCtxRelease_v2", offsetof(struct kcoll_cuda_data_fns, ctx_release) },
 };
 
 static const struct {
@@ -90,7 +100,12 @@ struct kcoll_gpu {
 	struct kcoll_cuda_data_fns dcu;	/* NULL members: this driver lacks them */
 	const struct kcoll_gpu_kernels *k;
 	struct kcoll_gpu_info info;
+	pthread_mutex_t ctx_lock;
+	void *ctx[KCOLL_GPU_MAX_DEVICES];	/* retained primary contexts */
+	unsigned long serial;			/* names this instance in thread caches */
 };
+
+static unsigned long gpu_serial;
 
 /* Messages are bounded on purpose: a truncated reason beats none. */
 static void __attribute__((format(printf, 3, 4)))
@@ -303,6 +318,10 @@ static void load_kernels(struct kcoll_gpu *g, const struct kcoll_gpu_config *cfg
 	else
 		default_kernels_path(in->kernels_lib, sizeof(in->kernels_lib));
 
+	if (cfg->driver_only) {
+		SET(in->kernels_error, "not loaded: this process needs only the driver");
+		return;
+	}
 	/* NODELETE: the static CUDA runtime inside must never be unmapped */
 	g->kernels_dl = dlopen(in->kernels_lib, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 	if (!g->kernels_dl) {
@@ -526,6 +545,10 @@ int kcoll_gpu_open(struct kcoll_gpu **gp, const struct kcoll_gpu_config *cfg)
 
 	*gp = NULL;
 	g = calloc(1, sizeof(*g));
+	if (g) {
+		pthread_mutex_init(&g->ctx_lock, NULL);
+		g->serial = __atomic_add_fetch(&gpu_serial, 1, __ATOMIC_RELAXED);
+	}
 	if (!g)
 		return -ENOMEM;
 	if (!cfg)
@@ -545,6 +568,11 @@ void kcoll_gpu_close(struct kcoll_gpu *g)
 {
 	if (!g)
 		return;
+	for (int d = 0; d < KCOLL_GPU_MAX_DEVICES; d++) {
+		if (g->ctx[d] && g->dcu.ctx_release)
+			g->dcu.ctx_release(d);
+	}
+	pthread_mutex_destroy(&g->ctx_lock);
 	if (g->kernels_dl)
 		dlclose(g->kernels_dl);
 	if (g->driver_dl)
@@ -773,4 +801,93 @@ enum kcoll_gpu_path kcoll_gpu_reg_outcome(enum kcoll_gpu_path planned, int expor
 		return KCOLL_GPU_PATH_STAGING;
 	}
 	return planned;
+}
+
+int kcoll_gpu_ptr_query(struct kcoll_gpu *g, const void *ptr, struct kcoll_gpu_ptr *out, char *why,
+			size_t len)
+{
+	unsigned long long p = (unsigned long long)(uintptr_t)ptr, base = 0, id = 0;
+	unsigned int type = 0;
+	size_t size = 0;
+	int rc, err, ord = -1, managed = 0;
+
+	memset(out, 0, sizeof(*out));
+	out->dev = -1;
+	rc = data_gate(g, g ? g->dcu.ptr_attr : NULL, "cuPointerGetAttribute", why, len);
+	if (!rc)
+		rc = data_gate(g, g->dcu.addr_range, "cuMemGetAddressRange_v2", why, len);
+	if (rc)
+		return rc;
+	/* Host memory CUDA does not know: CUDA_ERROR_INVALID_VALUE. */
+	err = g->dcu.ptr_attr(&type, KCOLL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+	if (err || type != KCOLL_CU_MEMORYTYPE_DEVICE)
+		return 0;
+	/* Managed memory is host-accessible and has no IPC handle: host. */
+	if (!g->dcu.ptr_attr(&managed, KCOLL_CU_POINTER_ATTRIBUTE_IS_MANAGED, p) && managed)
+		return 0;
+	err = g->dcu.addr_range(&base, &size, p);
+	if (!err)
+		err = g->dcu.ptr_attr(&id, KCOLL_CU_POINTER_ATTRIBUTE_BUFFER_ID, p);
+	if (!err)
+		err = g->dcu.ptr_attr(&ord, KCOLL_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p);
+	if (err)
+		return cuda_fail(g, err, "cuPointerGetAttribute/cuMemGetAddressRange", why, len);
+	if (ord < 0 || ord >= g->info.ndev || ord >= KCOLL_GPU_MAX_DEVICES) {
+		if (why && len)
+			snprintf(why, len, "device pointer on device %d, which the probe did not see "
+				 "(%d devices)", ord, g->info.ndev);
+		return -ENODEV;
+	}
+	out->is_device = 1;
+	out->base = base;
+	out->size = size;
+	out->buffer_id = id;
+	out->dev = ord;
+	snprintf(out->pci_bus_id, sizeof(out->pci_bus_id), "%s", g->info.dev[ord].pci_bus_id);
+	return 0;
+}
+
+int kcoll_gpu_device_by_pci(const struct kcoll_gpu *g, const char *pci_bus_id)
+{
+	if (!g || !pci_bus_id[0])
+		return -ENODEV;
+	for (int d = 0; d < g->info.ndev && d < KCOLL_GPU_MAX_DEVICES; d++) {
+		if (!strcasecmp(g->info.dev[d].pci_bus_id, pci_bus_id))
+			return d;
+	}
+	return -ENODEV;
+}
+
+int kcoll_gpu_ctx_enter(struct kcoll_gpu *g, int dev, char *why, size_t len)
+{
+	static __thread unsigned long cur_serial;	/* 0: none */
+	static __thread int cur_dev = -1;
+	void *ctx;
+	int rc, err = 0;
+
+	rc = data_gate(g, g ? g->dcu.ctx_retain : NULL, "cuDevicePrimaryCtxRetain", why, len);
+	if (!rc)
+		rc = data_gate(g, g->dcu.ctx_set, "cuCtxSetCurrent", why, len);
+	if (rc)
+		return rc;
+	if (dev < 0 || dev >= g->info.ndev || dev >= KCOLL_GPU_MAX_DEVICES) {
+		if (why && len)
+			snprintf(why, len, "no CUDA device %d (%d seen)", dev, g->info.ndev);
+		return -ENODEV;
+	}
+	if (cur_serial == g->serial && cur_dev == dev)
+		return 0;	/* already current on this thread */
+	pthread_mutex_lock(&g->ctx_lock);
+	if (!g->ctx[dev])
+		err = g->dcu.ctx_retain(&g->ctx[dev], dev);
+	ctx = g->ctx[dev];
+	pthread_mutex_unlock(&g->ctx_lock);
+	if (err)
+		return cuda_fail(g, err, "cuDevicePrimaryCtxRetain", why, len);
+	err = g->dcu.ctx_set(ctx);
+	if (err)
+		return cuda_fail(g, err, "cuCtxSetCurrent", why, len);
+	cur_serial = g->serial;
+	cur_dev = dev;
+	return 0;
 }

@@ -94,6 +94,8 @@ struct kcoll_gpu_config {
 					 * then libkcoll_gpu.so on the loader's path */
 	const char *sysfs_root;		/* default "/sys" */
 	const char *kernel_release;	/* default uname -r */
+	int driver_only;		/* skip the kernels library: for a process that only
+					 * registers device buffers (libkcoll in an application) */
 };
 
 struct kcoll_gpu;
@@ -163,6 +165,32 @@ int kcoll_gpu_ipc_close(struct kcoll_gpu *g, void *base);
  */
 int kcoll_gpu_dmabuf_fd(struct kcoll_gpu *g, const void *dptr, size_t size, int *fd, char *why,
 			size_t len);
+/* What the driver says about a pointer (kcoll_gpu_ptr_query). */
+struct kcoll_gpu_ptr {
+	int is_device;			/* device memory; the rest is set only then */
+	unsigned long long base;	/* the allocation holding it */
+	unsigned long long size;
+	unsigned long long buffer_id;	/* CU_POINTER_ATTRIBUTE_BUFFER_ID: new per allocation */
+	int dev;			/* device ordinal in this process */
+	char pci_bus_id[32];		/* the same device, as any process names it */
+};
+
+/*
+ * Is ptr device memory, and which allocation? 0 with is_device = 0 for memory
+ * the driver does not know (host memory), pinned host memory and managed
+ * memory (host-accessible, no IPC handle). Needs cuPointerGetAttribute.
+ */
+int kcoll_gpu_ptr_query(struct kcoll_gpu *g, const void *ptr, struct kcoll_gpu_ptr *out, char *why,
+			size_t len);
+/* This process's ordinal of the device with that PCI bus id, or -ENODEV. */
+int kcoll_gpu_device_by_pci(const struct kcoll_gpu *g, const char *pci_bus_id);
+/*
+ * Make dev's primary context current on the calling thread (retained once per
+ * instance, released by kcoll_gpu_close): the driver's IPC calls and kcolld's
+ * copies and reductions need one. Cheap when it already is.
+ */
+int kcoll_gpu_ctx_enter(struct kcoll_gpu *g, int dev, char *why, size_t len);
+
 /*
  * How one buffer reaches the NIC after trying: planned is the probe's path for
  * its device, export_rc what kcoll_gpu_dmabuf_fd returned (ignored unless

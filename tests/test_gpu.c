@@ -875,6 +875,64 @@ static void test_loader_fake(void)
 	fake_teardown(&e);
 }
 
+/* Pointer queries and contexts (what libkcoll and kcolld ask), on the fake. */
+#define N_PTR_TESTS 5
+
+static void test_ptr_ctx(void)
+{
+	struct kcoll_fake_cuda f = fake_defaults();
+	struct kcoll_gpu_config none = { .driver_lib = "/nonexistent/libcuda.so.1" };
+	char why[KCOLL_GPU_TEXT];
+	void *(*dalloc)(size_t);
+	void (*dfree)(void *);
+	struct kcoll_gpu_ptr q, q2;
+	struct kcoll_gpu *g = NULL;
+	unsigned char *mem, *again;
+	struct fake_env e;
+	void *sym;
+	int rc, rc2, host = 0;
+	long page = sysconf(_SC_PAGESIZE);
+
+	if (fake_setup(&e)) {
+		for (int i = 0; i < N_PTR_TESTS; i++)
+			tap_skip("the fake CUDA fixture did not load: %s", dlerror());
+		return;
+	}
+	sym = dlsym(e.dl, "kcoll_fake_cuda_alloc");
+	memcpy(&dalloc, &sym, sizeof(sym));
+	sym = dlsym(e.dl, "kcoll_fake_cuda_free");
+	memcpy(&dfree, &sym, sizeof(sym));
+	fake_open(&e, &f, 0, 1, "6.1.0", &g);
+	mem = dalloc(4 * (size_t)page);
+	rc = mem ? kcoll_gpu_ptr_query(g, mem + page + 8, &q, why, sizeof(why)) : -ENOMEM;
+	tap_ok(rc == 0 && q.is_device && q.base == (uintptr_t)mem && q.size == 4ULL * page &&
+		       q.dev == 0 && !strcmp(q.pci_bus_id, "0000:19:00.0"),
+	       "pointer query: device memory, its allocation, device and PCI bus id (%d)", rc);
+	rc2 = kcoll_gpu_ptr_query(g, &host, &q2, why, sizeof(why));
+	tap_ok(rc2 == 0 && !q2.is_device, "pointer query: host memory is not device memory (%d)",
+	       rc2);
+	dfree(mem);
+	again = dalloc(4 * (size_t)page);
+	rc2 = again ? kcoll_gpu_ptr_query(g, again, &q2, why, sizeof(why)) : -ENOMEM;
+	tap_ok(again == mem && rc2 == 0 && q2.is_device && q2.buffer_id != q.buffer_id,
+	       "pointer query: an allocation at a freed one's address has a new buffer id "
+	       "(%llu -> %llu)", q.buffer_id, q2.buffer_id);
+	rc = kcoll_gpu_device_by_pci(g, "0000:19:00.0");
+	rc2 = kcoll_gpu_device_by_pci(g, "0000:99:00.0");
+	tap_ok(rc == 0 && rc2 == -ENODEV && kcoll_gpu_ctx_enter(g, 0, why, sizeof(why)) == 0 &&
+		       kcoll_gpu_ctx_enter(g, 5, why, sizeof(why)) == -ENODEV,
+	       "device by PCI bus id; primary context of device 0, -ENODEV for device 5 (%s)", why);
+	dfree(again);
+	kcoll_gpu_close(g);
+	kcoll_gpu_open(&g, &none);
+	rc = kcoll_gpu_ptr_query(g, &host, &q, why, sizeof(why));
+	rc2 = kcoll_gpu_ctx_enter(g, 0, why, sizeof(why));
+	tap_ok(rc == -EOPNOTSUPP && rc2 == -EOPNOTSUPP && has(why, "no CUDA driver"),
+	       "no driver: pointer query and context -EOPNOTSUPP with the reason (%s)", why);
+	kcoll_gpu_close(g);
+	fake_teardown(&e);
+}
+
 /* ---- this machine ---------------------------------------------------------- */
 
 static int gpu_rc;
@@ -1295,6 +1353,7 @@ int main(void)
 	test_loader_missing();
 	test_loader_fake();
 	test_ipc();
+	test_ptr_ctx();
 	test_this_machine();
 	test_doctor_binary();
 	test_gpu();

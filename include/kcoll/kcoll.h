@@ -78,6 +78,11 @@ int kcoll_comm_size(const struct kcoll_comm *comm);
  * Buffers from kcoll_mem_alloc() are used by the daemon without any copy;
  * other buffers are moved with one copy. The buffers must stay valid until
  * the request completes.
+ * In a process using CUDA, buffers may be device memory (cudaMalloc): each
+ * allocation is registered with kcolld once (CUDA IPC); the data must be
+ * ready on the device when the call is made. -EOPNOTSUPP: kcolld has no
+ * usable GPU (kcollctl gpu says why). kcoll_mem_deregister(k, base) drops an
+ * allocation's registration. docs/gpu.md.
  */
 int kcoll_allreduce(struct kcoll_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
 		    enum kcoll_dtype dtype, enum kcoll_redop op, struct kcoll_req **req);

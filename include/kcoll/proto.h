@@ -36,6 +36,7 @@ enum kcoll_msg_type {
 	KCOLL_MSG_SEG_IMPORT = 34,	/* descriptor -> import handle */
 	KCOLL_MSG_SEG_CLOSE = 35,	/* drop an import handle */
 	KCOLL_MSG_C4 = 10,		/* kcollctl anomalies/events/plan: reply text */
+	KCOLL_MSG_MEM_REG_DEV = 48,	/* GPU allocation shared by CUDA IPC (docs/gpu.md) */
 };
 
 /* Every message and every reply starts with this. */
@@ -78,6 +79,21 @@ struct kcoll_msg_mem_reg_kdev {
 	uint64_t addr;
 	uint64_t size;
 	uint64_t handle;	/* from KCOLL_IOC_BUF_REGISTER */
+};
+
+/*
+ * A GPU allocation of the client (MEM_REG_DEV), registered once; MEM_UNREG by
+ * addr drops it. SQEs then name device addresses inside it (KCOLL_MEM_DEVICE).
+ */
+#define KCOLL_GPU_IPC_BYTES	88	/* struct kcoll_gpu_ipc (gpu/kcoll_gpu.h) */
+
+struct kcoll_msg_mem_reg_dev {
+	struct kcoll_msg_hdr hdr;
+	uint64_t addr;		/* the allocation's base, a device address of the client */
+	uint64_t size;		/* the allocation's bytes */
+	uint64_t buffer_id;	/* CU_POINTER_ATTRIBUTE_BUFFER_ID (for logs and status) */
+	char pci_bus_id[32];	/* its device, as every process names it */
+	uint8_t ipc[KCOLL_GPU_IPC_BYTES];	/* the handle of the whole allocation */
 };
 
 struct kcoll_msg_mem_unreg {

@@ -12,3 +12,6 @@ $(BIN)/kcolld: $(KCOLLD_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB)
 		$(LDFLAGS) -lm $(KCOLLD_EXTRA_LDLIBS)
 
 ALL_TARGETS += $(BIN)/kcolld
+
+# Device buffers (mem.c, exec.c) use the GPU loader (gpu/kcoll_gpu.h).
+$(OBJ)/user/daemon/mem.o $(OBJ)/user/daemon/exec.o: CPPFLAGS += $(GPU_CPPFLAGS)

@@ -164,18 +164,13 @@ void kd_client_post(struct kd_client *c, uint64_t user_data, int res, uint64_t a
 		kcoll_futex_wake(&c->ring->cq_tail, INT_MAX);
 }
 
-/* Why a device-memory SQE is refused: no GPU here (the loader says why), or a
- * GPU but no device-buffer registration in kcolld yet (docs/gpu.md). */
+/* Why a device-memory SQE is refused: no GPU in kcolld (the loader says why). */
 static const char *dev_mem_why(void)
 {
-	static __thread char buf[KCOLL_GPU_TEXT + 64];
-	char reason[KCOLL_GPU_TEXT];
+	static __thread char buf[KCOLL_GPU_TEXT + 128];
 
-	if (kcoll_gpu_available(reason, sizeof(reason)))
-		snprintf(buf, sizeof(buf), "device buffers need a GPU: %s", reason);
-	else
-		snprintf(buf, sizeof(buf), "device buffers: kcolld does not yet take GPU memory "
-			 "registrations (CUDA IPC); use host buffers");
+	if (kd_gpu_ready(buf, sizeof(buf)) == 0)
+		snprintf(buf, sizeof(buf), "device buffers: refused");
 	return buf;
 }
 

@@ -516,6 +516,8 @@ void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, c
 	op->c[rank].user_data = sqe->user_data;
 	op->c[rank].send = a->send_addr;
 	op->c[rank].recv = a->recv_addr;
+	op->c[rank].send_mem = a->send_mem;
+	op->c[rank].recv_mem = a->recv_mem;
 	op->c[rank].sbuf.len = sbytes;
 	op->c[rank].rbuf.len = rbytes;
 	op->c[rank].present = true;

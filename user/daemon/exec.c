@@ -6,6 +6,10 @@
  * and starts the communicator's next one.
  *
  * How each rank's buffer is reached is mem.c's business (kd_buf_read/write).
+ * When every buffer of an op is GPU memory on one device, run_task_gpu does
+ * the same work there instead: kcoll_gpu_reduce_n over the mapped inputs into
+ * one receiver, device-to-device copies to the others, on kcolld's stream of
+ * that device, synchronized before the task counts as done (docs/gpu.md).
  */
 #include <errno.h>
 #include <sched.h>
@@ -14,6 +18,7 @@
 
 #include <kcoll/kcoll.h>
 
+#include "kcoll_gpu.h"
 #include "kcolld.h"
 #include "log.h"
 #include "net.h"
@@ -48,6 +53,66 @@ void kd_exec_thread_done(void)
 	stage_size = 0;
 }
 
+/* One task of an op whose buffers all lie on GPU op->gpu_dev. */
+static void run_task_gpu(struct kd_op *op, uint32_t seg, uint64_t e, uint64_t n)
+{
+	uint32_t nr = op->comm->nranks;
+	size_t bytes = n * op->esz;
+	const void *ins[KD_MAX_RANKS];
+	const struct kcoll_gpu_kernels *k;
+	uint64_t soff, roff;
+	uint32_t src_rank, dst;
+	uint8_t *out;
+	const char *what;
+	int r = kd_gpu_enter(op->gpu_dev, &k);
+
+	if (r)
+		return kd_op_fail(op, r, KCOLL_RANK_NONE, 0);
+	switch (op->opcode) {
+	case KCOLL_OP_ALLREDUCE:
+	case KCOLL_OP_REDUCE_SCATTER:
+		soff = (seg * op->seg_elems + e) * op->esz;
+		roff = op->opcode == KCOLL_OP_ALLREDUCE ? soff : e * op->esz;
+		dst = op->opcode == KCOLL_OP_REDUCE_SCATTER ? seg : 0;
+		for (uint32_t i = 0; i < nr; i++)
+			ins[i] = op->c[i].sbuf.dptr + soff;
+		out = op->c[dst].rbuf.dptr + roff;
+		what = "reduction";
+		r = k->reduce_n(op->dtype, op->redop, out, ins, nr, n, NULL);
+		for (uint32_t i = 0; !r && op->opcode == KCOLL_OP_ALLREDUCE && i < nr; i++) {
+			what = "device-to-device copy";
+			if (i != dst)
+				r = k->copy(op->c[i].rbuf.dptr + roff, out, bytes);
+		}
+		break;
+	default:	/* all-gather, broadcast */
+		src_rank = op->opcode == KCOLL_OP_ALLGATHER ? seg : op->root;
+		soff = e * op->esz;
+		roff = (seg * op->seg_elems + e) * op->esz;
+		what = "device-to-device copy";
+		r = 0;
+		for (uint32_t i = 0; !r && i < nr; i++) {
+			uint8_t *to = op->c[i].rbuf.dptr + roff;
+			const uint8_t *from = op->c[src_rank].sbuf.dptr + soff;
+
+			/* broadcast's root, all-gather in place: already there */
+			if (to == from || (op->opcode == KCOLL_OP_BROADCAST && i == src_rank))
+				continue;
+			r = k->copy(to, from, bytes);
+		}
+		break;
+	}
+	if (!r) {
+		what = "stream synchronization";
+		r = k->stream_sync(NULL);	/* done on the GPU before the CQE */
+	}
+	if (r) {
+		kc_warn("comm %s: GPU %d %s failed: %s", op->comm->name, op->gpu_dev, what,
+			k->last_error());
+		kd_op_fail(op, r, KCOLL_RANK_NONE, 0);
+	}
+}
+
 /*
  * One task: elements [e, e+n) of segment 'seg'. Segments: all-reduce and
  * broadcast have one; reduce-scatter and all-gather one per rank.
@@ -73,6 +138,8 @@ static void run_task(struct kd_op *op, uint32_t task)
 	}
 	if (atomic_load(&op->err))
 		return;	/* already failed: do no more work */
+	if (op->on_gpu)
+		return run_task_gpu(op, seg, e, n);
 
 	switch (op->opcode) {
 	case KCOLL_OP_ALLREDUCE:
@@ -149,9 +216,24 @@ static void op_prepare(struct kd_op *op)
 	for (uint32_t k = 0; k < nr; k++) {
 		struct kd_contrib *ct = &op->c[k];
 
-		kd_buf_resolve(ct->client, ct->send, ct->sbuf.len, &ct->sbuf);
-		kd_buf_resolve(ct->client, ct->recv, ct->rbuf.len, &ct->rbuf);
+		kd_buf_resolve_kind(ct->client, ct->send, ct->sbuf.len, ct->send_mem, &ct->sbuf);
+		kd_buf_resolve_kind(ct->client, ct->recv, ct->rbuf.len, ct->recv_mem, &ct->rbuf);
 	}
+	/* Every buffer on one GPU, element-aligned (the kernels' rule): stay there.
+	 * Otherwise kd_mem_dev stages device buffers through host memory. */
+	op->on_gpu = true;
+	op->gpu_dev = op->c[0].sbuf.gpu_dev;
+	for (uint32_t k = 0; k < nr; k++) {
+		const struct kd_contrib *ct = &op->c[k];
+
+		if (ct->sbuf.ops != &kd_mem_dev || ct->rbuf.ops != &kd_mem_dev ||
+		    ct->sbuf.gpu_dev != op->gpu_dev || ct->rbuf.gpu_dev != op->gpu_dev ||
+		    ((uintptr_t)ct->sbuf.dptr | (uintptr_t)ct->rbuf.dptr) % op->esz)
+			op->on_gpu = false;
+	}
+	if (op->on_gpu)
+		kc_dbg("comm %s: op %llu runs on GPU %d", op->comm->name, (unsigned long long)op->seq,
+		       op->gpu_dev);
 	/* The stage holds nr + 1 chunks; keep it bounded for many ranks. */
 	if (chunk * (nr + 1) > KD_STAGE_MAX)
 		chunk = KD_STAGE_MAX / (nr + 1);

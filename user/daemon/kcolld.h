@@ -49,6 +49,10 @@ struct kd_region {
 	uint8_t *map;		/* in the daemon */
 	bool pinned;		/* kmap: a /dev/kcoll mapping, else a memfd mmap */
 	struct kcoll_kdev_map kmap;
+	bool dev;		/* GPU memory opened by CUDA IPC: map is a device pointer */
+	int gpu_dev;		/* kcolld's ordinal of its device */
+	void *gpu_base;		/* what cuIpcOpenMemHandle returned (closed on the last put) */
+	uint64_t buffer_id;	/* the client's CU_POINTER_ATTRIBUTE_BUFFER_ID */
 	atomic_int refs;
 	struct kd_region *next;
 };
@@ -106,6 +110,8 @@ struct kd_mem_ops {
 
 extern const struct kd_mem_ops kd_mem_mapped;
 extern const struct kd_mem_ops kd_mem_vm;
+extern const struct kd_mem_ops kd_mem_dev;	/* a registered GPU allocation */
+extern const struct kd_mem_ops kd_mem_nodev;	/* a device address outside any: -EFAULT */
 
 /* A rank's buffer for one op, resolved once. */
 struct kd_buf {
@@ -114,12 +120,15 @@ struct kd_buf {
 	uint8_t *direct;	/* daemon pointer when inside a mapped region */
 	struct kd_region *rg;	/* held while the op runs */
 	const struct kd_mem_ops *ops;
+	uint8_t *dptr;		/* kd_mem_dev: device pointer in kcolld (never dereferenced) */
+	int gpu_dev;
 };
 
 struct kd_contrib {
 	struct kd_client *client;	/* held */
 	uint64_t user_data;
 	uint64_t send, recv;
+	uint8_t send_mem, recv_mem;	/* enum kcoll_mem_kind */
 	struct kd_buf sbuf, rbuf;
 	bool present;
 };
@@ -138,6 +147,8 @@ struct kd_op {
 	uint32_t cqe_flags;
 
 	/* execution */
+	bool on_gpu;		/* every buffer on one GPU: reduce and copy there (exec.c) */
+	int gpu_dev;
 	size_t esz;
 	uint64_t seg_elems;	/* elements per segment (one per rank for RS/AG) */
 	uint64_t chunk_elems;
@@ -239,6 +250,19 @@ int kd_region_add_pinned(struct kd_client *c, uint64_t handle, uint64_t addr, ui
 int kd_region_del(struct kd_client *c, uint64_t addr);
 /* mem.c: resolve [addr, addr+len) of c: mapped if inside a region (ref taken). */
 void kd_buf_resolve(struct kd_client *c, uint64_t addr, uint64_t len, struct kd_buf *b);
+/* The same for a buffer of kind mem (enum kcoll_mem_kind): device addresses
+ * resolve only inside the client's device regions, host ones never there. */
+void kd_buf_resolve_kind(struct kd_client *c, uint64_t addr, uint64_t len, int mem,
+			 struct kd_buf *b);
+struct kcoll_msg_mem_reg_dev;
+/* MEM_REG_DEV: open the client's GPU allocation; why says what went wrong. */
+int kd_region_add_dev(struct kd_client *c, const struct kcoll_msg_mem_reg_dev *m, char *why,
+		      size_t len);
+/* Device buffers usable in kcolld (a GPU, the kernels): 0, else -EOPNOTSUPP and why. */
+int kd_gpu_ready(char *why, size_t len);
+struct kcoll_gpu_kernels;
+/* The kernels table with dev's context current on this thread. */
+int kd_gpu_enter(int dev, const struct kcoll_gpu_kernels **k);
 void kd_buf_release(struct kd_buf *b);
 void kd_region_put(struct kd_region *rg);
 int kd_buf_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n, uint8_t *tmp,

@@ -272,6 +272,7 @@ static bool on_message(struct kd_client *c)
 		struct kcoll_msg_mem_reg reg;
 		struct kcoll_msg_mem_unreg unreg;
 		struct kcoll_msg_mem_reg_kdev reg_kdev;
+		struct kcoll_msg_mem_reg_dev reg_dev;
 		struct kcoll_msg_comm_init init;
 		struct kcoll_msg_comm_destroy destroy;
 		struct kcoll_msg_set set;
@@ -327,6 +328,16 @@ static bool on_message(struct kd_client *c)
 	case KCOLL_MSG_MEM_UNREG:
 		r = n < (ssize_t)sizeof(m.unreg) ? -EINVAL : kd_region_del(c, m.unreg.addr);
 		break;
+	case KCOLL_MSG_MEM_REG_DEV: {
+		char dwhy[512] = "";
+
+		r = n < (ssize_t)sizeof(m.reg_dev) ? -EINVAL : kd_region_add_dev(c, &m.reg_dev, dwhy,
+										  sizeof(dwhy));
+		if (r)
+			kc_warn("client %u (pid %d): device buffer registration refused: %s", c->id,
+				c->pid, dwhy[0] ? dwhy : strerror(-r));
+		break;
+	}
 	case KCOLL_MSG_COMM_INIT:
 		if (n < (ssize_t)sizeof(m.init)) {
 			r = -EINVAL;

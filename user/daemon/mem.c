@@ -7,12 +7,19 @@
  *                  kcoll_mem_register and kcolld mapped through /dev/kcoll):
  *                  used in place
  *   kd_mem_vm      any other buffer: one process_vm_readv/writev per chunk
+ *   kd_mem_dev     GPU memory the client registered (MEM_REG_DEV: a CUDA IPC
+ *                  handle kcolld opened): staged through host memory with the
+ *                  kernels library's copies; exec.c reduces on the GPU itself
+ *                  when every buffer of an op is on one GPU (docs/gpu.md)
+ *   kd_mem_nodev   a device address outside every registered allocation:
+ *                  -EFAULT, never a guess
  *
  * kd_buf_resolve picks the ops once per buffer per op; the executor only
  * calls kd_buf_read/kd_buf_write. A new way in (kernel module, GPU IPC)
  * is a new ops table here, nothing else.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -20,7 +27,9 @@
 #include <sys/uio.h>
 #include <fcntl.h>
 
+#include "kcoll_gpu.h"
 #include "kcolld.h"
+#include "log.h"
 
 static int mapped_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
 		       uint8_t *tmp, const uint8_t **p)
@@ -69,6 +78,89 @@ static int vm_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, c
 	return 0;
 }
 
+int kd_gpu_ready(char *why, size_t len)
+{
+	const struct kcoll_gpu_kernels *k;
+	struct kcoll_gpu *g;
+	int rc = kcoll_gpu_process(&g);
+
+	if (!rc)
+		rc = kcoll_gpu_kernels(g, &k);
+	if (rc) {
+		if (why && len)
+			snprintf(why, len, "device buffers need a GPU in kcolld: %s; run "
+				 "'kcollctl gpu' for the fix", g ? kcoll_gpu_info(g)->why : "out of memory");
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+int kd_gpu_enter(int dev, const struct kcoll_gpu_kernels **k)
+{
+	char why[KCOLL_GPU_TEXT];
+	struct kcoll_gpu *g;
+	int rc = kd_gpu_ready(why, sizeof(why));
+
+	if (!rc) {
+		kcoll_gpu_process(&g);
+		kcoll_gpu_kernels(g, k);
+		rc = kcoll_gpu_ctx_enter(g, dev, why, sizeof(why));
+	}
+	if (rc)
+		kc_warn("GPU %d: %s", dev, why);
+	return rc;
+}
+
+static int dev_copy(const struct kd_buf *b, void *dst, const void *src, size_t n)
+{
+	const struct kcoll_gpu_kernels *k;
+	int r = kd_gpu_enter(b->gpu_dev, &k);
+
+	if (r)
+		return r;
+	r = k->copy(dst, src, n);
+	if (r)
+		kc_warn("GPU %d: copy of %zu bytes failed: %s", b->gpu_dev, n, k->last_error());
+	return r;
+}
+
+/* Host staging: the chunk comes up into tmp, the result goes down from src. */
+static int dev_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
+		    uint8_t *tmp, const uint8_t **p)
+{
+	int r = dev_copy(b, tmp, b->dptr + off, n);
+
+	if (!r)
+		*p = tmp;
+	return r;
+}
+
+static int dev_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, const uint8_t *src,
+		     size_t n)
+{
+	return dev_copy(b, b->dptr + off, src, n);
+}
+
+static int nodev_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
+		      uint8_t *tmp, const uint8_t **p)
+{
+	return -EFAULT;
+}
+
+static int nodev_write(struct kd_client *c, const struct kd_buf *b, uint64_t off,
+		       const uint8_t *src, size_t n)
+{
+	return -EFAULT;
+}
+
+const struct kd_mem_ops kd_mem_dev = {
+	.read = dev_read, .write = dev_write,
+};
+
+const struct kd_mem_ops kd_mem_nodev = {
+	.read = nodev_read, .write = nodev_write,
+};
+
 const struct kd_mem_ops kd_mem_mapped = {
 	.read = mapped_read, .write = mapped_write,
 };
@@ -95,10 +187,22 @@ void kd_region_put(struct kd_region *rg)
 {
 	if (atomic_fetch_sub(&rg->refs, 1) != 1)
 		return;
-	if (rg->pinned)
+	if (rg->dev) {
+		const struct kcoll_gpu_kernels *k;
+		struct kcoll_gpu *g;
+		int r = kd_gpu_enter(rg->gpu_dev, &k);
+
+		kcoll_gpu_process(&g);
+		if (!r)
+			r = kcoll_gpu_ipc_close(g, rg->gpu_base);
+		if (r)
+			kc_warn("GPU %d: closing a device buffer's IPC mapping: %s", rg->gpu_dev,
+				strerror(-r));
+	} else if (rg->pinned) {
 		kcoll_kdev_unmap(&rg->kmap);
-	else
+	} else {
 		munmap(rg->map, rg->size);
+	}
 	free(rg);
 }
 
@@ -182,6 +286,70 @@ int kd_region_add_pinned(struct kd_client *c, uint64_t handle, uint64_t addr, ui
 	return region_insert(c, rg);
 }
 
+int kd_region_add_dev(struct kd_client *c, const struct kcoll_msg_mem_reg_dev *m, char *why,
+		      size_t len)
+{
+	struct kcoll_gpu_ipc h;
+	struct kd_region *rg;
+	struct kcoll_gpu *g;
+	const struct kcoll_gpu_kernels *k;
+	char pci[sizeof(m->pci_bus_id) + 1];
+	void *base, *dptr;
+	int r, dev;
+
+	_Static_assert(sizeof(h) == KCOLL_GPU_IPC_BYTES, "struct kcoll_gpu_ipc on the wire");
+	memcpy(&h, m->ipc, sizeof(h));
+	if (!m->addr || !m->size || m->size > KD_MAX_BYTES || m->addr + m->size < m->addr) {
+		snprintf(why, len, "device allocation of %llu bytes at 0x%llx: bad range",
+			 (unsigned long long)m->size, (unsigned long long)m->addr);
+		return -EINVAL;
+	}
+	if (h.offset || h.size != m->size) {
+		snprintf(why, len, "the handle must name the whole allocation (offset %llu, "
+			 "%llu of %llu bytes)", h.offset, h.size, (unsigned long long)m->size);
+		return -EINVAL;
+	}
+	r = kd_gpu_ready(why, len);
+	if (r)
+		return r;
+	kcoll_gpu_process(&g);
+	memcpy(pci, m->pci_bus_id, sizeof(m->pci_bus_id));
+	pci[sizeof(m->pci_bus_id)] = '\0';
+	dev = kcoll_gpu_device_by_pci(g, pci);
+	if (dev < 0) {
+		snprintf(why, len, "the client's GPU %.32s is not visible to kcolld (check "
+			 "CUDA_VISIBLE_DEVICES in kcolld's environment; 'kcollctl gpu' lists its "
+			 "devices)", pci);
+		return -ENODEV;
+	}
+	r = kd_gpu_enter(dev, &k);
+	if (r) {
+		snprintf(why, len, "no CUDA context on GPU %d in kcolld", dev);
+		return r;
+	}
+	r = kcoll_gpu_ipc_import(g, &h, c->pid, m->size, &base, &dptr, why, len);
+	if (r)
+		return r;
+	rg = calloc(1, sizeof(*rg));
+	if (!rg) {
+		kcoll_gpu_ipc_close(g, base);
+		return -ENOMEM;
+	}
+	rg->dev = true;
+	rg->gpu_dev = dev;
+	rg->gpu_base = base;
+	rg->map = dptr;
+	rg->addr = m->addr;
+	rg->size = m->size;
+	rg->buffer_id = m->buffer_id;
+	atomic_init(&rg->refs, 1);
+	r = region_insert(c, rg);	/* on failure it closed the mapping */
+	if (r)
+		snprintf(why, len, "device allocation at 0x%llx overlaps one already registered",
+			 (unsigned long long)m->addr);
+	return r;
+}
+
 int kd_region_del(struct kd_client *c, uint64_t addr)
 {
 	struct kd_region **pp, *rg = NULL;
@@ -201,28 +369,48 @@ int kd_region_del(struct kd_client *c, uint64_t addr)
 	return 0;
 }
 
-void kd_buf_resolve(struct kd_client *c, uint64_t addr, uint64_t len, struct kd_buf *b)
+void kd_buf_resolve_kind(struct kd_client *c, uint64_t addr, uint64_t len, int mem,
+			 struct kd_buf *b)
 {
+	bool dev = mem == KCOLL_MEM_DEVICE;
 	struct kd_region *rg;
 
 	b->addr = addr;
 	b->len = len;
 	b->direct = NULL;
+	b->dptr = NULL;
+	b->gpu_dev = -1;
 	b->rg = NULL;
-	b->ops = &kd_mem_vm;
+	b->ops = dev ? &kd_mem_nodev : &kd_mem_vm;
 	if (!len)
 		return;
 	pthread_mutex_lock(&c->lock);
 	for (rg = c->regions; rg; rg = rg->next) {
+		if (rg->dev != dev)
+			continue;	/* a device address is never host memory, nor back */
 		if (addr >= rg->addr && addr - rg->addr <= rg->size && len <= rg->size - (addr - rg->addr)) {
 			atomic_fetch_add(&rg->refs, 1);
 			b->rg = rg;
-			b->direct = rg->map + (addr - rg->addr);
-			b->ops = &kd_mem_mapped;
+			if (dev) {
+				b->dptr = rg->map + (addr - rg->addr);
+				b->gpu_dev = rg->gpu_dev;
+				b->ops = &kd_mem_dev;
+			} else {
+				b->direct = rg->map + (addr - rg->addr);
+				b->ops = &kd_mem_mapped;
+			}
 			break;
 		}
 	}
 	pthread_mutex_unlock(&c->lock);
+	if (dev && !b->rg)
+		kc_dbg("client %u: device buffer 0x%llx (%llu bytes) is not inside a registered "
+		       "device allocation", c->id, (unsigned long long)addr, (unsigned long long)len);
+}
+
+void kd_buf_resolve(struct kd_client *c, uint64_t addr, uint64_t len, struct kd_buf *b)
+{
+	kd_buf_resolve_kind(c, addr, len, KCOLL_MEM_HOST, b);
 }
 
 void kd_buf_release(struct kd_buf *b)

@@ -686,8 +686,8 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 
 		if (!ct->present)
 			continue;
-		kd_buf_resolve(ct->client, ct->send, ct->sbuf.len, &ct->sbuf);
-		kd_buf_resolve(ct->client, ct->recv, ct->rbuf.len, &ct->rbuf);
+		kd_buf_resolve_kind(ct->client, ct->send, ct->sbuf.len, ct->send_mem, &ct->sbuf);
+		kd_buf_resolve_kind(ct->client, ct->recv, ct->rbuf.len, ct->recv_mem, &ct->rbuf);
 	}
 	mh->acc = wide ? NULL : pick_acc(op, bytes);
 	if (!mh->acc) {

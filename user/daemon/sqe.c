@@ -83,8 +83,9 @@ int kd_sqe_check(const struct kcoll_sqe *s, const char **why)
 		*why = "unknown memory kind";
 		return -EINVAL;
 	}
-	if (c->send_mem != KCOLL_MEM_HOST || c->recv_mem != KCOLL_MEM_HOST) {
-		*why = "device buffers need the GPU path (not in this kcolld)";
+	if ((c->send_mem != KCOLL_MEM_HOST || c->recv_mem != KCOLL_MEM_HOST) &&
+	    kd_gpu_ready(NULL, 0)) {
+		*why = "device buffers need a GPU in kcolld (run 'kcollctl gpu')";
 		return -EOPNOTSUPP;
 	}
 	if (s->opcode == KCOLL_OP_BARRIER) {

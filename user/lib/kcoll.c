@@ -6,6 +6,7 @@
  * k->ring_lock covers SQ production, CQ consumption and the request table.
  * Neither is held while sleeping on the CQ doorbell.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <fcntl.h>
@@ -26,8 +27,10 @@
 #include <kcoll/ring.h>
 
 #include "config.h"
+#include "kcoll_gpu.h"
 #include "kdev.h"
 #include "lib.h"
+#include "log.h"
 
 enum req_state { REQ_FREE, REQ_PENDING, REQ_DONE };
 
@@ -48,6 +51,12 @@ struct kcoll_region {
 	uint64_t kdev_handle;	/* pinned through /dev/kcoll (not ours to unmap) */
 	bool pinned;
 	struct kcoll_region *next;
+};
+
+/* A GPU allocation registered with kcolld (MEM_REG_DEV). */
+struct kcoll_devreg {
+	uint64_t base, size, buffer_id;
+	struct kcoll_devreg *next;
 };
 
 struct kcoll {
@@ -73,6 +82,9 @@ struct kcoll {
 	struct kcoll_kdev kdev;	/* opened on the first kcoll_mem_register */
 	bool kdev_tried;
 	uint32_t daemon_pid;
+
+	pthread_mutex_t dev_lock;	/* held across a device registration */
+	struct kcoll_devreg *devregs;
 };
 
 struct kcoll_comm {
@@ -223,6 +235,7 @@ int kcoll_connect(const struct kcoll_connect_opts *opts, struct kcoll **out)
 	pthread_mutex_init(&k->ctl_lock, NULL);
 	pthread_mutex_init(&k->ring_lock, NULL);
 	pthread_mutex_init(&k->mem_lock, NULL);
+	pthread_mutex_init(&k->dev_lock, NULL);
 	k->timeout_ms = kcoll_knob_ll("KCOLL_TIMEOUT_MS");
 	k->timeout_set = kcoll_knob_is_set("KCOLL_TIMEOUT_MS");
 	k->spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
@@ -309,6 +322,12 @@ void kcoll_disconnect(struct kcoll *k)
 		free(rg);
 	}
 	kcoll_kdev_close(&k->kdev);
+	while (k->devregs) {
+		struct kcoll_devreg *d = k->devregs;
+
+		k->devregs = d->next;
+		free(d);
+	}
 	free(k->reqs);
 	free(k);
 }
@@ -600,10 +619,154 @@ int kcoll_comm_size(const struct kcoll_comm *c)
 	return c ? c->nranks : -EINVAL;
 }
 
+/*
+ * Device buffers (docs/gpu.md). Only a process that has the CUDA driver loaded
+ * can hold one; for it, the driver says whether a pointer is device memory and
+ * which allocation holds it. Each allocation is registered with kcolld once,
+ * with a CUDA IPC handle; a new buffer id at a registered base means the
+ * allocation was freed and the address reused: the old registration goes and
+ * the new allocation is registered in its place.
+ */
+static bool cuda_loaded(void)
+{
+	static int seen;	/* once loaded, the loader keeps it (RTLD_NODELETE) */
+	void *h;
+
+	if (__atomic_load_n(&seen, __ATOMIC_RELAXED))
+		return true;
+	h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+	if (!h)
+		return false;
+	dlclose(h);
+	__atomic_store_n(&seen, 1, __ATOMIC_RELAXED);
+	return true;
+}
+
+/* The driver for pointer queries and IPC export; never the kernels library. */
+static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
+static struct kcoll_gpu *gpu;
+
+static void gpu_open(void)
+{
+	static const struct kcoll_gpu_config cfg = { .driver_only = 1 };
+
+	kcoll_gpu_open(&gpu, &cfg);
+}
+
+static int dev_unreg(struct kcoll *k, uint64_t base)
+{
+	struct kcoll_msg_mem_unreg req = { .hdr.type = KCOLL_MSG_MEM_UNREG, .addr = base };
+	struct kcoll_msg_hdr rep;
+	int r = ctl_call(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
+
+	return r == -ENOENT || r == -ENOTCONN ? 0 : r;
+}
+
+static int dev_register(struct kcoll *k, struct kcoll_gpu *g, const struct kcoll_gpu_ptr *q)
+{
+	struct kcoll_msg_mem_reg_dev m = { .hdr.type = KCOLL_MSG_MEM_REG_DEV };
+	struct kcoll_devreg *d, **pp, *stale = NULL;
+	struct kcoll_msg_hdr rep;
+	struct kcoll_gpu_ipc h;
+	char why[KCOLL_GPU_TEXT];
+	int r;
+
+	_Static_assert(sizeof(h) == sizeof(m.ipc), "struct kcoll_gpu_ipc on the wire");
+	pthread_mutex_lock(&k->dev_lock);
+	for (pp = &k->devregs; *pp; pp = &(*pp)->next) {
+		if ((*pp)->base != q->base)
+			continue;
+		if ((*pp)->buffer_id == q->buffer_id && (*pp)->size == q->size) {
+			pthread_mutex_unlock(&k->dev_lock);
+			return 0;	/* registered already */
+		}
+		stale = *pp;
+		*pp = stale->next;
+		break;
+	}
+	if (stale) {
+		kc_dbg("device allocation at 0x%llx was freed and reused (buffer id %llu -> %llu): "
+		       "registering the new one", (unsigned long long)q->base,
+		       (unsigned long long)stale->buffer_id, (unsigned long long)q->buffer_id);
+		free(stale);
+		r = dev_unreg(k, q->base);
+		if (r)
+			goto out;
+	}
+	r = kcoll_gpu_ipc_export(g, (const void *)(uintptr_t)q->base, q->size, &h, why,
+				 sizeof(why));
+	if (r) {
+		kc_warn("device buffer at 0x%llx: %s", (unsigned long long)q->base, why);
+		goto out;
+	}
+	m.addr = q->base;
+	m.size = q->size;
+	m.buffer_id = q->buffer_id;
+	snprintf(m.pci_bus_id, sizeof(m.pci_bus_id), "%s", q->pci_bus_id);
+	memcpy(m.ipc, &h, sizeof(h));
+	r = ctl_call(k, &m, sizeof(m), -1, &rep, sizeof(rep), NULL, 5000);
+	if (r) {
+		kc_warn("kcolld refused device allocation 0x%llx (%llu bytes): %s; its log says why",
+			(unsigned long long)q->base, (unsigned long long)q->size, kcoll_strerror(r));
+		goto out;
+	}
+	d = calloc(1, sizeof(*d));
+	if (!d) {
+		dev_unreg(k, q->base);
+		r = -ENOMEM;
+		goto out;
+	}
+	d->base = q->base;
+	d->size = q->size;
+	d->buffer_id = q->buffer_id;
+	d->next = k->devregs;
+	k->devregs = d;
+out:
+	pthread_mutex_unlock(&k->dev_lock);
+	return r;
+}
+
+/* The SQE memory kind of [ptr, ptr + bytes), registering a device allocation. */
+static int mem_kind(struct kcoll *k, const void *ptr, size_t bytes, uint8_t *kind)
+{
+	char why[KCOLL_GPU_TEXT];
+	struct kcoll_gpu_ptr q;
+	struct kcoll_gpu *g;
+	uint64_t off;
+	int r;
+
+	*kind = KCOLL_MEM_HOST;
+	if (!ptr || !bytes || !cuda_loaded())
+		return 0;
+	pthread_once(&gpu_once, gpu_open);
+	g = gpu;
+	r = g ? kcoll_gpu_ptr_query(g, ptr, &q, why, sizeof(why)) : -EOPNOTSUPP;
+	if (r == -EOPNOTSUPP)
+		return 0;	/* a driver without a device: nothing is device memory */
+	if (r) {
+		kc_warn("device buffer %p: %s", ptr, why);
+		return r;
+	}
+	if (!q.is_device)
+		return 0;
+	off = (uintptr_t)ptr - q.base;
+	if (bytes > q.size - off) {
+		kc_warn("device buffer %p of %zu bytes runs past its allocation (0x%llx, %llu bytes)",
+			ptr, bytes, q.base, q.size);
+		return -EINVAL;
+	}
+	r = dev_register(k, g, &q);
+	if (!r)
+		*kind = KCOLL_MEM_DEVICE;
+	return r;
+}
+
 static int coll_submit(struct kcoll_comm *c, uint8_t opcode, const void *send, void *recv,
 		       size_t count, int dtype, int op, int root, struct kcoll_req **req)
 {
 	struct kcoll_sqe sqe = { .opcode = opcode };
+	size_t esz, sbytes, rbytes;
+	int r;
 
 	if (!c || !req)
 		return -EINVAL;
@@ -617,6 +780,18 @@ static int coll_submit(struct kcoll_comm *c, uint8_t opcode, const void *send, v
 		return -EOVERFLOW;
 	if (send == recv)
 		sqe.flags |= KCOLL_SQE_F_IN_PLACE;
+	esz = kcoll_dtype_size(dtype);
+	sbytes = rbytes = count * esz;
+	if (opcode == KCOLL_OP_REDUCE_SCATTER)
+		sbytes *= (size_t)c->nranks;
+	else if (opcode == KCOLL_OP_ALLGATHER)
+		rbytes *= (size_t)c->nranks;
+	r = mem_kind(c->k, opcode == KCOLL_OP_BROADCAST && !send ? recv : send, sbytes,
+		     &sqe.coll.send_mem);
+	if (!r)
+		r = mem_kind(c->k, recv, rbytes, &sqe.coll.recv_mem);
+	if (r)
+		return r;
 	sqe.coll.send_addr = (uintptr_t)send;
 	sqe.coll.recv_addr = (uintptr_t)recv;
 	sqe.coll.count = count;
@@ -821,6 +996,25 @@ err_free:
 
 int kcoll_mem_deregister(struct kcoll *k, void *ptr)
 {
+	struct kcoll_devreg **pp, *d = NULL;
+
+	if (!k || !ptr)
+		return -EINVAL;
+	/* A registered GPU allocation (by its base): kcolld closes its mapping. */
+	pthread_mutex_lock(&k->dev_lock);
+	for (pp = &k->devregs; *pp; pp = &(*pp)->next) {
+		if ((*pp)->base == (uintptr_t)ptr) {
+			d = *pp;
+			*pp = d->next;
+			break;
+		}
+	}
+	if (d) {
+		free(d);
+		pthread_mutex_unlock(&k->dev_lock);
+		return dev_unreg(k, (uintptr_t)ptr);
+	}
+	pthread_mutex_unlock(&k->dev_lock);
 	return region_release(k, ptr, true);
 }
 
