@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <kcoll/kcoll.h>
 
@@ -49,6 +50,52 @@ static void on_table(const struct kd_p_hostinfo *hosts, uint32_t nhosts, uint32_
 	}
 }
 
+struct sums {
+	struct kd_bpf_sum *v;
+	uint32_t n, max;
+	uint64_t recent;	/* flows seen after this (CLOCK_MONOTONIC ns) carry a current srtt */
+};
+
+static int sum_flow(const struct kcoll_bpf_flow *f, void *arg)
+{
+	struct sums *s = arg;
+	struct kd_bpf_sum *e = NULL;
+
+	if (f->link_id == KCOLL_LINK_NONE || f->peer_host == KCOLL_LINK_NONE)
+		return 0;
+	for (uint32_t i = 0; i < s->n && !e; i++)
+		if (s->v[i].host == f->peer_host && s->v[i].link == f->link_id)
+			e = &s->v[i];
+	if (!e) {
+		if (s->n == s->max)
+			return 0;
+		e = &s->v[s->n++];
+		*e = (struct kd_bpf_sum){ .host = f->peer_host, .link = f->link_id };
+	}
+	e->tx_payload += f->tx_payload;
+	e->rx_payload += f->rx_payload;
+	e->retrans += f->retrans;
+	e->nflows++;
+	if (f->last_seen_ns >= s->recent && f->srtt_us > e->srtt_us)
+		e->srtt_us = f->srtt_us;
+	return 0;
+}
+
+/* kd_bpf_sums_hook: the flows map summed per (peer host, link). */
+static int read_sums(struct kd_bpf_sum *out, uint32_t max, uint32_t *n)
+{
+	struct sums s = { .v = out, .max = max };
+	struct timespec ts;
+	int err;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	s.recent = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	s.recent = s.recent > 1000000000ull ? s.recent - 1000000000ull : 0;
+	err = kb ? kcoll_bpf_flows_foreach(kb, sum_flow, &s) : -ENODEV;
+	*n = s.n;
+	return err;
+}
+
 void kd_bpf_start(void)
 {
 	struct kcoll_bpf_opts o = { .size = sizeof(o) };
@@ -60,6 +107,9 @@ void kd_bpf_start(void)
 	if (kcoll_knob_ll("KCOLL_BPF") != 1)
 		return;
 	o.pin_dir = kcoll_knob_str("KCOLL_BPF_PIN");
+	o.cgroup = kcoll_knob_str("KCOLL_BPF_CGROUP");
+	if (o.cgroup && !*o.cgroup)
+		o.cgroup = NULL;
 	n = kd_net_self_addrs(&port, addrs, KCOLL_ID_MAX_ADDRS);
 	if (!port || !n) {
 		kc_warn("flow tracking (KCOLL_BPF=1) is off: this kcolld does not listen for peers");
@@ -118,6 +168,7 @@ void kd_bpf_start(void)
 		return;
 	}
 	kd_net_table_hook = on_table;
+	kd_bpf_sums_hook = read_sums;
 	kc_info("flow tracking: attached on %d interface(s), port %u, maps in %s (kcoll-bpf --pin %s flows)",
 		nif, port, o.pin_dir, o.pin_dir);
 }
@@ -127,6 +178,7 @@ void kd_bpf_stop(void)
 	if (!kb)
 		return;
 	kd_net_table_hook = NULL;
+	kd_bpf_sums_hook = NULL;
 	if (kcoll_bpf_detach(kb))
 		kc_warn("flow tracking: detach: %s", kcoll_bpf_strerror(kb));
 	kcoll_bpf_close(kb);

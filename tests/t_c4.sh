@@ -15,6 +15,11 @@
 #       loop goes on and every rank ends well
 #   (c) rank 1 sleeps 100 ms before each submission: straggler rank 1 named,
 #       no other rank
+# With BPF built (kcoll-bpf), every kcolld runs with KCOLL_BPF=1 (its pins in
+# a bpffs of this test, sockops on a cgroup v2 mount of this test), so the
+# detector also gets BPF flow statistics: (a) checks that the raised
+# communication slow carries them for the degraded link (its wall-clock
+# rate below its usual one; retransmissions and srtt are shown).
 # Needs root and network namespaces (SKIP otherwise). About 90 s (190 s in CI). TAP.
 set -u
 B=${KCOLL_BUILD:?run through tests/run.sh}
@@ -46,6 +51,8 @@ R=$KCOLL_CLUSTER_RUNDIR
 cleanup() {
 	jobs -p | xargs -r kill -KILL 2>/dev/null
 	"$C" down >/dev/null 2>&1
+	mountpoint -q "$T/bpffs" 2>/dev/null && umount "$T/bpffs"
+	mountpoint -q "$T/cg" 2>/dev/null && umount "$T/cg"
 	rm -rf "$T"
 }
 trap cleanup EXIT
@@ -56,6 +63,31 @@ sock() { echo "$R/h$1/kcolld.sock"; }
 # The daemons inherit these (netns-cluster.sh starts them from here).
 export KCOLL_C4_HANG_MS=$HANG_MS KCOLL_LOG_LEVEL=info
 "$C" up -H $H >"$T/up.out" 2>&1 || { cat "$T/up.out"; echo "Bail out! cluster up failed"; exit 1; }
+
+# BPF flow tracking in every kcolld when it is built and loads here.
+BPF=0
+if [ -x "$B/bin/kcoll-bpf" ] && mkdir -p "$T/bpffs" "$T/cg" && mount -t bpf bpf "$T/bpffs" 2>/dev/null; then
+	cgenv=
+	mount -t cgroup2 none "$T/cg" 2>/dev/null && cgenv=$T/cg
+	BPF=1
+	for ((i = 0; i < H; i++)); do
+		KCOLL_BPF=1 KCOLL_BPF_PIN=$T/bpffs/h$i KCOLL_BPF_CGROUP=$cgenv "$C" restart "$i" \
+			>>"$T/restart.out" 2>&1 || BPF=0
+	done
+	for ((i = 0; i < H; i++)); do	# it attaches after it listens: give it time
+		for _ in $(seq 100); do
+			grep -q "flow tracking: \(attached\|.*is off\)" "$R/h$i/kcolld.log" && break
+			sleep 0.1
+		done
+		grep -q "flow tracking: attached" "$R/h$i/kcolld.log" || BPF=0
+	done
+	if [ $BPF = 1 ]; then
+		echo "# kcolld runs with KCOLL_BPF=1 on every host (sockops: ${cgenv:-none, no cgroup v2 mount})"
+	else
+		echo "# BPF flow tracking did not attach; the test goes on without it:"
+		grep -h "flow tracking" "$R"/h*/kcolld.log | head -4 | sed 's/^/#   /'
+	fi
+fi
 
 dump_logs() {
 	local i
@@ -169,6 +201,28 @@ rc=$?
 if [ -n "$found" ]; then seen="$dt ms, seen first by host ${found#* }"; else seen="not seen"; fi
 ok $rc "(a) communication slow names host 2 and link 10.20.0.3 (its eth1) within 5 s ($seen)"
 [ -n "$found" ] || dump_logs
+# The observer's active anomaly: the timing evidence and the BPF statistics
+# of the same (peer, link, direction).
+if [ $BPF = 1 ] && [ -n "$found" ]; then
+	obs=${found#* }
+	bpfres=$(timeout 10 "$CTL" -s "$(sock "$obs")" anomalies --json | python3 -c 'import json,sys
+d = json.load(sys.stdin)
+a = [e for c in d["comms"] for e in c["active"] if e["kind"] == "comm_slow" and e["host"] == 2 and e["link"] == 1]
+if not a or "bpf" not in a[0]:
+    print("1 no BPF evidence in", json.dumps(a)[:300]); sys.exit()
+b = a[0]["bpf"]
+# the key carries BPF numbers and its wall-clock rate fell below its usual one
+# (by how much depends on how much the slow link holds the ring back)
+good = b["usual"] > 0 and 0 < b["rate"] < b["usual"]
+print(0 if good else 1, "timing %.1f MB/s vs median %.1f; BPF %s %.1f MB/s (usually %.1f), %d retransmissions, srtt %.2f ms (usually %.2f)%s" % (
+    a[0]["value"] / 1e6, a[0]["ref"] / 1e6, b["dir"], b["rate"] / 1e6, b["usual"] / 1e6, b["retrans"],
+    b["srtt_us"] / 1e3, b["usual_srtt_us"] / 1e3, ", corroborates" if b["corroborates"] else ""))')
+	ok "${bpfres%% *}" "(a) host $obs's anomaly carries BPF flow statistics of the degraded link: ${bpfres#* }"
+elif [ $BPF = 1 ]; then
+	ok 1 "(a) the anomaly carries BPF flow statistics (no anomaly to look at)"
+else
+	ok 0 "# SKIP BPF flow tracking not built or not attached here"
+fi
 # The pairs with host 2 agree to leave their eth1 stream unused.
 moved=1
 for _ in $(seq 40); do

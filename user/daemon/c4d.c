@@ -36,6 +36,9 @@
 #define KD_C4_LOG	256
 #define KD_C4_LEAD	4		/* a plan applies this many ops after the proposal */
 #define KD_C4_ANSWER_NS	(2000 * 1000000LL)	/* a proposal unanswered this long is dropped */
+#define KD_C4_BPF_MAX	(KD_MAX_HOSTS * KCOLL_C4_MAX_LINKS)
+
+int (*kd_bpf_sums_hook)(struct kd_bpf_sum *out, uint32_t max, uint32_t *n);
 
 struct kd_c4 {
 	struct kcoll_c4 core;			/* comm->lock */
@@ -54,7 +57,7 @@ struct kd_c4_logent {
 	uint32_t self;
 	int64_t wall_ms;
 	struct kcoll_c4_event e;
-	char text[320];
+	char text[512];
 };
 
 /* Control thread only. */
@@ -64,6 +67,11 @@ static struct {
 	int64_t last_tick;
 	FILE *trace;
 	bool trace_taken;
+	/* BPF flow statistics per (peer, link): this tick's and the previous read */
+	struct kd_bpf_sum bpf[2][KD_C4_BPF_MAX];
+	uint32_t nbpf[2];
+	int64_t bpf_t[2];
+	bool bpf_failed;
 } c4d = { .next_id = 1 };
 
 static void trace(const struct kd_c4 *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -390,11 +398,22 @@ static size_t event_text(const struct kd_mh *mh, const struct kcoll_c4_event *e,
 		if (!e->raised)
 			return snprintf(b, cap, "communication slow cleared: host %u (%s) %s", e->host,
 					hname(mh, e->host), ls);
-		return snprintf(b, cap, "communication slow: host %u (%s) %s: %.1f MB/s against a median of "
-				"%.1f MB/s over the links (seen on traffic with host %u; %u of %u peers on "
-				"that link slow; %u samples)", e->host, hname(mh, e->host), ls, e->value / 1e6,
-				e->ref / 1e6, e->via_host, (uint32_t)(e->spread >> 32), (uint32_t)e->spread,
-				e->nsamples);
+	{
+		size_t n = (size_t)snprintf(b, cap, "communication slow: host %u (%s) %s: %.1f MB/s against a "
+					    "median of %.1f MB/s over the links (seen on traffic with host %u; %u "
+					    "of %u peers on that link slow; %u samples)", e->host,
+					    hname(mh, e->host), ls, e->value / 1e6, e->ref / 1e6, e->via_host,
+					    (uint32_t)(e->spread >> 32), (uint32_t)e->spread, e->nsamples);
+
+		if (e->bpf_flags && n < cap)
+			n += (size_t)snprintf(b + n, cap - n, "; BPF %s: %.1f MB/s (usually %.1f), %u "
+					      "retransmissions in %u ms, srtt %.2f ms (usually %.2f)%s",
+					      e->bpf_dir ? "tx" : "rx", e->bpf_rate / 1e6, e->bpf_usual / 1e6,
+					      e->bpf_retrans, mh->c4 ? mh->c4->core.p.bpf_window_ms : 0,
+					      e->bpf_srtt_us / 1e3, e->bpf_usual_srtt_us / 1e3,
+					      e->bpf_flags & KCOLL_C4_BPF_CORROB ? ", corroborates" : "");
+		return n;
+	}
 	case KCOLL_C4_COMM_HANG:
 		if (!e->raised)
 			return snprintf(b, cap, "communication hang cleared: host %u (%s)", e->host,
@@ -450,7 +469,7 @@ static size_t jstr(char *b, size_t cap, const char *s)
 
 static size_t event_json(const struct kd_mh *mh, const struct kcoll_c4_event *e, char *buf, size_t cap)
 {
-	char addr[20], t[320], js[400];
+	char addr[20], t[512], js[640];
 	size_t n = 0;
 
 	addr[0] = 0;
@@ -466,6 +485,16 @@ static size_t event_json(const struct kd_mh *mh, const struct kcoll_c4_event *e,
 	    e->link == KCOLL_C4_NONE ? -1 : (int)e->link, addr,
 	    e->via_host == KCOLL_C4_NONE ? -1 : (int)e->via_host, e->value, e->ref, e->spread, e->nsamples,
 	    e->seq_lo, js);
+	if (e->bpf_flags) {
+		n--;	/* reopen the object */
+		PUT(",\"bpf\":{\"dir\":\"%s\",\"rate\":%" PRIu64 ",\"usual\":%" PRIu64 ",\"retrans\":%u,"
+		    "\"srtt_us\":%u,\"usual_srtt_us\":%u,\"collapsed\":%s,\"rtt_up\":%s,"
+		    "\"corroborates\":%s}}", e->bpf_dir ? "tx" : "rx", e->bpf_rate, e->bpf_usual,
+		    e->bpf_retrans, e->bpf_srtt_us, e->bpf_usual_srtt_us,
+		    e->bpf_flags & KCOLL_C4_BPF_COLLAPSED ? "true" : "false",
+		    e->bpf_flags & KCOLL_C4_BPF_RTT_UP ? "true" : "false",
+		    e->bpf_flags & KCOLL_C4_BPF_CORROB ? "true" : "false");
+	}
 	return n;
 }
 
@@ -524,6 +553,61 @@ static void feed_links(struct kd_mh *mh, struct kd_c4 *c, uint64_t now)
 					trace(c, "obs %" PRIu64 " %u %u %u %" PRIu64 " %" PRIu64 "\n", now, h, o.link,
 					      d, o.bytes, o.busy_ns);
 			}
+		}
+	}
+}
+
+/* Read the BPF flow statistics once per tick (kd_c4_tick). */
+static void bpf_read(int64_t now)
+{
+	uint32_t n = 0;
+	int err;
+
+	if (!kd_bpf_sums_hook) {
+		c4d.nbpf[0] = c4d.nbpf[1] = 0;
+		return;
+	}
+	memcpy(c4d.bpf[1], c4d.bpf[0], sizeof(c4d.bpf[0][0]) * c4d.nbpf[0]);
+	c4d.nbpf[1] = c4d.nbpf[0];
+	c4d.bpf_t[1] = c4d.bpf_t[0];
+	err = kd_bpf_sums_hook(c4d.bpf[0], KD_C4_BPF_MAX, &n);
+	if (err && !c4d.bpf_failed)
+		kc_warn("C4: cannot read the BPF flow statistics (%s); the detector goes on with its own "
+			"timing", strerror(-err));
+	c4d.bpf_failed = err != 0;
+	c4d.nbpf[0] = err ? 0 : n;
+	c4d.bpf_t[0] = now;
+}
+
+/* BPF flow statistics since the previous tick as detector observations: per
+ * (peer, link) the payload received (rx) and sent (tx) over the interval,
+ * retransmissions (ours: tx) and the flows' srtt (both). */
+static void feed_bpf(struct kd_mh *mh, struct kd_c4 *c, uint64_t now)
+{
+	uint64_t dt = (uint64_t)(c4d.bpf_t[0] - c4d.bpf_t[1]);
+
+	if (!c4d.nbpf[0] || !c4d.nbpf[1] || c4d.bpf_t[1] <= 0 || !dt)
+		return;
+	for (uint32_t i = 0; i < c4d.nbpf[0]; i++) {
+		const struct kd_bpf_sum *cur = &c4d.bpf[0][i], *old = NULL;
+
+		if (cur->host >= mh->nhosts || cur->host == mh->self || cur->link >= c->core.nlinks)
+			continue;
+		for (uint32_t k = 0; k < c4d.nbpf[1] && !old; k++)
+			if (c4d.bpf[1][k].host == cur->host && c4d.bpf[1][k].link == cur->link)
+				old = &c4d.bpf[1][k];
+		if (!old)
+			continue;	/* new: its counters cover more than the interval */
+		for (uint32_t d = 0; d < 2; d++) {
+			uint64_t a = d ? cur->tx_payload : cur->rx_payload, b = d ? old->tx_payload : old->rx_payload;
+			struct kcoll_c4_linkobs o = {
+				.host = cur->host, .link = cur->link, .dir = d, .flags = KCOLL_C4_OBS_BPF,
+				.bytes = a >= b ? a - b : 0, .busy_ns = dt, .t_ns = now, .srtt_us = cur->srtt_us,
+				.retrans = d && cur->retrans > old->retrans ?
+					(uint32_t)(cur->retrans - old->retrans) : 0,
+			};
+
+			kcoll_c4_link_obs(&c->core, &o);
 		}
 	}
 }
@@ -593,6 +677,7 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	if (memcmp(&p, &c->core.p, sizeof(p)) && kcoll_c4_set_params(&c->core, &p))
 		kc_warn("comm %s: C4 thresholds out of range; keeping the previous ones", comm->name);
 	feed_links(mh, c, (uint64_t)now);
+	feed_bpf(mh, c, (uint64_t)now);
 	if (running != UINT64_MAX && mh->wait_host < mh->nhosts) {
 		uint64_t since = (uint64_t)atomic_load(&mh->last_progress);
 		uint32_t link = mh->hosts[mh->wait_host].link[mh->wait_stream % KD_MAX_STREAMS];
@@ -652,6 +737,7 @@ void kd_c4_tick(int64_t now)
 	if (now - c4d.last_tick < KD_C4_TICK)
 		return;
 	c4d.last_tick = now;
+	bpf_read(now);
 	for (struct kd_comm *comm = kd.comms; comm; comm = comm->next)
 		if (comm->mh && comm->mh->c4 && comm->state == KD_COMM_ACTIVE)
 			tick_comm(comm, now);
@@ -671,7 +757,7 @@ static size_t render_events(uint64_t since, char *buf, size_t cap, int json)
 		PUT("{\"last\":%" PRIu64 ",\"events\":[", c4d.next_id - 1);
 	for (uint64_t id = first; id < c4d.next_id && n + 1024 < cap; id++) {
 		const struct kd_c4_logent *le = &c4d.log[id % KD_C4_LOG];
-		char js[400];
+		char js[640];
 
 		if (json) {
 			jstr(js, sizeof(js), le->text);
@@ -728,13 +814,14 @@ static size_t render_anomalies(char *buf, size_t cap, int json)
 			PUT("comm %s (host %u of %u): %u active anomal%s\n", comm->name, mh->self, mh->nhosts, na,
 			    na == 1 ? "y" : "ies");
 			for (uint32_t i = 0; i < na; i++) {
-				char t[320];
+				char t[512];
 
 				event_text(mh, &act[i], t, sizeof(t));
 				PUT("  %s\n", t);
 			}
 			PUT("  links (rate of large pieces over the last %u ms, MB/s):\n", c->p.window_ms);
-			PUT("    %-5s %-16s %-5s %-22s %10s %s\n", "HOST", "NAME", "DIR", "LINK", "RATE", "STATE");
+			PUT("    %-5s %-16s %-5s %-22s %10s %s    (BPF: %s)\n", "HOST", "NAME", "DIR", "LINK", "RATE",
+			    "STATE", "wall-clock MB/s, usual, retransmissions, srtt ms");
 		}
 		bool first = true;
 
@@ -742,18 +829,33 @@ static size_t render_anomalies(char *buf, size_t cap, int json)
 			for (uint32_t l = 0; l < c->nlinks; l++)
 				for (uint32_t d = 0; d < 2; d++) {
 					const struct kcoll_c4_link *k = &c->link[h][l][d];
+					const struct kcoll_c4_bpf *b = &c->bpf[h][l][d];
+					bool bs = b->state & KCOLL_C4_BPF_SEEN;
 					char ls[64];
 
-					if (h == mh->self || (!k->rate && !k->slow))
+					if (h == mh->self || (!k->rate && !k->slow && !bs))
 						continue;
 					link_str(mh, h, l, ls, sizeof(ls));
-					if (json)
+					if (json) {
 						PUT("%s{\"host\":%u,\"link\":%u,\"dir\":\"%s\",\"rate\":%" PRIu64
-						    ",\"slow\":%s}", first ? "" : ",", h, l, d ? "tx" : "rx", k->rate,
+						    ",\"slow\":%s", first ? "" : ",", h, l, d ? "tx" : "rx", k->rate,
 						    k->slow ? "true" : "false");
-					else
+						if (bs)
+							PUT(",\"bpf\":{\"rate\":%" PRIu64 ",\"usual\":%" PRIu64
+							    ",\"retrans\":%u,\"srtt_us\":%u,\"usual_srtt_us\":%u,"
+							    "\"collapsed\":%s,\"rtt_up\":%s}", b->rate, b->usual,
+							    b->retrans, b->srtt_us, b->usual_srtt_us,
+							    b->state & KCOLL_C4_BPF_COLLAPSED ? "true" : "false",
+							    b->state & KCOLL_C4_BPF_RTT_UP ? "true" : "false");
+						PUT("}");
+					} else if (bs) {
+						PUT("    %-5u %-16.16s %-5s %-22s %10.1f %-4s    %.1f %.1f %u %.2f\n", h,
+						    hname(mh, h), d ? "tx" : "rx", ls, k->rate / 1e6, k->slow ? "SLOW" : "ok",
+						    b->rate / 1e6, b->usual / 1e6, b->retrans, b->srtt_us / 1e3);
+					} else {
 						PUT("    %-5u %-16.16s %-5s %-22s %10.1f %s\n", h, hname(mh, h),
 						    d ? "tx" : "rx", ls, k->rate / 1e6, k->slow ? "SLOW" : "ok");
+					}
 					first = false;
 				}
 		if (json)

@@ -324,6 +324,17 @@ int kd_net_self_addrs(uint16_t *port, uint32_t *addrs, int max);
 /* Called on the control thread when a communicator's host table is installed
  * (flow tracking learns peers' addresses and ports from it); NULL: none. */
 extern void (*kd_net_table_hook)(const struct kd_p_hostinfo *hosts, uint32_t nhosts, uint32_t you);
+/* BPF flow statistics summed per (peer host, link) over the tracked flows
+ * (cumulative counters); c4d.c feeds them to the detector. Set by
+ * kcolld_bpf.c while tracking is on (KCOLL_BPF=1), NULL otherwise. Fills
+ * at most max, *n: how many; 0 or a negative errno. */
+struct kd_bpf_sum {
+	uint32_t host, link;
+	uint64_t tx_payload, rx_payload, retrans;
+	uint32_t srtt_us;	/* the largest of its flows active in the last second; 0 unknown */
+	uint32_t nflows;
+};
+extern int (*kd_bpf_sums_hook)(struct kd_bpf_sum *out, uint32_t max, uint32_t *n);
 void kd_net_stop(void);
 void kd_net_event(struct kd_pconn *pc, uint32_t events);
 void kd_net_fill_id(struct kcoll_id *id);
