@@ -347,6 +347,11 @@ static void test_bpf_noisy_healthy(void)
 	}
 	tap_ok(all_events() == 0, "noisy healthy trace with noisy BPF statistics and a 10x lighter "
 	       "load (300 s): no event (got %u)", all_events());
+	tap_ok(c4.bpf[3][1][KCOLL_C4_RX].state == (KCOLL_C4_BPF_SEEN | KCOLL_C4_BPF_RETRANS) ||
+	       c4.bpf[3][1][KCOLL_C4_RX].state == KCOLL_C4_BPF_SEEN,
+	       "... its BPF state at the end: seen%s, no collapse, no RTT rise (0x%x)",
+	       c4.bpf[3][1][KCOLL_C4_RX].state & KCOLL_C4_BPF_RETRANS ? ", a retransmission" : "",
+	       c4.bpf[3][1][KCOLL_C4_RX].state);
 	tap_ok(c4.bpf[3][1][KCOLL_C4_RX].usual > 0 && c4.bpf[3][1][KCOLL_C4_RX].usual < 100000000,
 	       "the usual BPF rate followed the lighter load (%llu B/s)",
 	       (unsigned long long)c4.bpf[3][1][KCOLL_C4_RX].usual);

@@ -469,7 +469,17 @@ static void judge_bpf(struct kcoll_c4 *c, struct kcoll_c4_bpf *b, const struct k
 			b->usual_srtt_us - b->usual_srtt_us / 8 + b->srtt_us / 8 : b->srtt_us;
 }
 
-#define BPF_CORROB (KCOLL_C4_BPF_COLLAPSED | KCOLL_C4_BPF_RETRANS | KCOLL_C4_BPF_RTT_UP)
+/* BPF corroborates a timing verdict when it shows two of: rate collapsed,
+ * retransmissions, RTT up (a queue at a bottleneck). One alone is common on a
+ * busy healthy host: a retransmission on a veth, an RTT doubled by a
+ * descheduled receiver, a ring slowed by a late rank. */
+static bool bpf_corrob(uint32_t st)
+{
+	uint32_t k = !!(st & KCOLL_C4_BPF_COLLAPSED) + !!(st & KCOLL_C4_BPF_RETRANS) +
+		     !!(st & KCOLL_C4_BPF_RTT_UP);
+
+	return k >= 2;
+}
 
 /* Communication slow: every judged (host, link, direction) against the
  * median of them all; a link judged slow on every peer it reaches (two at
@@ -532,10 +542,10 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 						k->good++;
 				}
 				/* BPF flow statistics of the same key that show it too
-				 * (rate collapsed, retransmissions, RTT up) shorten the
-				 * raise by one evaluation; they never raise alone */
+				 * (two of: rate collapsed, retransmissions, RTT up)
+				 * shorten the raise by one evaluation; never raise alone */
 				if (!k->slow && k->bad >= c->p.raise_evals -
-				    (c->p.raise_evals > 1 && (c->bpf[h][l][d].state & BPF_CORROB) ? 1 : 0))
+				    (c->p.raise_evals > 1 && bpf_corrob(c->bpf[h][l][d].state) ? 1 : 0))
 					k->slow = true;
 				else if (k->slow && k->good >= c->p.clear_evals)
 					k->slow = k->covered = false;
@@ -591,7 +601,7 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				e.ref = m;
 				e.bpf_dir = d;
 				if (b->state & KCOLL_C4_BPF_SEEN) {
-					e.bpf_flags = b->state | (now_slow && (b->state & BPF_CORROB) ?
+					e.bpf_flags = b->state | (now_slow && bpf_corrob(b->state) ?
 								  KCOLL_C4_BPF_CORROB : 0);
 					e.bpf_rate = b->rate;
 					e.bpf_usual = b->usual;
