@@ -16,6 +16,7 @@
  * raised, info when cleared), keeps the last ones for `kcollctl events`, and
  * recomputes the plan (`kcollctl plan`). docs/c4.md has the long form.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -39,6 +40,8 @@
 #define KD_C4_BPF_MAX	(KD_MAX_HOSTS * KCOLL_C4_MAX_LINKS)
 
 int (*kd_bpf_sums_hook)(struct kd_bpf_sum *out, uint32_t max, uint32_t *n);
+void (*kd_bpf_steer_hook)(struct kd_steer_want *w, uint32_t n, int64_t now);
+size_t (*kd_bpf_steer_render)(char *buf, size_t cap, int json);
 
 struct kd_c4 {
 	struct kcoll_c4 core;			/* comm->lock */
@@ -207,6 +210,7 @@ void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_p
 		return;
 	}
 	mh->hosts[from_host].peer_want = m->want_avoid & ((1u << mh->nstreams) - 1);
+	mh->hosts[from_host].peer_steer_recv = m->steer_recv & ((1u << KD_STEER_LINKS) - 1);
 	pthread_mutex_lock(&comm->lock);
 	for (uint32_t i = 0; mh->c4 && i < m->n; i++) {
 		struct kcoll_c4_rankrep rep = { .rank = rr[i].rank, .age_ms = rr[i].age_ms, .nsub = rr[i].nsub,
@@ -654,6 +658,66 @@ static uint32_t peer_health(const struct kd_mh *mh, const struct kd_c4 *c, uint3
 	return k->comm_hung[h] ? KCOLL_PEER_HUNG : slow ? KCOLL_PEER_SLOW : KCOLL_PEER_OK;
 }
 
+/* Links of the streams in mask s toward host h. */
+static uint32_t stream_links(const struct kd_mh *mh, uint32_t h, uint32_t s)
+{
+	uint32_t l = 0;
+
+	for (uint32_t k = 0; k < mh->nstreams; k++)
+		if (s & (1u << k) && mh->hosts[h].link[k] < KD_STEER_LINKS)
+			l |= 1u << mh->hosts[h].link[k];
+	return l;
+}
+
+static uint32_t link_addr(const struct kd_mh *mh, uint32_t h, uint32_t l)
+{
+	char a[20];
+	struct in_addr in;
+
+	kd_net_link_addr(mh, h, l, a, sizeof(a));
+	return inet_pton(AF_INET, a, &in) == 1 ? in.s_addr : 0;
+}
+
+/* Foreign tracked flows follow the plan (kcolld_bpf.c): per peer, the links
+ * our plan and the peer's want left and where their streams went instead. */
+static void steer_foreign(struct kd_mh *mh, const struct kcoll_c4_plan *pl, bool enforce, int64_t now,
+			  uint32_t *recv_ready)
+{
+	struct kd_steer_want w[KD_MAX_HOSTS];
+	uint32_t n = 0;
+
+	for (uint32_t h = 0; h < mh->nhosts; h++) {
+		struct kd_steer_want *x;
+
+		recv_ready[h] = 0;
+		if (h == mh->self || mh->hosts[h].dead)
+			continue;
+		x = &w[n++];
+		*x = (struct kd_steer_want){ .host = h, .peer_recv = mh->hosts[h].peer_steer_recv };
+		for (uint32_t l = 0; l < KD_STEER_LINKS; l++) {
+			x->via[l] = UINT32_MAX;
+			x->laddr[l] = l < kd_net_nlinks() ? link_addr(mh, mh->self, l) : 0;
+			x->raddr[l] = l < kd_net_nlinks() ? link_addr(mh, h, l) : 0;
+		}
+		if (!enforce)
+			continue;
+		x->avoid_mine = stream_links(mh, h, plan_avoid(mh, pl, h));
+		x->avoid_peer = stream_links(mh, h, mh->hosts[h].peer_want);
+		for (uint32_t s = 0; s < mh->nstreams; s++)
+			if (pl->link[h][s] != mh->hosts[h].link[s] && mh->hosts[h].link[s] < KD_STEER_LINKS)
+				x->via[mh->hosts[h].link[s]] = pl->link[h][s];
+		/* the peer wants a link left that our plan keeps: use another one we share */
+		for (uint32_t l = 0; l < KD_STEER_LINKS; l++)
+			for (uint32_t k = 0; x->via[l] == UINT32_MAX && k < kd_net_nlinks(); k++)
+				if (k != l && !((x->avoid_mine | x->avoid_peer) & (1u << k)) &&
+				    (kd_net_shared_links(mh, h) & (1u << k)))
+					x->via[l] = k;
+	}
+	kd_bpf_steer_hook(w, n, now);
+	for (uint32_t i = 0; i < n; i++)
+		recv_ready[w[i].host] = w[i].recv_ready;
+}
+
 static void tick_comm(struct kd_comm *comm, int64_t now)
 {
 	struct kd_mh *mh = comm->mh;
@@ -662,7 +726,7 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	struct kcoll_c4_event ev[16];
 	struct kcoll_c4_plan old;
 	uint32_t shared[KD_MAX_HOSTS] = { 0 }, nev, nrep = 0;
-	uint32_t health[KD_MAX_HOSTS] = { 0 }, bw[KD_MAX_HOSTS] = { 0 };
+	uint32_t health[KD_MAX_HOSTS] = { 0 }, bw[KD_MAX_HOSTS] = { 0 }, recv_ready[KD_MAX_HOSTS] = { 0 };
 	struct {
 		struct kd_p_c4 m;
 		struct kd_p_c4_rank r[KD_MAX_RANKS];
@@ -720,12 +784,14 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 
 	for (uint32_t i = 0; i < nev; i++)
 		log_event(comm, &ev[i]);
+	if (kd_bpf_steer_hook)
+		steer_foreign(mh, &c->plan, enforce, now, recv_ready);
 	for (uint32_t h = 0; h < mh->nhosts; h++) {
 		uint32_t want = enforce ? plan_avoid(mh, &c->plan, h) : 0;
 
 		if (h == mh->self || mh->hosts[h].dead)
 			continue;
-		rep.m = (struct kd_p_c4){ .n = nrep, .want_avoid = want };
+		rep.m = (struct kd_p_c4){ .n = nrep, .want_avoid = want, .steer_recv = recv_ready[h] };
 		kd_net_ctrl_send(mh, h, &rep, KD_P_C4, sizeof(rep.m) + nrep * sizeof(rep.r[0]));
 		if (h > mh->self)
 			plan_propose(comm, h, want, now);
@@ -945,10 +1011,16 @@ static size_t render_plan(char *buf, size_t cap, int json)
 			PUT("]}");
 		firstc = false;
 	}
+	if (json && kd_bpf_steer_render) {
+		PUT("],\"foreign\":[");
+		n += kd_bpf_steer_render(buf + n, n < cap ? cap - n : 0, 1);
+	}
 	if (json)
 		PUT("]}\n");
 	else if (firstc)
 		PUT("no multi-host communicator: nothing to plan\n");
+	if (!json && kd_bpf_steer_render)
+		n += kd_bpf_steer_render(buf + n, n < cap ? cap - n : 0, 0);
 	return n;
 }
 
