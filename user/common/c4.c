@@ -5,8 +5,13 @@
  */
 #ifdef __KERNEL__
 #include <linux/errno.h>
+#include <linux/math64.h>
+/* 64-bit divisions by a variable or a constant other than a power of two:
+ * 32-bit kernels have no libgcc to do them */
+#define DIV64(a, b) div64_u64((a), (b))
 #else
 #include <errno.h>
+#define DIV64(a, b) ((uint64_t)(a) / (uint64_t)(b))
 #endif
 
 #include <kcoll/c4.h>
@@ -135,7 +140,7 @@ int kcoll_c4_submit(struct kcoll_c4 *c, uint32_t rank, uint64_t seq, uint64_t no
 	/* Think time: from the completion of its previous op to this submission
 	 * (0 when it submitted before that op completed: pipelined). */
 	if (seq && r->last_done_ns && r->last_done_ns >= r->last_sub_ns && now >= r->last_done_ns) {
-		uint64_t us = (now - r->last_done_ns) / 1000;
+		uint64_t us = DIV64(now - r->last_done_ns, 1000);
 
 		r->think_us[r->think_pos] = us > 0xffffffffu ? 0xffffffffu : (uint32_t)us;
 		r->think_pos = (r->think_pos + 1) % KCOLL_C4_WIN;
@@ -157,7 +162,7 @@ int kcoll_c4_complete(struct kcoll_c4 *c, uint32_t rank, uint64_t now)
 
 static uint64_t since_ms(uint64_t now, uint64_t t)
 {
-	return now > t ? (now - t) / MS : 0;
+	return now > t ? DIV64(now - t, MS) : 0;
 }
 
 int kcoll_c4_rank_summary(const struct kcoll_c4 *c, uint32_t rank, uint64_t now,
@@ -403,10 +408,10 @@ static uint64_t link_rate(struct kcoll_c4 *c, struct kcoll_c4_link *l, uint64_t 
 	if (*n < c->p.min_samples || !t)
 		return 0;
 	/* n samples, one per interval: they span about n intervals */
-	span = hi > lo ? (hi - lo) / (*n - 1) * *n : 0;
-	*busy_pct = span ? (uint32_t)(t * 100 / span < 1000 ? t * 100 / span : 1000) : 1000;
+	span = hi > lo ? DIV64(hi - lo, *n - 1) * *n : 0;
+	*busy_pct = span ? (uint32_t)(DIV64(t * 100, span) < 1000 ? DIV64(t * 100, span) : 1000) : 1000;
 	/* b * 1e9 / t without overflow for b < 2^34 per sample window */
-	return b >= (1ull << 33) ? b / (t / 1000000000ull + 1) : b * 1000000000ull / t;
+	return b >= (1ull << 33) ? DIV64(b, DIV64(t, 1000000000ull) + 1) : DIV64(b * 1000000000ull, t);
 }
 
 /* bytes * 1e9 / ns without overflow (bytes < 2^44). */
@@ -415,8 +420,8 @@ static uint64_t per_sec(uint64_t b, uint64_t ns)
 	if (!ns)
 		return 0;
 	if (b < (1ull << 34))
-		return b * 1000000000ull / ns;
-	return (b >> 10) * 1000000000ull / ns << 10;
+		return DIV64(b * 1000000000ull, ns);
+	return DIV64((b >> 10) * 1000000000ull, ns) << 10;
 }
 
 /* BPF statistics of one key over bpf_window_ms: rate, retransmissions,
