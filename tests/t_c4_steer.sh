@@ -96,12 +96,13 @@ PIDS+=($!)
 
 got() { cat "$T/prog1" 2>/dev/null || echo 0; }
 tx() { ip netns exec "$P-h0" cat "/sys/class/net/$1/statistics/tx_bytes"; }
-# h0's BPF tx payload of the stream's records on link L (home pair on eth0: 0, via pair on eth1: 1)
+# h0's BPF tx payload of the stream's records on link 0 (the home pair, eth0)
+# and link 1 (the via pair, eth1), from one read of the map: "B0 B1"
 bpf_tx() {
 	"$KB" --pin "$(pin 0)" flows --json | $PY -c 'import json,sys
-port, link = int(sys.argv[1]), int(sys.argv[2])
-print(sum(f["tx_payload"] for f in json.load(sys.stdin)["flows"]
-          if port in (f["lport"], f["rport"]) and f["link"] == link))' $PORT "$1"
+port = int(sys.argv[1])
+f = [x for x in json.load(sys.stdin)["flows"] if port in (x["lport"], x["rport"])]
+print(sum(x["tx_payload"] for x in f if x["link"] == 0), sum(x["tx_payload"] for x in f if x["link"] == 1))' $PORT
 }
 rule_out() {
 	K 0 steer list --json 2>/dev/null | $PY -c 'import json,sys
@@ -111,11 +112,13 @@ print(sum(x["out_bytes"] for x in r if x["rport"] == int(sys.argv[1])))' $PORT
 }
 # window S: what moved over S seconds (stream received, h0 eth0 tx, BPF link 0/1 tx, rule out)
 window() {
-	local r e b0 b1 ro
-	r=$(got) e=$(tx eth0) b0=$(bpf_tx 0) b1=$(bpf_tx 1) ro=$(rule_out)
+	local r e b0 b1 ro c0 c1
+	r=$(got) e=$(tx eth0) ro=$(rule_out)
+	read -r b0 b1 <<<"$(bpf_tx)"
 	sleep "$1"
-	W_R=$(( $(got) - r )) W_E0=$(( $(tx eth0) - e )) W_B0=$(( $(bpf_tx 0) - b0 ))
-	W_B1=$(( $(bpf_tx 1) - b1 )) W_RO=$(( $(rule_out) - ro ))
+	read -r c0 c1 <<<"$(bpf_tx)"
+	W_R=$(( $(got) - r )) W_E0=$(( $(tx eth0) - e )) W_B0=$((c0 - b0)) W_B1=$((c1 - b1))
+	W_RO=$(( $(rule_out) - ro ))
 	W_TXT="received +$W_R; h0 BPF tx on link 0 +$W_B0, link 1 +$W_B1; rule out +$W_RO; h0 eth0 tx +$W_E0"
 }
 # foreign STATE on both hosts: 0 when every host lists the flow in that state
@@ -141,7 +144,9 @@ sleep 3
 wait_state home 10
 ok $? "healthy: both hosts' plans list the foreign flow (port $PORT) at home"
 window 2
-[ "$W_R" -gt 1000000 ] && [ $((W_B0 * 10)) -ge $((W_R * 9)) ] && [ $((W_B1 * 20)) -lt "$W_R" ]
+# (the receiver's progress only shows the stream runs: it also drains what
+# the sender buffered, so it is not compared with the counters byte for byte)
+[ "$W_R" -gt 1000000 ] && [ "$W_B0" -gt 1000000 ] && [ $((W_B1 * 20)) -lt "$W_B0" ]
 ok $? "healthy: the stream's bytes are on link 0 (eth0): $W_TXT"
 
 "$C" degrade 1 eth0 100mbit >/dev/null
@@ -158,8 +163,8 @@ if [ $rc -eq 0 ]; then
 	# the flow's own record on eth0 (exact: the tracker counts what leaves
 	# there) rather than eth0's counter, which also carries kcolld's streams
 	# until the pair switched them
-	[ "$W_R" -gt 1000000 ] && [ $((W_B1 * 10)) -ge $((W_R * 9)) ] && [ $((W_RO * 10)) -ge $((W_R * 9)) ] &&
-		[ $((W_B0 * 20)) -lt "$W_R" ]
+	[ "$W_R" -gt 1000000 ] && [ "$W_B1" -gt 1000000 ] && [ "$W_RO" -gt 1000000 ] &&
+		[ $((W_B0 * 20)) -lt "$W_B1" ]
 	ok $? "steered: the stream's bytes travel on link 1 (eth1), not eth0: $W_TXT"
 else
 	ok 1 "steered: the stream's bytes travel on link 1 (not steered)"
@@ -175,7 +180,7 @@ left=$(K 0 steer list --json 2>/dev/null | $PY -c 'import json,sys
 try: print(len(json.load(sys.stdin)["rules"]))
 except Exception: print(0)')
 window 2
-[ "$W_R" -gt 1000000 ] && [ $((W_B0 * 10)) -ge $((W_R * 9)) ] && [ "$left" = 0 ]
+[ "$W_R" -gt 1000000 ] && [ "$W_B0" -gt 1000000 ] && [ $((W_B1 * 20)) -lt "$W_B0" ] && [ "$left" = 0 ]
 ok $? "home: the stream's bytes are on link 0 again, no steering rule left ($left): $W_TXT"
 
 touch "$T/stop1"
