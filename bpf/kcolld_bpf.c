@@ -307,7 +307,7 @@ static void steer_plan(struct kd_steer_want *w, uint32_t n, int64_t now)
 {
 	struct ffscan sc = { .now = now, .w = w, .n = n };
 
-	if (!kb || kcoll_bpf_flows_foreach(kb, ff_scan, &sc))
+	if (!kb || (n && kcoll_bpf_flows_foreach(kb, ff_scan, &sc)))
 		return;
 	for (uint32_t i = 0; i < n; i++)
 		w[i].recv_ready = 0;
@@ -320,8 +320,16 @@ static void steer_plan(struct kd_steer_want *w, uint32_t n, int64_t now)
 		for (uint32_t k = 0; k < n && !wh; k++)
 			if (w[k].host == e->host)
 				wh = &w[k];
-		if (!wh)
+		if (!wh) {
+			/* its host left (dead, or no communicator steers): home */
+			if (e->phase != FF_HOME) {
+				steer_home(e);
+				kc_info("C4 plan: foreign flow %u->%u (host %u) back on link %u (host gone)",
+					e->r.lport, e->r.rport, e->host, e->link);
+			}
+			e->used = 0;
 			continue;
+		}
 		steer_step(e, wh, now);
 		if (e->phase == FF_HOME && now - e->seen >= KD_FFLOW_IDLE_NS)
 			e->used = 0;	/* gone quiet at home: forget it */

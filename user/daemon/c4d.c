@@ -75,6 +75,7 @@ static struct {
 	uint32_t nbpf[2];
 	int64_t bpf_t[2];
 	bool bpf_failed;
+	bool steered;		/* this tick, a communicator's plan steered the foreign flows */
 } c4d = { .next_id = 1 };
 
 static void trace(const struct kd_c4 *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -784,8 +785,11 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 
 	for (uint32_t i = 0; i < nev; i++)
 		log_event(comm, &ev[i]);
-	if (kd_bpf_steer_hook)
+	/* one communicator's plan steers the foreign flows (the first one) */
+	if (kd_bpf_steer_hook && !c4d.steered) {
 		steer_foreign(mh, &c->plan, enforce, now, recv_ready);
+		c4d.steered = true;
+	}
 	for (uint32_t h = 0; h < mh->nhosts; h++) {
 		uint32_t want = enforce ? plan_avoid(mh, &c->plan, h) : 0;
 
@@ -804,9 +808,12 @@ void kd_c4_tick(int64_t now)
 		return;
 	c4d.last_tick = now;
 	bpf_read(now);
+	c4d.steered = false;
 	for (struct kd_comm *comm = kd.comms; comm; comm = comm->next)
 		if (comm->mh && comm->mh->c4 && comm->state == KD_COMM_ACTIVE)
 			tick_comm(comm, now);
+	if (kd_bpf_steer_hook && !c4d.steered)
+		kd_bpf_steer_hook(NULL, 0, now);	/* no communicator: every foreign flow home */
 }
 
 /* ---- kcollctl ------------------------------------------------------------ */
