@@ -259,10 +259,11 @@ static void bpf_traffic(uint32_t self, const uint64_t wall[2], uint32_t noise, u
 		}
 }
 
-/* The peer's link 1 slows to 10%: timing alone, then timing with BPF flow
- * statistics (rates collapsed on every key, RTT and retransmissions up on
- * the slow one). Returns evaluations to the raise; *e: the raise event. */
-static uint32_t slow_run(bool with_bpf, struct kcoll_c4_event *e)
+/* The peer's link 1 slows to 10%: timing alone (with_bpf 0), timing with BPF
+ * flow statistics (1: rates collapsed on every key, RTT and retransmissions
+ * up on the slow one; 2: retransmissions only). Returns evaluations to the
+ * raise; *e: the raise event. */
+static uint32_t slow_run(int with_bpf, struct kcoll_c4_event *e)
 {
 	uint64_t rx[2] = { 600, 600 }, tx[2] = { 600, 600 }, wall[2] = { 300, 300 };
 	uint32_t think[4] = { 1, 1, 1, 1 }, i, k = 0;
@@ -278,11 +279,12 @@ static uint32_t slow_run(bool with_bpf, struct kcoll_c4_event *e)
 		kcoll_c4_evaluate(&c4, now);
 	}
 	rx[1] = 60;
-	wall[0] = wall[1] = 30;
+	if (with_bpf == 1)
+		wall[0] = wall[1] = 30;
 	for (; k < 40 && !count_kind(0, KCOLL_C4_COMM_SLOW, 1, e); k++, i++) {
 		traffic(1, rx, tx, 20);
-		if (with_bpf)
-			bpf_traffic(1, wall, 20, 25000, 3);
+		if (with_bpf)	/* 2: retransmissions only, rate and RTT as usual */
+			bpf_traffic(1, wall, 20, with_bpf == 1 ? 25000 : 150, 3);
 		ops(1, i, think, 20);
 		now += TICK;
 		kcoll_c4_evaluate(&c4, now);
@@ -293,11 +295,11 @@ static uint32_t slow_run(bool with_bpf, struct kcoll_c4_event *e)
 static void test_bpf_evidence(void)
 {
 	struct kcoll_c4_event e = { 0 }, act[8];
-	uint32_t plain = slow_run(false, &e), with;
+	uint32_t plain = slow_run(0, &e), with;
 
 	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, NULL) == 1 && e.bpf_flags == 0,
 	       "timing only: communication slow raised after %u evaluations, no BPF evidence", plain);
-	with = slow_run(true, &e);
+	with = slow_run(1, &e);
 	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, NULL) == 1 && e.host == 0 && e.link == 1 &&
 	       e.via_host == 0 && e.bpf_dir == KCOLL_C4_RX,
 	       "with BPF: names host 0 link 1 (got host %u link %u via %u dir %u)", e.host, e.link,
@@ -319,6 +321,10 @@ static void test_bpf_evidence(void)
 	       act[0].bpf_rate == e.bpf_rate, "... the active anomaly carries the same BPF evidence");
 	tap_ok(c4.bpf[0][0][KCOLL_C4_RX].state & KCOLL_C4_BPF_COLLAPSED && !c4.link[0][0][KCOLL_C4_RX].slow,
 	       "link 0 of the same peer: BPF rate collapsed too (the ring slowed), not judged slow");
+	with = slow_run(2, &e);
+	tap_ok(with == plain && (e.bpf_flags & KCOLL_C4_BPF_RETRANS) && !(e.bpf_flags & KCOLL_C4_BPF_CORROB),
+	       "retransmissions alone: shown (flags 0x%x), not corroboration: raised after %u evaluations "
+	       "like timing alone", e.bpf_flags, with);
 }
 
 /* Noisy but healthy, with BPF statistics as noisy (45% rate noise, an odd
