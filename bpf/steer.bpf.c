@@ -8,6 +8,11 @@
  * the packet go up the stack. Checksums are updated incrementally (the TCP/UDP
  * pseudo header too, which also keeps CHECKSUM_PARTIAL/GSO packets right).
  * Packets that match no rule pass untouched. Records and lookup order: steer.h.
+ *
+ * These filters sit before the flow tracker's (flows.bpf.c, a lower tc
+ * priority number): a packet they do not redirect goes on to the next filter
+ * (TC_ACT_UNSPEC), else the tracker would stop counting on every interface
+ * the steering classifiers are attached to.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -15,7 +20,7 @@
 
 #include "steer.h"
 
-#define TC_ACT_OK 0
+#define TC_ACT_UNSPEC (-1)	/* direct action: go on with the next filter */
 #define TC_ACT_SHOT 2
 #define ETH_P_IP 0x0800
 #define ETH_HLEN 14
@@ -144,10 +149,10 @@ int kcoll_steer_out(struct __sk_buff *skb)
 	struct pkt p;
 
 	if (parse(skb, 1, &p))
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	v = find(&steer_out, &p.key);
 	if (!v || !v->ifindex)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	__sync_fetch_and_add(&v->pkts, 1);
 	__sync_fetch_and_add(&v->bytes, skb->len);
 	if (rewrite(skb, &p, p.key.laddr, v->new_laddr, p.key.raddr, v->new_raddr))
@@ -164,14 +169,14 @@ int kcoll_steer_in(struct __sk_buff *skb)
 	struct pkt p;
 
 	if (parse(skb, 0, &p))
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	v = find(&steer_in, &p.key);
 	if (!v)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	__sync_fetch_and_add(&v->pkts, 1);
 	__sync_fetch_and_add(&v->bytes, skb->len);
 	/* in: src is the remote end, dst the local one. */
 	if (rewrite(skb, &p, p.key.raddr, v->new_raddr, p.key.laddr, v->new_laddr))
 		return TC_ACT_SHOT;
-	return TC_ACT_OK;
+	return TC_ACT_UNSPEC;
 }

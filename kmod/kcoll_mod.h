@@ -102,4 +102,7 @@ void kcoll_sysfs_exit(void);
 int kcoll_algo_parse(const char *s);
 int kcoll_peer_report(const struct kcoll_ioc_peer_report *arg);
 
+/* c4.c: the C4 core (user/common/c4.c, built in) on a synthetic trace */
+ssize_t kcoll_c4_selftest(char *buf, u32 slow_ratio_pct, u32 hang_ms, u32 straggler_ms);
+
 #endif /* KCOLL_MOD_H */

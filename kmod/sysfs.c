@@ -89,6 +89,18 @@ KCOLL_KNOB(chunk_bytes, 512 * 1024, 4096, 64 * 1024 * 1024, true);
 KCOLL_KNOB(timeout_ms, 30000, 1, 3600 * 1000, false);
 KCOLL_KNOB(slow_ratio_pct, 200, 101, 10000, false);
 KCOLL_KNOB(hang_ms, 5000, 1, 3600 * 1000, false);
+KCOLL_KNOB(straggler_ms, 20, 1, 3600 * 1000, false);
+
+/* Root only: each read runs the in-kernel C4 core on a synthetic trace. */
+static ssize_t c4_selftest_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
+{
+	return kcoll_c4_selftest(buf, READ_ONCE(kcoll_knob_slow_ratio_pct.value),
+				 READ_ONCE(kcoll_knob_hang_ms.value),
+				 READ_ONCE(kcoll_knob_straggler_ms.value));
+}
+
+static struct kobj_attribute kcoll_attr_c4_selftest =
+	__ATTR(c4_selftest, 0400, c4_selftest_show, NULL);
 
 static ssize_t rings_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
 {
@@ -181,6 +193,8 @@ static struct attribute *kcoll_attrs[] = {
 	&kcoll_knob_timeout_ms.attr.attr,
 	&kcoll_knob_slow_ratio_pct.attr.attr,
 	&kcoll_knob_hang_ms.attr.attr,
+	&kcoll_knob_straggler_ms.attr.attr,
+	&kcoll_attr_c4_selftest.attr,
 	&kcoll_attr_rings.attr,
 	&kcoll_attr_registered_bytes.attr,
 	&kcoll_attr_pinned_pages.attr,

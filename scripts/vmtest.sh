@@ -302,6 +302,10 @@ build_kmod() {
 	cp -p include/uapi/linux/kcoll.h "$kobj/include/uapi/linux/"
 	mkdir -p "$kobj/include/kcoll"
 	cp -p include/kcoll/ring_layout.h "$kobj/include/kcoll/"
+	# the C4 core kcolld and the module share (kmod/c4_core.c includes it)
+	cp -p include/kcoll/c4.h "$kobj/include/kcoll/"
+	mkdir -p "$kobj/user/common"
+	cp -p user/common/c4.c "$kobj/user/common/"
 	make -s -C "$kbuild" M="$kobj" W=1 KCFLAGS=-Werror modules
 }
 

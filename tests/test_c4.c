@@ -233,6 +233,136 @@ static void test_comm_slow(uint32_t self, bool own_link)
 	       pl.why[peer][1] == KCOLL_C4_WHY_SPREAD, "after heal_hold_ms: stream 1 back on link 1");
 }
 
+/* BPF flow statistics of one tick for the ring seen from host self: every
+ * key moves wall[l] MB/s of payload (wall clock: a slow link slows the whole
+ * ring, so every key's wall rate drops, not only the slow one's); key
+ * (prev, link 1, rx) also gets srtt_us and retrans. */
+static void bpf_traffic(uint32_t self, const uint64_t wall[2], uint32_t noise, uint32_t srtt_us,
+			uint32_t retrans_l1)
+{
+	uint32_t prev = (self + 3) % 4, next = (self + 1) % 4;
+
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t d = 0; d < 2; d++) {
+			bool hot = l == 1 && d == KCOLL_C4_RX;
+			struct kcoll_c4_linkobs o = {
+				.host = d ? next : prev, .link = l, .dir = d, .flags = KCOLL_C4_OBS_BPF,
+				.bytes = noisy(wall[l] * 250000, noise), .busy_ns = TICK, .t_ns = now,
+				.srtt_us = hot ? srtt_us : (uint32_t)noisy(100, noise),
+				.retrans = hot ? retrans_l1 : 0,
+			};
+
+			if (kcoll_c4_link_obs(&c4, &o)) {
+				printf("Bail out! BPF observation refused\n");
+				exit(1);
+			}
+		}
+}
+
+/* The peer's link 1 slows to 10%: timing alone (with_bpf 0), timing with BPF
+ * flow statistics (1: rates collapsed on every key, RTT and retransmissions
+ * up on the slow one; 2: retransmissions only). Returns evaluations to the
+ * raise; *e: the raise event. */
+static uint32_t slow_run(int with_bpf, struct kcoll_c4_event *e)
+{
+	uint64_t rx[2] = { 600, 600 }, tx[2] = { 600, 600 }, wall[2] = { 300, 300 };
+	uint32_t think[4] = { 1, 1, 1, 1 }, i, k = 0;
+
+	rng = 777;
+	setup(1, NULL);
+	for (i = 0; i < 40; i++) {
+		traffic(1, rx, tx, 20);
+		if (with_bpf)
+			bpf_traffic(1, wall, 20, 150, 0);
+		ops(1, i, think, 20);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	rx[1] = 60;
+	if (with_bpf == 1)
+		wall[0] = wall[1] = 30;
+	for (; k < 40 && !count_kind(0, KCOLL_C4_COMM_SLOW, 1, e); k++, i++) {
+		traffic(1, rx, tx, 20);
+		if (with_bpf)	/* 2: retransmissions only, rate and RTT as usual */
+			bpf_traffic(1, wall, 20, with_bpf == 1 ? 25000 : 150, 3);
+		ops(1, i, think, 20);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	return k;
+}
+
+static void test_bpf_evidence(void)
+{
+	struct kcoll_c4_event e = { 0 }, act[8];
+	uint32_t plain = slow_run(0, &e), with;
+
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, NULL) == 1 && e.bpf_flags == 0,
+	       "timing only: communication slow raised after %u evaluations, no BPF evidence", plain);
+	with = slow_run(1, &e);
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, NULL) == 1 && e.host == 0 && e.link == 1 &&
+	       e.via_host == 0 && e.bpf_dir == KCOLL_C4_RX,
+	       "with BPF: names host 0 link 1 (got host %u link %u via %u dir %u)", e.host, e.link,
+	       e.via_host, e.bpf_dir);
+	tap_ok(with + 1 == plain, "with BPF: the corroborated raise comes one evaluation sooner (%u vs %u)",
+	       with, plain);
+	tap_ok((e.bpf_flags & (KCOLL_C4_BPF_SEEN | KCOLL_C4_BPF_COLLAPSED | KCOLL_C4_BPF_RETRANS |
+			       KCOLL_C4_BPF_RTT_UP | KCOLL_C4_BPF_CORROB)) ==
+	       (KCOLL_C4_BPF_SEEN | KCOLL_C4_BPF_COLLAPSED | KCOLL_C4_BPF_RETRANS | KCOLL_C4_BPF_RTT_UP |
+		KCOLL_C4_BPF_CORROB), "... evidence flags: seen, collapsed, retransmissions, RTT up, "
+	       "corroborated (0x%x)", e.bpf_flags);
+	tap_ok(e.bpf_rate >= 15000000 && e.bpf_rate <= 60000000 && e.bpf_usual >= 200000000 &&
+	       e.bpf_usual <= 400000000, "... BPF rate %llu B/s against its usual %llu B/s",
+	       (unsigned long long)e.bpf_rate, (unsigned long long)e.bpf_usual);
+	tap_ok(e.bpf_retrans >= 3 && e.bpf_srtt_us == 25000 && e.bpf_usual_srtt_us > 0 &&
+	       e.bpf_usual_srtt_us < 1000, "... %u retransmissions, srtt %u us (usually %u us)",
+	       e.bpf_retrans, e.bpf_srtt_us, e.bpf_usual_srtt_us);
+	tap_ok(kcoll_c4_active(&c4, act, 8) == 1 && act[0].bpf_flags == e.bpf_flags &&
+	       act[0].bpf_rate == e.bpf_rate, "... the active anomaly carries the same BPF evidence");
+	tap_ok(c4.bpf[0][0][KCOLL_C4_RX].state & KCOLL_C4_BPF_COLLAPSED && !c4.link[0][0][KCOLL_C4_RX].slow,
+	       "link 0 of the same peer: BPF rate collapsed too (the ring slowed), not judged slow");
+	with = slow_run(2, &e);
+	tap_ok(with == plain && (e.bpf_flags & KCOLL_C4_BPF_RETRANS) && !(e.bpf_flags & KCOLL_C4_BPF_CORROB),
+	       "retransmissions alone: shown (flags 0x%x), not corroboration: raised after %u evaluations "
+	       "like timing alone", e.bpf_flags, with);
+}
+
+/* Noisy but healthy, with BPF statistics as noisy (45% rate noise, an odd
+ * retransmission, RTT jitter) and then a 10x lighter load on every key
+ * (BPF rates collapse, the timing of large pieces does not): no event. */
+static void test_bpf_noisy_healthy(void)
+{
+	uint64_t rx[2] = { 600, 600 }, tx[2] = { 900, 900 }, wall[2] = { 300, 300 };
+	uint32_t think[4] = { 1, 1, 1, 1 };
+	struct kcoll_c4_linkobs o = { .host = 1, .link = 0, .flags = KCOLL_C4_OBS_BPF, .bytes = 1 };
+
+	setup(0, NULL);
+	tap_ok(kcoll_c4_link_obs(&c4, &o) == -EINVAL, "BPF observation over no interval refused");
+	o.busy_ns = TICK;
+	o.flags = 0x80;
+	tap_ok(kcoll_c4_link_obs(&c4, &o) == -EINVAL, "observation with an unknown flag refused");
+	for (uint64_t i = 0; i < 1200; i++) {	/* 300 s */
+		rx[1] = 600 + (i / 200 % 2) * 360;
+		if (i == 600)
+			wall[0] = wall[1] = 30;
+		traffic(0, rx, tx, 45);
+		bpf_traffic(0, wall, 45, (uint32_t)noisy(300, 80), i % 37 == 0 ? 2 : 0);
+		ops(0, i, think, 80);
+		now += TICK;
+		kcoll_c4_evaluate(&c4, now);
+	}
+	tap_ok(all_events() == 0, "noisy healthy trace with noisy BPF statistics and a 10x lighter "
+	       "load (300 s): no event (got %u)", all_events());
+	tap_ok(c4.bpf[3][1][KCOLL_C4_RX].state == (KCOLL_C4_BPF_SEEN | KCOLL_C4_BPF_RETRANS) ||
+	       c4.bpf[3][1][KCOLL_C4_RX].state == KCOLL_C4_BPF_SEEN,
+	       "... its BPF state at the end: seen%s, no collapse, no RTT rise (0x%x)",
+	       c4.bpf[3][1][KCOLL_C4_RX].state & KCOLL_C4_BPF_RETRANS ? ", a retransmission" : "",
+	       c4.bpf[3][1][KCOLL_C4_RX].state);
+	tap_ok(c4.bpf[3][1][KCOLL_C4_RX].usual > 0 && c4.bpf[3][1][KCOLL_C4_RX].usual < 100000000,
+	       "the usual BPF rate followed the lighter load (%llu B/s)",
+	       (unsigned long long)c4.bpf[3][1][KCOLL_C4_RX].usual);
+}
+
 static void test_no_choice(void)
 {
 	uint64_t rx[2] = { 60, 60 }, tx[2] = { 600, 600 };
@@ -512,6 +642,8 @@ int main(void)
 	printf("TAP version 13\n");
 	test_bad_input();
 	test_healthy_noisy();
+	test_bpf_evidence();
+	test_bpf_noisy_healthy();
 	test_comm_slow(0, false);
 	test_comm_slow(2, true);
 	test_no_choice();

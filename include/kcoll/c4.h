@@ -40,6 +40,7 @@
 #define KCOLL_C4_MAX_LINKS	4	/* networks (local interfaces) per host */
 #define KCOLL_C4_MAX_STREAMS	8
 #define KCOLL_C4_WIN		16	/* samples kept per link and per rank */
+#define KCOLL_C4_BPF_WIN	8	/* BPF flow-statistics samples kept per link */
 #define KCOLL_C4_EVQ		128	/* events kept (a ring) */
 #define KCOLL_C4_NONE		0xffffffffu
 
@@ -67,25 +68,59 @@ struct kcoll_c4_params {
 	uint32_t min_obs_bytes;		/* link observations smaller than this are ignored */
 	uint32_t min_busy_pct;		/* a link is judged slow only if busy this % of the time
 					 * (a bottleneck; after idle gaps TCP restarts slowly) */
+	uint32_t bpf_window_ms;		/* BPF flow statistics: the rate over this much time */
 };
 
 /* The defaults (kcollctl set / sysfs change them). */
 void kcoll_c4_params_default(struct kcoll_c4_params *p);
 
-/* One observation of the traffic with a peer host over one local link. */
+/*
+ * One observation of the traffic with a peer host over one local link.
+ * Two sources fill it:
+ *   - the daemon's data streams (flags 0): bytes of large pieces and the
+ *     time they took (busy time, idle gaps excluded): the timing evidence;
+ *   - BPF flow statistics (KCOLL_C4_OBS_BPF): the payload bytes the tc
+ *     classifiers counted since the previous observation, busy_ns = the
+ *     wall-clock interval they cover (BPF cannot tell busy from idle), the
+ *     TCP retransmissions in that interval and the flows' smoothed RTT.
+ *     They never raise an anomaly by themselves (a whole collective slowing
+ *     down lowers every link's wall-clock rate); they corroborate the timing
+ *     evidence of the same (peer, link, direction) and are shown with it.
+ */
 struct kcoll_c4_linkobs {
 	uint32_t host;		/* the peer's host index */
 	uint32_t link;		/* local link (network) index */
 	uint32_t dir;		/* enum kcoll_c4_dir */
 	uint32_t flags;		/* KCOLL_C4_OBS_* */
 	uint64_t bytes;		/* moved in this observation */
-	uint64_t busy_ns;	/* the time those bytes took (not idle time) */
+	uint64_t busy_ns;	/* the time those bytes took (not idle time); BPF: the interval */
 	uint64_t t_ns;		/* when observed */
-	uint32_t retrans;	/* TCP retransmissions (BPF), 0 unknown */
+	uint32_t retrans;	/* TCP retransmissions in the interval (BPF), 0 unknown */
 	uint32_t srtt_us;	/* smoothed RTT (BPF), 0 unknown */
 };
 
 #define KCOLL_C4_OBS_BPF	(1u << 0)	/* from BPF flow statistics */
+
+/* BPF flow statistics of one (peer, link, direction), judged at evaluation. */
+struct kcoll_c4_bpf {
+	uint64_t bytes[KCOLL_C4_BPF_WIN], dt[KCOLL_C4_BPF_WIN], t[KCOLL_C4_BPF_WIN];
+	uint32_t retr[KCOLL_C4_BPF_WIN];
+	uint32_t n, pos;
+	uint32_t srtt_us;	/* the last one seen (0: unknown) */
+	uint32_t usual_srtt_us;	/* average while the link kept up */
+	uint64_t rate;		/* last evaluation: payload B/s over bpf_window_ms (wall clock) */
+	uint64_t usual;		/* average while the link kept up (0: not learnt yet) */
+	uint32_t retrans;	/* last evaluation: retransmissions within bpf_window_ms */
+	uint32_t state;		/* last evaluation: KCOLL_C4_BPF_* bits */
+	uint32_t shifted;	/* evaluations in a row at another level while the timing is good */
+};
+
+/* kcoll_c4_bpf.state and kcoll_c4_event.bpf_flags */
+#define KCOLL_C4_BPF_SEEN	(1u << 0)	/* BPF statistics cover this key */
+#define KCOLL_C4_BPF_COLLAPSED	(1u << 1)	/* rate below usual * 100 / slow_ratio_pct */
+#define KCOLL_C4_BPF_RETRANS	(1u << 2)	/* retransmissions within the window */
+#define KCOLL_C4_BPF_RTT_UP	(1u << 3)	/* srtt above usual * slow_ratio_pct / 100 */
+#define KCOLL_C4_BPF_CORROB	(1u << 4)	/* event: BPF corroborates the timing evidence */
 
 /* What a daemon tells its peers about one of its ranks. */
 struct kcoll_c4_rankrep {
@@ -110,6 +145,15 @@ struct kcoll_c4_event {
 	uint64_t spread;	/* straggler: MAD us; slow: slow/total keys on the link */
 	uint32_t nsamples;
 	uint32_t seq_lo;	/* hangs: the op (low 32 bits of its sequence) */
+	/* comm slow: BPF flow statistics of the same (via_host, link, bpf_dir) */
+	uint32_t bpf_flags;	/* KCOLL_C4_BPF_*; 0: no BPF statistics */
+	uint32_t bpf_dir;	/* enum kcoll_c4_dir of the evidence key */
+	uint64_t bpf_rate;	/* payload B/s over bpf_window_ms (wall clock) */
+	uint64_t bpf_usual;	/* its usual rate */
+	uint32_t bpf_retrans;	/* retransmissions within bpf_window_ms */
+	uint32_t bpf_srtt_us;	/* smoothed RTT now ... */
+	uint32_t bpf_usual_srtt_us;	/* ... and usually */
+	uint32_t pad;
 };
 
 struct kcoll_c4_rank {
@@ -152,6 +196,7 @@ struct kcoll_c4 {
 	uint8_t rank_host[KCOLL_C4_MAX_RANKS];
 	struct kcoll_c4_rank rank[KCOLL_C4_MAX_RANKS];
 	struct kcoll_c4_link link[KCOLL_C4_MAX_HOSTS][KCOLL_C4_MAX_LINKS][2];
+	struct kcoll_c4_bpf bpf[KCOLL_C4_MAX_HOSTS][KCOLL_C4_MAX_LINKS][2];
 	struct kcoll_c4_culprit culprit[KCOLL_C4_MAX_HOSTS][KCOLL_C4_MAX_LINKS];
 	/* the data path's wait */
 	uint32_t wait_host, wait_link;

@@ -24,6 +24,8 @@ static const struct knob knobs[] = {
 	  { "100", "0", "10001", "x", "+", NULL } },
 	{ "hang_ms", "5000", { "1", "3600000", "2000" },
 	  { "0", "3600001", "4294967296", "-1", " ", NULL } },
+	{ "straggler_ms", "20", { "1", "3600000", "50" },
+	  { "0", "3600001", "4294967296", "-3", "2 ms", NULL } },
 };
 
 static void read_str(const char *name, char *out, size_t n)

@@ -58,6 +58,7 @@ if insmod "$ko"; then
 	per_test_timeout=360 run_one "host-tier daemon tests with kcoll.ko loaded" \
 		"$here/../run.sh" "${KCOLL_VM_BUILD:-build}" test_coll test_kmod_path test_faults
 		run_one "t_tunables.sh" bash "$here/t_tunables.sh"
+	run_one "t_c4.sh" bash "$here/t_c4.sh"
 	run_one "t_module.sh unload" bash "$here/t_module.sh" unload "$ko" "$bin"
 else
 	echo "Bail out! insmod $ko failed"; fail=$((fail + 1))

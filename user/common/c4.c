@@ -5,8 +5,13 @@
  */
 #ifdef __KERNEL__
 #include <linux/errno.h>
+#include <linux/math64.h>
+/* 64-bit divisions by a variable or a constant other than a power of two:
+ * 32-bit kernels have no libgcc to do them */
+#define DIV64(a, b) div64_u64((a), (b))
 #else
 #include <errno.h>
+#define DIV64(a, b) ((uint64_t)(a) / (uint64_t)(b))
 #endif
 
 #include <kcoll/c4.h>
@@ -28,6 +33,7 @@ void kcoll_c4_params_default(struct kcoll_c4_params *p)
 		.probe_ms = 5000,
 		.min_obs_bytes = 256 << 10,
 		.min_busy_pct = 20,
+		.bpf_window_ms = 1000,
 	};
 }
 
@@ -134,7 +140,7 @@ int kcoll_c4_submit(struct kcoll_c4 *c, uint32_t rank, uint64_t seq, uint64_t no
 	/* Think time: from the completion of its previous op to this submission
 	 * (0 when it submitted before that op completed: pipelined). */
 	if (seq && r->last_done_ns && r->last_done_ns >= r->last_sub_ns && now >= r->last_done_ns) {
-		uint64_t us = (now - r->last_done_ns) / 1000;
+		uint64_t us = DIV64(now - r->last_done_ns, 1000);
 
 		r->think_us[r->think_pos] = us > 0xffffffffu ? 0xffffffffu : (uint32_t)us;
 		r->think_pos = (r->think_pos + 1) % KCOLL_C4_WIN;
@@ -156,7 +162,7 @@ int kcoll_c4_complete(struct kcoll_c4 *c, uint32_t rank, uint64_t now)
 
 static uint64_t since_ms(uint64_t now, uint64_t t)
 {
-	return now > t ? (now - t) / MS : 0;
+	return now > t ? DIV64(now - t, MS) : 0;
 }
 
 int kcoll_c4_rank_summary(const struct kcoll_c4 *c, uint32_t rank, uint64_t now,
@@ -194,12 +200,35 @@ int kcoll_c4_rank_report(struct kcoll_c4 *c, const struct kcoll_c4_rankrep *m, u
 	return 0;
 }
 
+/* BPF flow statistics: every interval counts (no traffic is a rate too). */
+static void bpf_obs(struct kcoll_c4 *c, const struct kcoll_c4_linkobs *o)
+{
+	struct kcoll_c4_bpf *b = &c->bpf[o->host][o->link][o->dir];
+
+	b->bytes[b->pos] = o->bytes;
+	b->dt[b->pos] = o->busy_ns;
+	b->t[b->pos] = o->t_ns;
+	b->retr[b->pos] = o->retrans;
+	b->pos = (b->pos + 1) % KCOLL_C4_BPF_WIN;
+	if (b->n < KCOLL_C4_BPF_WIN)
+		b->n++;
+	if (o->srtt_us)
+		b->srtt_us = o->srtt_us;
+}
+
 int kcoll_c4_link_obs(struct kcoll_c4 *c, const struct kcoll_c4_linkobs *o)
 {
 	struct kcoll_c4_link *l;
 
-	if (o->host >= c->nhosts || o->host == c->self || o->link >= c->nlinks || o->dir > 1)
+	if (o->host >= c->nhosts || o->host == c->self || o->link >= c->nlinks || o->dir > 1 ||
+	    (o->flags & ~KCOLL_C4_OBS_BPF))
 		return -EINVAL;
+	if (o->flags & KCOLL_C4_OBS_BPF) {
+		if (!o->busy_ns)
+			return -EINVAL;	/* an interval of no length */
+		bpf_obs(c, o);
+		return 0;
+	}
 	/* Small transfers measure latency, not rate: they would skew the median. */
 	if (o->bytes < c->p.min_obs_bytes || !o->busy_ns)
 		return 0;
@@ -379,10 +408,82 @@ static uint64_t link_rate(struct kcoll_c4 *c, struct kcoll_c4_link *l, uint64_t 
 	if (*n < c->p.min_samples || !t)
 		return 0;
 	/* n samples, one per interval: they span about n intervals */
-	span = hi > lo ? (hi - lo) / (*n - 1) * *n : 0;
-	*busy_pct = span ? (uint32_t)(t * 100 / span < 1000 ? t * 100 / span : 1000) : 1000;
+	span = hi > lo ? DIV64(hi - lo, *n - 1) * *n : 0;
+	*busy_pct = span ? (uint32_t)(DIV64(t * 100, span) < 1000 ? DIV64(t * 100, span) : 1000) : 1000;
 	/* b * 1e9 / t without overflow for b < 2^34 per sample window */
-	return b >= (1ull << 33) ? b / (t / 1000000000ull + 1) : b * 1000000000ull / t;
+	return b >= (1ull << 33) ? DIV64(b, DIV64(t, 1000000000ull) + 1) : DIV64(b * 1000000000ull, t);
+}
+
+/* bytes * 1e9 / ns without overflow (bytes < 2^44). */
+static uint64_t per_sec(uint64_t b, uint64_t ns)
+{
+	if (!ns)
+		return 0;
+	if (b < (1ull << 34))
+		return DIV64(b * 1000000000ull, ns);
+	return DIV64((b >> 10) * 1000000000ull, ns) << 10;
+}
+
+/* BPF statistics of one key over bpf_window_ms: rate, retransmissions,
+ * and how they compare with its usual values (k: the timing verdict so far,
+ * which says whether the link keeps up: only then do the usual values learn;
+ * a new level they learn after 16 evaluations in a row at it: the load changed). */
+static void judge_bpf(struct kcoll_c4 *c, struct kcoll_c4_bpf *b, const struct kcoll_c4_link *k,
+		      uint64_t now)
+{
+	uint64_t sb = 0, st = 0, horizon = (uint64_t)(c->p.bpf_window_ms ? c->p.bpf_window_ms :
+						       c->p.window_ms) * MS;
+	uint32_t retr = 0, n = 0;
+	bool keeps_up = !k->slow && !k->bad;
+
+	b->state = 0;
+	b->rate = 0;
+	b->retrans = 0;
+	for (uint32_t i = 0; i < b->n; i++) {
+		if (now > b->t[i] && now - b->t[i] > horizon)
+			continue;
+		sb += b->bytes[i];
+		st += b->dt[i];
+		retr += b->retr[i];
+		n++;
+	}
+	if (!n)
+		return;
+	b->state = KCOLL_C4_BPF_SEEN;
+	b->rate = per_sec(sb, st);
+	b->retrans = retr;
+	if (b->usual && b->rate * c->p.slow_ratio_pct < b->usual * 100)
+		b->state |= KCOLL_C4_BPF_COLLAPSED;
+	if (retr)
+		b->state |= KCOLL_C4_BPF_RETRANS;
+	/* RTT up: above slow_ratio_pct of usual and by 1 ms at least (a veth's
+	 * tens of microseconds double for nothing) */
+	if (b->usual_srtt_us && b->srtt_us &&
+	    (uint64_t)b->srtt_us * 100 > (uint64_t)b->usual_srtt_us * c->p.slow_ratio_pct &&
+	    b->srtt_us > b->usual_srtt_us + 1000)
+		b->state |= KCOLL_C4_BPF_RTT_UP;
+	/* a new level while the timing stays good for 16 evaluations: the load changed */
+	if (keeps_up && (b->state & (KCOLL_C4_BPF_COLLAPSED | KCOLL_C4_BPF_RTT_UP)))
+		b->shifted = b->shifted < 255 ? b->shifted + 1 : 255;
+	else
+		b->shifted = 0;
+	if (keeps_up && b->rate && (!(b->state & KCOLL_C4_BPF_COLLAPSED) || b->shifted >= 16))
+		b->usual = b->usual ? b->usual - b->usual / 8 + b->rate / 8 : b->rate;
+	if (keeps_up && b->srtt_us && (!(b->state & KCOLL_C4_BPF_RTT_UP) || b->shifted >= 16))
+		b->usual_srtt_us = b->usual_srtt_us ?
+			b->usual_srtt_us - b->usual_srtt_us / 8 + b->srtt_us / 8 : b->srtt_us;
+}
+
+/* BPF corroborates a timing verdict when it shows two of: rate collapsed,
+ * retransmissions, RTT up (a queue at a bottleneck). One alone is common on a
+ * busy healthy host: a retransmission on a veth, an RTT doubled by a
+ * descheduled receiver, a ring slowed by a late rank. */
+static bool bpf_corrob(uint32_t st)
+{
+	uint32_t k = !!(st & KCOLL_C4_BPF_COLLAPSED) + !!(st & KCOLL_C4_BPF_RETRANS) +
+		     !!(st & KCOLL_C4_BPF_RTT_UP);
+
+	return k >= 2;
 }
 
 /* Communication slow: every judged (host, link, direction) against the
@@ -402,6 +503,8 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				struct kcoll_c4_link *k = &c->link[h][l][d];
 
 				k->rate = h == c->self ? 0 : link_rate(c, k, now, &nsamp[h][l][d], &busy[h][l][d]);
+				if (h != c->self)
+					judge_bpf(c, &c->bpf[h][l][d], k, now);
 				if (k->rate)
 					v[n++] = k->rate;
 			}
@@ -443,7 +546,11 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 					if (k->good < 255)
 						k->good++;
 				}
-				if (!k->slow && k->bad >= c->p.raise_evals)
+				/* BPF flow statistics of the same key that show it too
+				 * (two of: rate collapsed, retransmissions, RTT up)
+				 * shorten the raise by one evaluation; never raise alone */
+				if (!k->slow && k->bad >= c->p.raise_evals -
+				    (c->p.raise_evals > 1 && bpf_corrob(c->bpf[h][l][d].state) ? 1 : 0))
 					k->slow = true;
 				else if (k->slow && k->good >= c->p.clear_evals)
 					k->slow = k->covered = false;
@@ -492,9 +599,21 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				.spread = (uint64_t)slow << 32 | peers,
 			};
 			if (via != KCOLL_C4_NONE) {
+				const struct kcoll_c4_bpf *b = &c->bpf[via][l][d];
+
 				e.value = c->link[via][l][d].rate;
 				e.nsamples = nsamp[via][l][d];
 				e.ref = m;
+				e.bpf_dir = d;
+				if (b->state & KCOLL_C4_BPF_SEEN) {
+					e.bpf_flags = b->state | (now_slow && bpf_corrob(b->state) ?
+								  KCOLL_C4_BPF_CORROB : 0);
+					e.bpf_rate = b->rate;
+					e.bpf_usual = b->usual;
+					e.bpf_retrans = b->retrans;
+					e.bpf_srtt_us = b->srtt_us;
+					e.bpf_usual_srtt_us = b->usual_srtt_us;
+				}
 			}
 			cu->slow = now_slow;
 			if (now_slow) {

@@ -40,6 +40,7 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_REDUCE_IMPL", "", "force a reduction implementation (generic, avx2, avx512); empty: best" },
 	{ "KCOLL_BPF", "0", "kcolld: 1 = attach the eBPF flow tracker (bpf/) on the interfaces of its addresses; runs without it if it cannot" },
 	{ "KCOLL_BPF_PIN", "/sys/fs/bpf/kcoll", "bpffs directory where the flow tracker's maps and programs are pinned (kcolld, kcoll-bpf)" },
+	{ "KCOLL_BPF_CGROUP", "", "kcolld flow tracking: cgroup v2 directory for the sockops program (TCP retransmissions, RTT); empty: where cgroup v2 is mounted" },
 };
 
 static const struct kcoll_knob *knob_find(const char *name)

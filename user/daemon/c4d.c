@@ -16,6 +16,7 @@
  * raised, info when cleared), keeps the last ones for `kcollctl events`, and
  * recomputes the plan (`kcollctl plan`). docs/c4.md has the long form.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -36,6 +37,11 @@
 #define KD_C4_LOG	256
 #define KD_C4_LEAD	4		/* a plan applies this many ops after the proposal */
 #define KD_C4_ANSWER_NS	(2000 * 1000000LL)	/* a proposal unanswered this long is dropped */
+#define KD_C4_BPF_MAX	(KD_MAX_HOSTS * KCOLL_C4_MAX_LINKS)
+
+int (*kd_bpf_sums_hook)(struct kd_bpf_sum *out, uint32_t max, uint32_t *n);
+void (*kd_bpf_steer_hook)(struct kd_steer_want *w, uint32_t n, int64_t now);
+size_t (*kd_bpf_steer_render)(char *buf, size_t cap, int json);
 
 struct kd_c4 {
 	struct kcoll_c4 core;			/* comm->lock */
@@ -54,7 +60,7 @@ struct kd_c4_logent {
 	uint32_t self;
 	int64_t wall_ms;
 	struct kcoll_c4_event e;
-	char text[320];
+	char text[512];
 };
 
 /* Control thread only. */
@@ -64,6 +70,12 @@ static struct {
 	int64_t last_tick;
 	FILE *trace;
 	bool trace_taken;
+	/* BPF flow statistics per (peer, link): this tick's and the previous read */
+	struct kd_bpf_sum bpf[2][KD_C4_BPF_MAX];
+	uint32_t nbpf[2];
+	int64_t bpf_t[2];
+	bool bpf_failed;
+	bool steered;		/* this tick, a communicator's plan steered the foreign flows */
 } c4d = { .next_id = 1 };
 
 static void trace(const struct kd_c4 *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -199,6 +211,7 @@ void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_p
 		return;
 	}
 	mh->hosts[from_host].peer_want = m->want_avoid & ((1u << mh->nstreams) - 1);
+	mh->hosts[from_host].peer_steer_recv = m->steer_recv & ((1u << KD_STEER_LINKS) - 1);
 	pthread_mutex_lock(&comm->lock);
 	for (uint32_t i = 0; mh->c4 && i < m->n; i++) {
 		struct kcoll_c4_rankrep rep = { .rank = rr[i].rank, .age_ms = rr[i].age_ms, .nsub = rr[i].nsub,
@@ -390,11 +403,22 @@ static size_t event_text(const struct kd_mh *mh, const struct kcoll_c4_event *e,
 		if (!e->raised)
 			return snprintf(b, cap, "communication slow cleared: host %u (%s) %s", e->host,
 					hname(mh, e->host), ls);
-		return snprintf(b, cap, "communication slow: host %u (%s) %s: %.1f MB/s against a median of "
-				"%.1f MB/s over the links (seen on traffic with host %u; %u of %u peers on "
-				"that link slow; %u samples)", e->host, hname(mh, e->host), ls, e->value / 1e6,
-				e->ref / 1e6, e->via_host, (uint32_t)(e->spread >> 32), (uint32_t)e->spread,
-				e->nsamples);
+	{
+		size_t n = (size_t)snprintf(b, cap, "communication slow: host %u (%s) %s: %.1f MB/s against a "
+					    "median of %.1f MB/s over the links (seen on traffic with host %u; %u "
+					    "of %u peers on that link slow; %u samples)", e->host,
+					    hname(mh, e->host), ls, e->value / 1e6, e->ref / 1e6, e->via_host,
+					    (uint32_t)(e->spread >> 32), (uint32_t)e->spread, e->nsamples);
+
+		if (e->bpf_flags && n < cap)
+			n += (size_t)snprintf(b + n, cap - n, "; BPF %s: %.1f MB/s (usually %.1f), %u "
+					      "retransmissions in %u ms, srtt %.2f ms (usually %.2f)%s",
+					      e->bpf_dir ? "tx" : "rx", e->bpf_rate / 1e6, e->bpf_usual / 1e6,
+					      e->bpf_retrans, mh->c4 ? mh->c4->core.p.bpf_window_ms : 0,
+					      e->bpf_srtt_us / 1e3, e->bpf_usual_srtt_us / 1e3,
+					      e->bpf_flags & KCOLL_C4_BPF_CORROB ? ", corroborates" : "");
+		return n;
+	}
 	case KCOLL_C4_COMM_HANG:
 		if (!e->raised)
 			return snprintf(b, cap, "communication hang cleared: host %u (%s)", e->host,
@@ -450,7 +474,7 @@ static size_t jstr(char *b, size_t cap, const char *s)
 
 static size_t event_json(const struct kd_mh *mh, const struct kcoll_c4_event *e, char *buf, size_t cap)
 {
-	char addr[20], t[320], js[400];
+	char addr[20], t[512], js[640];
 	size_t n = 0;
 
 	addr[0] = 0;
@@ -466,6 +490,16 @@ static size_t event_json(const struct kd_mh *mh, const struct kcoll_c4_event *e,
 	    e->link == KCOLL_C4_NONE ? -1 : (int)e->link, addr,
 	    e->via_host == KCOLL_C4_NONE ? -1 : (int)e->via_host, e->value, e->ref, e->spread, e->nsamples,
 	    e->seq_lo, js);
+	if (e->bpf_flags) {
+		n--;	/* reopen the object */
+		PUT(",\"bpf\":{\"dir\":\"%s\",\"rate\":%" PRIu64 ",\"usual\":%" PRIu64 ",\"retrans\":%u,"
+		    "\"srtt_us\":%u,\"usual_srtt_us\":%u,\"collapsed\":%s,\"rtt_up\":%s,"
+		    "\"corroborates\":%s}}", e->bpf_dir ? "tx" : "rx", e->bpf_rate, e->bpf_usual,
+		    e->bpf_retrans, e->bpf_srtt_us, e->bpf_usual_srtt_us,
+		    e->bpf_flags & KCOLL_C4_BPF_COLLAPSED ? "true" : "false",
+		    e->bpf_flags & KCOLL_C4_BPF_RTT_UP ? "true" : "false",
+		    e->bpf_flags & KCOLL_C4_BPF_CORROB ? "true" : "false");
+	}
 	return n;
 }
 
@@ -528,6 +562,61 @@ static void feed_links(struct kd_mh *mh, struct kd_c4 *c, uint64_t now)
 	}
 }
 
+/* Read the BPF flow statistics once per tick (kd_c4_tick). */
+static void bpf_read(int64_t now)
+{
+	uint32_t n = 0;
+	int err;
+
+	if (!kd_bpf_sums_hook) {
+		c4d.nbpf[0] = c4d.nbpf[1] = 0;
+		return;
+	}
+	memcpy(c4d.bpf[1], c4d.bpf[0], sizeof(c4d.bpf[0][0]) * c4d.nbpf[0]);
+	c4d.nbpf[1] = c4d.nbpf[0];
+	c4d.bpf_t[1] = c4d.bpf_t[0];
+	err = kd_bpf_sums_hook(c4d.bpf[0], KD_C4_BPF_MAX, &n);
+	if (err && !c4d.bpf_failed)
+		kc_warn("C4: cannot read the BPF flow statistics (%s); the detector goes on with its own "
+			"timing", strerror(-err));
+	c4d.bpf_failed = err != 0;
+	c4d.nbpf[0] = err ? 0 : n;
+	c4d.bpf_t[0] = now;
+}
+
+/* BPF flow statistics since the previous tick as detector observations: per
+ * (peer, link) the payload received (rx) and sent (tx) over the interval,
+ * retransmissions (ours: tx) and the flows' srtt (both). */
+static void feed_bpf(struct kd_mh *mh, struct kd_c4 *c, uint64_t now)
+{
+	uint64_t dt = (uint64_t)(c4d.bpf_t[0] - c4d.bpf_t[1]);
+
+	if (!c4d.nbpf[0] || !c4d.nbpf[1] || c4d.bpf_t[1] <= 0 || !dt)
+		return;
+	for (uint32_t i = 0; i < c4d.nbpf[0]; i++) {
+		const struct kd_bpf_sum *cur = &c4d.bpf[0][i], *old = NULL;
+
+		if (cur->host >= mh->nhosts || cur->host == mh->self || cur->link >= c->core.nlinks)
+			continue;
+		for (uint32_t k = 0; k < c4d.nbpf[1] && !old; k++)
+			if (c4d.bpf[1][k].host == cur->host && c4d.bpf[1][k].link == cur->link)
+				old = &c4d.bpf[1][k];
+		if (!old)
+			continue;	/* new: its counters cover more than the interval */
+		for (uint32_t d = 0; d < 2; d++) {
+			uint64_t a = d ? cur->tx_payload : cur->rx_payload, b = d ? old->tx_payload : old->rx_payload;
+			struct kcoll_c4_linkobs o = {
+				.host = cur->host, .link = cur->link, .dir = d, .flags = KCOLL_C4_OBS_BPF,
+				.bytes = a >= b ? a - b : 0, .busy_ns = dt, .t_ns = now, .srtt_us = cur->srtt_us,
+				.retrans = d && cur->retrans > old->retrans ?
+					(uint32_t)(cur->retrans - old->retrans) : 0,
+			};
+
+			kcoll_c4_link_obs(&c->core, &o);
+		}
+	}
+}
+
 static void plan_log(struct kd_comm *comm, struct kd_c4 *c, const struct kcoll_c4_plan *old)
 {
 	struct kd_mh *mh = comm->mh;
@@ -570,6 +659,66 @@ static uint32_t peer_health(const struct kd_mh *mh, const struct kd_c4 *c, uint3
 	return k->comm_hung[h] ? KCOLL_PEER_HUNG : slow ? KCOLL_PEER_SLOW : KCOLL_PEER_OK;
 }
 
+/* Links of the streams in mask s toward host h. */
+static uint32_t stream_links(const struct kd_mh *mh, uint32_t h, uint32_t s)
+{
+	uint32_t l = 0;
+
+	for (uint32_t k = 0; k < mh->nstreams; k++)
+		if (s & (1u << k) && mh->hosts[h].link[k] < KD_STEER_LINKS)
+			l |= 1u << mh->hosts[h].link[k];
+	return l;
+}
+
+static uint32_t link_addr(const struct kd_mh *mh, uint32_t h, uint32_t l)
+{
+	char a[20];
+	struct in_addr in;
+
+	kd_net_link_addr(mh, h, l, a, sizeof(a));
+	return inet_pton(AF_INET, a, &in) == 1 ? in.s_addr : 0;
+}
+
+/* Foreign tracked flows follow the plan (kcolld_bpf.c): per peer, the links
+ * our plan and the peer's want left and where their streams went instead. */
+static void steer_foreign(struct kd_mh *mh, const struct kcoll_c4_plan *pl, bool enforce, int64_t now,
+			  uint32_t *recv_ready)
+{
+	struct kd_steer_want w[KD_MAX_HOSTS];
+	uint32_t n = 0;
+
+	for (uint32_t h = 0; h < mh->nhosts; h++) {
+		struct kd_steer_want *x;
+
+		recv_ready[h] = 0;
+		if (h == mh->self || mh->hosts[h].dead)
+			continue;
+		x = &w[n++];
+		*x = (struct kd_steer_want){ .host = h, .peer_recv = mh->hosts[h].peer_steer_recv };
+		for (uint32_t l = 0; l < KD_STEER_LINKS; l++) {
+			x->via[l] = UINT32_MAX;
+			x->laddr[l] = l < kd_net_nlinks() ? link_addr(mh, mh->self, l) : 0;
+			x->raddr[l] = l < kd_net_nlinks() ? link_addr(mh, h, l) : 0;
+		}
+		if (!enforce)
+			continue;
+		x->avoid_mine = stream_links(mh, h, plan_avoid(mh, pl, h));
+		x->avoid_peer = stream_links(mh, h, mh->hosts[h].peer_want);
+		for (uint32_t s = 0; s < mh->nstreams; s++)
+			if (pl->link[h][s] != mh->hosts[h].link[s] && mh->hosts[h].link[s] < KD_STEER_LINKS)
+				x->via[mh->hosts[h].link[s]] = pl->link[h][s];
+		/* the peer wants a link left that our plan keeps: use another one we share */
+		for (uint32_t l = 0; l < KD_STEER_LINKS; l++)
+			for (uint32_t k = 0; x->via[l] == UINT32_MAX && k < kd_net_nlinks(); k++)
+				if (k != l && !((x->avoid_mine | x->avoid_peer) & (1u << k)) &&
+				    (kd_net_shared_links(mh, h) & (1u << k)))
+					x->via[l] = k;
+	}
+	kd_bpf_steer_hook(w, n, now);
+	for (uint32_t i = 0; i < n; i++)
+		recv_ready[w[i].host] = w[i].recv_ready;
+}
+
 static void tick_comm(struct kd_comm *comm, int64_t now)
 {
 	struct kd_mh *mh = comm->mh;
@@ -578,7 +727,7 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	struct kcoll_c4_event ev[16];
 	struct kcoll_c4_plan old;
 	uint32_t shared[KD_MAX_HOSTS] = { 0 }, nev, nrep = 0;
-	uint32_t health[KD_MAX_HOSTS] = { 0 }, bw[KD_MAX_HOSTS] = { 0 };
+	uint32_t health[KD_MAX_HOSTS] = { 0 }, bw[KD_MAX_HOSTS] = { 0 }, recv_ready[KD_MAX_HOSTS] = { 0 };
 	struct {
 		struct kd_p_c4 m;
 		struct kd_p_c4_rank r[KD_MAX_RANKS];
@@ -593,6 +742,7 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	if (memcmp(&p, &c->core.p, sizeof(p)) && kcoll_c4_set_params(&c->core, &p))
 		kc_warn("comm %s: C4 thresholds out of range; keeping the previous ones", comm->name);
 	feed_links(mh, c, (uint64_t)now);
+	feed_bpf(mh, c, (uint64_t)now);
 	if (running != UINT64_MAX && mh->wait_host < mh->nhosts) {
 		uint64_t since = (uint64_t)atomic_load(&mh->last_progress);
 		uint32_t link = mh->hosts[mh->wait_host].link[mh->wait_stream % KD_MAX_STREAMS];
@@ -635,12 +785,17 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 
 	for (uint32_t i = 0; i < nev; i++)
 		log_event(comm, &ev[i]);
+	/* one communicator's plan steers the foreign flows (the first one) */
+	if (kd_bpf_steer_hook && !c4d.steered) {
+		steer_foreign(mh, &c->plan, enforce, now, recv_ready);
+		c4d.steered = true;
+	}
 	for (uint32_t h = 0; h < mh->nhosts; h++) {
 		uint32_t want = enforce ? plan_avoid(mh, &c->plan, h) : 0;
 
 		if (h == mh->self || mh->hosts[h].dead)
 			continue;
-		rep.m = (struct kd_p_c4){ .n = nrep, .want_avoid = want };
+		rep.m = (struct kd_p_c4){ .n = nrep, .want_avoid = want, .steer_recv = recv_ready[h] };
 		kd_net_ctrl_send(mh, h, &rep, KD_P_C4, sizeof(rep.m) + nrep * sizeof(rep.r[0]));
 		if (h > mh->self)
 			plan_propose(comm, h, want, now);
@@ -652,9 +807,13 @@ void kd_c4_tick(int64_t now)
 	if (now - c4d.last_tick < KD_C4_TICK)
 		return;
 	c4d.last_tick = now;
+	bpf_read(now);
+	c4d.steered = false;
 	for (struct kd_comm *comm = kd.comms; comm; comm = comm->next)
 		if (comm->mh && comm->mh->c4 && comm->state == KD_COMM_ACTIVE)
 			tick_comm(comm, now);
+	if (kd_bpf_steer_hook && !c4d.steered)
+		kd_bpf_steer_hook(NULL, 0, now);	/* no communicator: every foreign flow home */
 }
 
 /* ---- kcollctl ------------------------------------------------------------ */
@@ -671,7 +830,7 @@ static size_t render_events(uint64_t since, char *buf, size_t cap, int json)
 		PUT("{\"last\":%" PRIu64 ",\"events\":[", c4d.next_id - 1);
 	for (uint64_t id = first; id < c4d.next_id && n + 1024 < cap; id++) {
 		const struct kd_c4_logent *le = &c4d.log[id % KD_C4_LOG];
-		char js[400];
+		char js[640];
 
 		if (json) {
 			jstr(js, sizeof(js), le->text);
@@ -728,13 +887,14 @@ static size_t render_anomalies(char *buf, size_t cap, int json)
 			PUT("comm %s (host %u of %u): %u active anomal%s\n", comm->name, mh->self, mh->nhosts, na,
 			    na == 1 ? "y" : "ies");
 			for (uint32_t i = 0; i < na; i++) {
-				char t[320];
+				char t[512];
 
 				event_text(mh, &act[i], t, sizeof(t));
 				PUT("  %s\n", t);
 			}
 			PUT("  links (rate of large pieces over the last %u ms, MB/s):\n", c->p.window_ms);
-			PUT("    %-5s %-16s %-5s %-22s %10s %s\n", "HOST", "NAME", "DIR", "LINK", "RATE", "STATE");
+			PUT("    %-5s %-16s %-5s %-22s %10s %s    (BPF: %s)\n", "HOST", "NAME", "DIR", "LINK", "RATE",
+			    "STATE", "wall-clock MB/s, usual, retransmissions, srtt ms");
 		}
 		bool first = true;
 
@@ -742,18 +902,33 @@ static size_t render_anomalies(char *buf, size_t cap, int json)
 			for (uint32_t l = 0; l < c->nlinks; l++)
 				for (uint32_t d = 0; d < 2; d++) {
 					const struct kcoll_c4_link *k = &c->link[h][l][d];
+					const struct kcoll_c4_bpf *b = &c->bpf[h][l][d];
+					bool bs = b->state & KCOLL_C4_BPF_SEEN;
 					char ls[64];
 
-					if (h == mh->self || (!k->rate && !k->slow))
+					if (h == mh->self || (!k->rate && !k->slow && !bs))
 						continue;
 					link_str(mh, h, l, ls, sizeof(ls));
-					if (json)
+					if (json) {
 						PUT("%s{\"host\":%u,\"link\":%u,\"dir\":\"%s\",\"rate\":%" PRIu64
-						    ",\"slow\":%s}", first ? "" : ",", h, l, d ? "tx" : "rx", k->rate,
+						    ",\"slow\":%s", first ? "" : ",", h, l, d ? "tx" : "rx", k->rate,
 						    k->slow ? "true" : "false");
-					else
+						if (bs)
+							PUT(",\"bpf\":{\"rate\":%" PRIu64 ",\"usual\":%" PRIu64
+							    ",\"retrans\":%u,\"srtt_us\":%u,\"usual_srtt_us\":%u,"
+							    "\"collapsed\":%s,\"rtt_up\":%s}", b->rate, b->usual,
+							    b->retrans, b->srtt_us, b->usual_srtt_us,
+							    b->state & KCOLL_C4_BPF_COLLAPSED ? "true" : "false",
+							    b->state & KCOLL_C4_BPF_RTT_UP ? "true" : "false");
+						PUT("}");
+					} else if (bs) {
+						PUT("    %-5u %-16.16s %-5s %-22s %10.1f %-4s    %.1f %.1f %u %.2f\n", h,
+						    hname(mh, h), d ? "tx" : "rx", ls, k->rate / 1e6, k->slow ? "SLOW" : "ok",
+						    b->rate / 1e6, b->usual / 1e6, b->retrans, b->srtt_us / 1e3);
+					} else {
 						PUT("    %-5u %-16.16s %-5s %-22s %10.1f %s\n", h, hname(mh, h),
 						    d ? "tx" : "rx", ls, k->rate / 1e6, k->slow ? "SLOW" : "ok");
+					}
 					first = false;
 				}
 		if (json)
@@ -843,10 +1018,16 @@ static size_t render_plan(char *buf, size_t cap, int json)
 			PUT("]}");
 		firstc = false;
 	}
+	if (json && kd_bpf_steer_render) {
+		PUT("],\"foreign\":[");
+		n += kd_bpf_steer_render(buf + n, n < cap ? cap - n : 0, 1);
+	}
 	if (json)
 		PUT("]}\n");
 	else if (firstc)
 		PUT("no multi-host communicator: nothing to plan\n");
+	if (!json && kd_bpf_steer_render)
+		n += kd_bpf_steer_render(buf + n, n < cap ? cap - n : 0, 0);
 	return n;
 }
 

@@ -147,6 +147,9 @@ struct kd_p_c4 {
 	struct kd_phdr hdr;
 	uint32_t n;
 	uint32_t want_avoid;	/* streams to us the sender's planner wants left unused */
+	uint32_t steer_recv;	/* links on which the sender restores every foreign flow to us
+				 * steered onto another link (the receiving half of kcoll_steer) */
+	uint32_t pad;
 };
 
 /*
@@ -260,6 +263,7 @@ struct kd_mh_host {
 	uint64_t peer_started;		/* its data path's progress, from a refusal */
 	uint32_t agreed;		/* control thread: the last mask agreed */
 	uint32_t peer_want;		/* control thread: what the peer's planner wants */
+	uint32_t peer_steer_recv;	/* control thread: kd_p_c4.steer_recv of the peer */
 };
 
 #define KD_C4_OBS_MIN	(64u << 10)
@@ -324,6 +328,35 @@ int kd_net_self_addrs(uint16_t *port, uint32_t *addrs, int max);
 /* Called on the control thread when a communicator's host table is installed
  * (flow tracking learns peers' addresses and ports from it); NULL: none. */
 extern void (*kd_net_table_hook)(const struct kd_p_hostinfo *hosts, uint32_t nhosts, uint32_t you);
+/* BPF flow statistics summed per (peer host, link) over the tracked flows
+ * (cumulative counters); c4d.c feeds them to the detector. Set by
+ * kcolld_bpf.c while tracking is on (KCOLL_BPF=1), NULL otherwise. Fills
+ * at most max, *n: how many; 0 or a negative errno. */
+struct kd_bpf_sum {
+	uint32_t host, link;
+	uint64_t tx_payload, rx_payload, retrans;
+	uint32_t srtt_us;	/* the largest of its flows active in the last second; 0 unknown */
+	uint32_t nflows;
+};
+extern int (*kd_bpf_sums_hook)(struct kd_bpf_sum *out, uint32_t max, uint32_t *n);
+/* Foreign tracked flows (not kcolld's own streams) follow the C4 plan: per
+ * peer host, the links our planner and the peer's want left, the link to use
+ * instead, the addresses of both hosts on every link. kcolld_bpf.c moves each
+ * such flow with kcoll_steer (two phases, kcoll_steer.h: the sending half
+ * only once the peer says it restores on that link) and fills recv_ready.
+ * Control thread; NULL while tracking is off. */
+#define KD_STEER_LINKS 4
+struct kd_steer_want {
+	uint32_t host;
+	uint32_t avoid_mine, avoid_peer;	/* link bitmaps */
+	uint32_t peer_recv;			/* links the peer restores on (its steer_recv) */
+	uint32_t via[KD_STEER_LINKS];		/* instead of link l; UINT32_MAX: none */
+	uint32_t laddr[KD_STEER_LINKS], raddr[KD_STEER_LINKS];	/* network order; 0 unknown */
+	uint32_t recv_ready;			/* out: links we restore on (for our steer_recv) */
+};
+extern void (*kd_bpf_steer_hook)(struct kd_steer_want *w, uint32_t n, int64_t now);
+/* `kcollctl plan`: the foreign flows and why (text or a JSON array). */
+extern size_t (*kd_bpf_steer_render)(char *buf, size_t cap, int json);
 void kd_net_stop(void);
 void kd_net_event(struct kd_pconn *pc, uint32_t events);
 void kd_net_fill_id(struct kcoll_id *id);
