@@ -251,8 +251,8 @@ timeout 10 "$CTL" -s "$(sock 1)" plan | sed 's/^/# host 1: /'
 [ $moved -eq 0 ] || timeout 10 "$CTL" -s "$(sock 1)" anomalies | sed 's/^/# /'
 # The machine is shared (CPU, not the links, sets the pace while other work
 # runs): the recovered busbw gets three 4 s windows after the move to reach
-# 80% of the healthy one. Unmoved streams stay capped by the 1gbit link
-# (about a third of healthy here) in every window.
+# 80% of the healthy one. Unmoved streams stay capped by the degraded link
+# (10% of its healthy rate) in every window.
 t_m=$(now_ms)
 recovered= best=0
 for w in 1 2 3; do
