@@ -12,3 +12,4 @@ $(BIN)/kcolld: $(KCOLLD_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB)
 		$(LDFLAGS) -lm $(KCOLLD_EXTRA_LDLIBS)
 
 ALL_TARGETS += $(BIN)/kcolld
+$(OBJ)/user/daemon/kv_rdma.o $(OBJ)/user/daemon/kv.o: CPPFLAGS += -Irdma
