@@ -13,6 +13,7 @@
 #                                           the VM, prints the table, writes
 #                                           docs/perf/kv-rdma-vm-<date>.json
 #   scripts/bench-kv-rdma-vm.sh --guest B   inside the guest
+#   scripts/bench-kv-rdma-vm.sh --parse F   the table from a saved guest output
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 dur=${BENCH_KV_SECONDS:-3}
@@ -66,12 +67,16 @@ if [ "${1:-}" = --guest ]; then
 	exit 0
 fi
 
-B=$top/${1:-build}
 out=$top/docs/perf/kv-rdma-vm-$(date +%Y-%m-%d-%H%M).json
-raw=$(mktemp)
-trap 'rm -f "$raw"' EXIT
-"$top/scripts/vmtest.sh" --mem 2048 --timeout 900 -- "$top/scripts/bench-kv-rdma-vm.sh" --guest "$B" |
-	tee "$raw" | grep -v '^KVJSON'
+if [ "${1:-}" = --parse ]; then	# the guest's output, saved from another run
+	raw=${2:?--parse needs a file}
+else
+	B=$top/${1:-build}
+	raw=$(mktemp)
+	trap 'rm -f "$raw"' EXIT
+	"$top/scripts/vmtest.sh" --mem 2048 --timeout 900 -- "$top/scripts/bench-kv-rdma-vm.sh" --guest "$B" |
+		tee "$raw" | grep -v '^KVJSON'
+fi
 python3 - "$raw" "$out" <<'PY'
 import json, sys
 perf, kv = {}, {}
