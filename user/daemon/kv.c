@@ -34,7 +34,6 @@
 #include <poll.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -1319,13 +1318,17 @@ static int rdma_ready(struct kv_remote *rm, struct kv_side *local)
 	if (rm->rd) {
 		if (rm->rd_seg == local->seg->id && rm->rd_buf.rg == local->buf.rg)
 			return 0;
-		/* Another local segment: register it in this connection's PD. */
-		kd_buf_release(&rm->rd_buf);
+		/* Another local segment: register it in this connection's PD
+		 * (the old region is deregistered before its mapping goes). */
+		struct kd_buf nb = { 0 };
+
 		if (lock_sides(local, local))
 			return -EIDRM;
-		kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &rm->rd_buf);
+		kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &nb);
 		unlock_sides(local, local);
-		r = rm->rd_buf.direct ? kv_rdma_set_mr(rm->rd, rm->rd_buf.direct, local->seg->size) : -EIDRM;
+		r = nb.direct ? kv_rdma_set_mr(rm->rd, nb.direct, local->seg->size) : -EIDRM;
+		kd_buf_release(&rm->rd_buf);
+		rm->rd_buf = nb;
 		if (r) {
 			/* The owner's side is in RDMA mode on fd[0]: start afresh. */
 			rdma_drop(rm);
