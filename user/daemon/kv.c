@@ -1519,8 +1519,15 @@ static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, b
 	pthread_mutex_unlock(&local->seg->conns_lock);
 	*moved += bytes;
 	atomic_fetch_add(&kv.rdma_bytes, bytes);
-	if (r && (r == -EACCES || r == -EHOSTUNREACH || r == -ECONNRESET || r == -EIO))
+	if (r && (r == -EACCES || r == -EHOSTUNREACH || r == -ECONNRESET || r == -EIO)) {
+		char c;
+
 		r = atomic_load(&local->seg->dead) ? -EIDRM : last_word(rm->fd[0], r);
+		/* The owner's device refused the rkey and its kcolld closed the
+		 * stream without a word: it died (not a wrong token). */
+		if (r == -EACCES && recv(rm->fd[0], &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+			r = -ECONNRESET;
+	}
 	if (!r && notify_id != KCOLL_NOTIFY_NONE) {
 		struct kv_resp rs;
 
