@@ -15,7 +15,22 @@
  *                               write the expected image's checksum to
  *                               DIR/init_hash
  *   kv_peer flood DIR           import, notify 0, keep whole-segment writes
- *                               in flight until one fails; print its error
+ *                               in flight until one fails; print its error;
+ *                               then one more write: the descriptor expired
+ *                               ("any" after shm: any error will do, no
+ *                               expiry check: the owner's kcolld is killed)
+ *   kv_peer count DIR SIZE N K  register SIZE bytes (shm), write DIR/desc,
+ *                               wait for counter 0 to reach N, check it stays
+ *                               N and that slice i of K holds part i's pattern
+ *   kv_peer part DIR I K R      initiator I of K: R batches of scattered
+ *                               blocks into slice I (pattern of I), each
+ *                               notifying counter 0; read the slice back
+ *
+ * init, flood and part take "shm" after their arguments: the initiator's own
+ * buffers then come from kcoll_mem_alloc (both sides mapped: what kcolld
+ * moves over RDMA when a device is there). KV_PEER_MIB sets init's local
+ * buffer size (default 40). The unreg owner also keeps a neighbouring
+ * segment nobody imports and checks it is untouched.
  *
  * Each check prints "check NAME: PASS|FAIL detail"; exit status 0 if all
  * passed. Not a test_* program: run.sh does not run it alone.
@@ -126,8 +141,21 @@ static int owner(const char *dir, size_t size, int unreg, int shm)
 		return 2;
 	}
 	kcoll_seg_export(seg, &d);
-	file_write(dir, "desc", &d, sizeof(d));
 	if (unreg) {
+		/* A neighbour nobody was given: it must never change. */
+		size_t nsize = 1 * MiB;
+		uint8_t *nb = shm ? NULL : malloc(nsize);
+		struct kcoll_seg *nseg = NULL;
+		uint64_t nh;
+
+		if (shm && kcoll_mem_alloc(k, nsize, (void **)&nb))
+			nb = NULL;
+		if (!nb || kcoll_seg_register(k, nb, nsize, NULL, &nseg))
+			return 2;
+		for (size_t i = 0; i < nsize; i++)
+			nb[i] = (uint8_t)(i * 7 + 3);
+		nh = fnv(nb, nsize);
+		file_write(dir, "desc", &d, sizeof(d));
 		r = kcoll_seg_notify_wait(seg, 0, 1, 60000);
 		usleep(50000);	/* let frames land */
 		r = r ? r : kcoll_seg_unregister(seg);
@@ -136,11 +164,15 @@ static int owner(const char *dir, size_t size, int unreg, int shm)
 		h2 = fnv(buf, size);
 		check(r == 0 && h == h2, "unregister_quiet", "(%s; %s)", kcoll_strerror(r),
 		      h == h2 ? "no write after unregister" : "buffer changed after unregister");
+		check(fnv(nb, nsize) == nh, "neighbour_intact", "(the other segment's checksum)");
+		kcoll_seg_unregister(nseg);
+		buf_free(k, nb, shm);
 		file_write(dir, "unreg_done", "1", 1);
 		buf_free(k, buf, shm);
 		kcoll_disconnect(k);
 		return failed;
 	}
+	file_write(dir, "desc", &d, sizeof(d));
 	r = kcoll_seg_notify_wait(seg, 1, 1, 120000);
 	check(r == 0, "owner_notified", "(%s)", kcoll_strerror(r));
 	h = fnv(buf, size);
@@ -180,7 +212,16 @@ static uint32_t make_batch(struct kcoll_xfer_entry *e, uint32_t max, uint64_t sr
 	return n;
 }
 
-static int initiator(const char *dir)
+static uint8_t *lbuf(struct kcoll *k, size_t size, int shm)
+{
+	void *p = NULL;
+
+	if (!shm)
+		return malloc(size);
+	return kcoll_mem_alloc(k, size, &p) ? NULL : p;
+}
+
+static int initiator(const char *dir, int shm)
 {
 	struct kcoll *k = conn();
 	kcoll_seg_desc_t d, bad;
@@ -188,8 +229,8 @@ static int initiator(const char *dir)
 	struct kcoll_rseg *rs, *rbad;
 	struct kcoll_seg *ls, *lb;
 	struct kcoll_xfer_entry *e = calloc(KCOLL_XFER_MAX_ENTRIES, sizeof(*e));
-	size_t size, lsize = 40 * MiB;
-	uint8_t *src = malloc(lsize), *back = malloc(lsize), *image;
+	size_t size, lsize = (getenv("KV_PEER_MIB") ? strtoull(getenv("KV_PEER_MIB"), NULL, 0) : 40) * MiB;
+	uint8_t *src = lbuf(k, lsize, shm), *back = lbuf(k, lsize, shm), *image;
 	uint64_t h;
 	int r;
 
@@ -261,15 +302,15 @@ static int initiator(const char *dir)
 	kcoll_rseg_close(rs);
 	kcoll_seg_unregister(ls);
 	kcoll_seg_unregister(lb);
+	buf_free(k, src, shm);
+	buf_free(k, back, shm);
 	kcoll_disconnect(k);
 	free(image);
-	free(src);
-	free(back);
 	free(e);
 	return failed;
 }
 
-static int flood(const char *dir)
+static int flood(const char *dir, int shm, int any)
 {
 	struct kcoll *k = conn();
 	kcoll_seg_desc_t d;
@@ -284,7 +325,9 @@ static int flood(const char *dir)
 	if (file_read(dir, "desc", &d, sizeof(d), 30) || kcoll_seg_import(k, &d, &rs))
 		return 2;
 	size = kcoll_rseg_size(rs);
-	src = malloc(size);
+	src = lbuf(k, size, shm);
+	if (!src)
+		return 2;
 	memset(src, 0x5a, size);
 	kcoll_seg_register(k, src, size, NULL, &ls);
 	for (int i = 0; i < 16; i++)
@@ -305,12 +348,114 @@ static int flood(const char *dir)
 	}
 	/* -EIDRM when the owner's kcolld could answer the frame; a frame that was
 	 * arriving straight into the segment has its connection cut instead. */
-	check(!hung && (first == -EIDRM || first == -ECONNRESET), "flood_error", "-> %s, %d hung",
-	      kcoll_strerror(first), hung);
+	/* any: the owner's kcolld dies; whatever the error, there is one. */
+	check(!hung && (any ? first != 0 : first == -EIDRM || first == -ECONNRESET), "flood_error",
+	      "-> %s, %d hung", kcoll_strerror(first), hung);
+	if (first && !any) {
+		/* The segment is gone now: the descriptor has expired. */
+		r = xfer_sync(1, ls, rs, e, 1, KCOLL_NOTIFY_NONE);
+		check(r == -EIDRM, "expired_descriptor", "-> %s", kcoll_strerror(r));
+	}
 	kcoll_rseg_close(rs);
 	kcoll_seg_unregister(ls);
 	kcoll_disconnect(k);
-	free(src);
+	buf_free(k, src, shm);
+	return failed;
+}
+
+static uint8_t pat(uint32_t part, uint64_t off)
+{
+	return (uint8_t)((off * 131 + part * 29 + (off >> 9)) ^ (part << 5));
+}
+
+/* Owner of the concurrency test: exact counter, every slice intact. */
+static int count_owner(const char *dir, size_t size, uint32_t want, uint32_t parts)
+{
+	struct kcoll *k = conn();
+	struct kcoll_seg_opts o = { .size = sizeof(o), .nr_notify = 1 };
+	struct kcoll_seg *seg;
+	kcoll_seg_desc_t d;
+	uint8_t *buf;
+	size_t slice = size / parts, bad = 0;
+	int r;
+
+	if (kcoll_mem_alloc(k, size, (void **)&buf) || kcoll_seg_register(k, buf, size, &o, &seg))
+		return 2;
+	memset(buf, 0, size);
+	kcoll_seg_export(seg, &d);
+	file_write(dir, "desc", &d, sizeof(d));
+	r = kcoll_seg_notify_wait(seg, 0, want, 240000);
+	check(r == 0, "counter_reached", "(%u notifies expected: %s)", want, kcoll_strerror(r));
+	usleep(500000);	/* a late extra increment would show now */
+	{
+		uint32_t v = 0;
+
+		r = kcoll_seg_notify_get(seg, 0, &v);
+		check(r == 0 && v == want, "counter_exact", "(%u, want %u)", v, want);
+	}
+	for (uint32_t p = 0; p < parts; p++)
+		for (size_t i = 0; i < slice; i++)
+			bad += buf[p * slice + i] != pat(p, i);
+	check(bad == 0, "slices_intact", "(%zu of %zu bytes differ from the parts' patterns)", bad,
+	      slice * parts);
+	kcoll_seg_unregister(seg);
+	kcoll_mem_free(k, buf);
+	kcoll_disconnect(k);
+	return failed;
+}
+
+/* Part i of K: its slice in R batches of scattered blocks, each notifying. */
+static int part(const char *dir, uint32_t me, uint32_t parts, uint32_t rounds, int shm)
+{
+	struct kcoll *k = conn();
+	struct kcoll_xfer_entry *e = calloc(KCOLL_XFER_MAX_ENTRIES, sizeof(*e));
+	kcoll_seg_desc_t d;
+	struct kcoll_rseg *rs;
+	struct kcoll_seg *ls;
+	size_t slice;
+	uint8_t *src, *back;
+	uint64_t done = 0;
+	int r = 0;
+
+	rng_state ^= (me + 1) * 0x9e3779b97f4a7c15ULL;
+	if (file_read(dir, "desc", &d, sizeof(d), 30) || kcoll_seg_import(k, &d, &rs) || !e)
+		return 2;
+	slice = kcoll_rseg_size(rs) / parts;
+	src = lbuf(k, 2 * slice, shm);
+	if (!src || kcoll_seg_register(k, src, 2 * slice, NULL, &ls))
+		return 2;
+	back = src + slice;
+	for (size_t i = 0; i < slice; i++)
+		src[i] = pat(me, i);
+	/* Round j writes the blocks of [j * slice / R, (j+1) * slice / R): the
+	 * slice cut into blocks of 1 B .. 64 KiB, shuffled. */
+	for (uint32_t j = 0; j < rounds && !r; j++) {
+		uint64_t lo = j * slice / rounds, hi = (j + 1) * slice / rounds, at = lo;
+		uint32_t n = 0;
+
+		while (at < hi && n < KCOLL_XFER_MAX_ENTRIES) {
+			uint64_t len = 1 + rnd() % (1ULL << (rnd() % 17));
+
+			len = len > hi - at || n == KCOLL_XFER_MAX_ENTRIES - 1 ? hi - at : len;
+			e[n++] = (struct kcoll_xfer_entry){ at, me * slice + at, len };
+			at += len;
+		}
+		shuffle_entries(e, n);
+		r = xfer_sync(1, ls, rs, e, n, 0);
+		done += !r;
+	}
+	check(r == 0, "part_writes", "(part %u: %llu of %u batches: %s)", me, (unsigned long long)done,
+	      rounds, kcoll_strerror(r));
+	memset(back, 0, slice);
+	e[0] = (struct kcoll_xfer_entry){ slice, me * slice, slice };
+	r = xfer_sync(0, ls, rs, e, 1, KCOLL_NOTIFY_NONE);
+	check(r == 0 && !memcmp(back, src, slice), "part_read_back", "(part %u: %s)", me,
+	      r ? kcoll_strerror(r) : "compared");
+	kcoll_rseg_close(rs);
+	kcoll_seg_unregister(ls);
+	buf_free(k, src, shm);
+	kcoll_disconnect(k);
+	free(e);
 	return failed;
 }
 
@@ -323,9 +468,16 @@ int main(int argc, char **argv)
 	if (argc >= 4 && !strcmp(argv[1], "unreg"))
 		return owner(argv[2], strtoull(argv[3], NULL, 0), 1, shm);
 	if (argc >= 3 && !strcmp(argv[1], "init"))
-		return initiator(argv[2]);
+		return initiator(argv[2], argc >= 4 && !strcmp(argv[3], "shm"));
 	if (argc >= 3 && !strcmp(argv[1], "flood"))
-		return flood(argv[2]);
-	fprintf(stderr, "usage: kv_peer owner|unreg DIR SIZE [shm] | init|flood DIR\n");
+		return flood(argv[2], argc >= 4 && !strcmp(argv[3], "shm"),
+			     argc >= 5 && !strcmp(argv[4], "any"));
+	if (argc >= 6 && !strcmp(argv[1], "count"))
+		return count_owner(argv[2], strtoull(argv[3], NULL, 0), atoi(argv[4]), atoi(argv[5]));
+	if (argc >= 6 && !strcmp(argv[1], "part"))
+		return part(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
+			    argc >= 7 && !strcmp(argv[6], "shm"));
+	fprintf(stderr, "usage: kv_peer owner|unreg DIR SIZE [shm] | init|flood DIR [shm] | "
+		"count DIR SIZE N K | part DIR I K R [shm]\n");
 	return 2;
 }

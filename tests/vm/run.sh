@@ -66,6 +66,8 @@ fi
 
 # The RDMA transport on Soft-RoCE (issue 6): collectives over rxe, faults.
 per_test_timeout=420 run_one "t_rdma.sh" bash "$here/t_rdma.sh" "${KCOLL_VM_BUILD:-build}"
+# KV-cache transfers over RDMA (issue 9): integrity, concurrency, faults.
+per_test_timeout=420 run_one "t_kv_rdma.sh" bash "$here/t_kv_rdma.sh" "${KCOLL_VM_BUILD:-build}"
 
 echo "# guest: $pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

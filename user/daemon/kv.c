@@ -32,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -44,6 +46,7 @@
 #include "log.h"
 #include "config.h"
 #include "net.h"
+#include "kv_rdma.h"
 
 #define KV_ROUND_BYTES		(1u << 20)
 #define KV_ROUND_IOVS		512
@@ -98,6 +101,7 @@ static struct {
 	uint32_t nsegs;
 	uint32_t next_id;
 	atomic_ulong xfers_ok, xfers_failed, bytes;
+	atomic_ulong rdma_bytes, rdma_sessions;	/* initiator: bytes; owner: sessions */
 } kv = { .lock = PTHREAD_MUTEX_INITIALIZER, .next_id = 1 };
 
 static __thread uint8_t *kv_stage;
@@ -814,12 +818,15 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
 	pthread_mutex_unlock(&kv.lock);
 	if (json)
 		n = snprintf(buf, cap, "\"kv\":{\"segments\":%u,\"xfers_ok\":%lu,\"xfers_failed\":%lu,"
-			     "\"bytes\":%lu}", nsegs, atomic_load(&kv.xfers_ok),
-			     atomic_load(&kv.xfers_failed), atomic_load(&kv.bytes));
+			     "\"bytes\":%lu,\"rdma_bytes\":%lu,\"rdma_sessions\":%lu}", nsegs,
+			     atomic_load(&kv.xfers_ok), atomic_load(&kv.xfers_failed), atomic_load(&kv.bytes),
+			     atomic_load(&kv.rdma_bytes), atomic_load(&kv.rdma_sessions));
 	else
-		n = snprintf(buf, cap, "kv: %u segments, %lu transfers ok, %lu failed, %lu bytes\n",
+		n = snprintf(buf, cap, "kv: %u segments, %lu transfers ok, %lu failed, %lu bytes "
+			     "(%lu sent over rdma, %lu rdma sessions served)\n",
 			     nsegs, atomic_load(&kv.xfers_ok), atomic_load(&kv.xfers_failed),
-			     atomic_load(&kv.bytes));
+			     atomic_load(&kv.bytes), atomic_load(&kv.rdma_bytes),
+			     atomic_load(&kv.rdma_sessions));
 	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
 }
 
@@ -846,7 +853,7 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
 #define KV_FRAME_ENTRIES	4096
 #define KV_MAX_STREAMS		8
 
-enum { KV_OP_WRITE = 0, KV_OP_READ = 1, KV_OP_NOTIFY = 2 };
+enum { KV_OP_WRITE = 0, KV_OP_READ = 1, KV_OP_NOTIFY = 2, KV_OP_RDMA = 3 };
 
 struct kv_fent {
 	uint64_t off, len;
@@ -876,6 +883,13 @@ struct kv_remote {
 	pthread_mutex_t lock;		/* one batch at a time uses the streams */
 	int nstreams;
 	int fd[KV_MAX_STREAMS];
+	/* RDMA (kv_rdma.h): set up over fd[0] on the first batch whose local
+	 * segment is mapped; fd[0] then carries only notify answers. */
+	struct kv_rdma *rd;
+	bool rd_off;			/* refused for this import (logged once) */
+	uint32_t rd_seg;		/* the local segment the region covers */
+	struct kd_buf rd_buf;		/* its mapping, held while registered */
+	struct kv_rdma_hello peer;
 };
 
 static int io_full(int fd, void *buf, size_t n, bool out)
@@ -942,11 +956,27 @@ static void remote_close_streams(struct kv_remote *rm)
 	}
 }
 
+static void rdma_drop(struct kv_remote *rm)
+{
+	kv_rdma_destroy(rm->rd);
+	rm->rd = NULL;
+	kd_buf_release(&rm->rd_buf);
+}
+
 static void remote_free(struct kv_remote *rm)
 {
+	rdma_drop(rm);
 	remote_close_streams(rm);
 	pthread_mutex_destroy(&rm->lock);
 	free(rm);
+}
+
+/* Between batches a healthy stream has nothing to read. */
+static bool fd_idle(int fd)
+{
+	struct pollfd pf = { .fd = fd, .events = POLLIN | POLLRDHUP };
+
+	return fd >= 0 && poll(&pf, 1, 0) == 0;
 }
 
 /* Open the streams that are not open; the owner's verdict on the token. */
@@ -1249,6 +1279,268 @@ static int remote_notify(int fd, uint32_t id)
 	return r ? r : rs.status > 0 ? -EPROTO : rs.status;
 }
 
+/* ---- the initiator's RDMA path --------------------------------------------
+ *
+ * With a device on both sides and both segments mapped, a batch moves as
+ * RDMA WRITEs (or READs) from the local segment's region straight into the
+ * owner's, and its notify is a WRITE_WITH_IMM the owner answers on fd[0].
+ * Otherwise the frames above (TCP), with the reason logged once per import.
+ */
+#define KV_RDMA_CHUNK		(4u << 20)	/* one work request at most */
+#define KV_RDMA_INFLIGHT	128
+
+static void rdma_refuse(struct kv_remote *rm, bool loud, const char *why)
+{
+	char host[sizeof(rm->w.host) + 1];
+
+	rm->rd_off = true;
+	snprintf(host, sizeof(host), "%.*s", (int)sizeof(rm->w.host), rm->w.host);
+	if (loud)
+		kc_err("kv: segment %u of %s: KCOLL_NET_XPORT=rdma but RDMA is not usable (%s); using TCP",
+		       rm->w.seg_id, host, why);
+	else
+		kc_info("kv: segment %u of %s: over TCP (RDMA not used: %s)", rm->w.seg_id, host, why);
+}
+
+/*
+ * Make rm's RDMA connection ready for a batch from local (held, mapped).
+ * 0: use it; 1: use TCP (the streams are open); < 0: the streams broke.
+ */
+static int rdma_ready(struct kv_remote *rm, struct kv_side *local)
+{
+	struct kv_req rq = { .op = KV_OP_RDMA, .tag = UINT32_MAX - 1 };
+	struct kv_rdma_hello me, peer;
+	struct kv_resp rs;
+	char why[256];
+	bool loud;
+	int r;
+
+	if (rm->rd) {
+		if (rm->rd_seg == local->seg->id && rm->rd_buf.rg == local->buf.rg)
+			return 0;
+		/* Another local segment: register it in this connection's PD
+		 * (the old region is deregistered before its mapping goes). */
+		struct kd_buf nb = { 0 };
+
+		if (lock_sides(local, local))
+			return -EIDRM;
+		kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &nb);
+		unlock_sides(local, local);
+		r = nb.direct ? kv_rdma_set_mr(rm->rd, nb.direct, local->seg->size) : -EIDRM;
+		kd_buf_release(&rm->rd_buf);
+		rm->rd_buf = nb;
+		if (r) {
+			/* The owner's side is in RDMA mode on fd[0]: start afresh. */
+			rdma_drop(rm);
+			remote_close_streams(rm);
+			return r;
+		}
+		rm->rd_seg = local->seg->id;
+		return 0;
+	}
+	if (rm->rd_off)
+		return 1;
+	if (!kv_rdma_wanted(why, sizeof(why), &loud)) {
+		rdma_refuse(rm, loud, why);
+		return 1;
+	}
+	if (lock_sides(local, local))
+		return -EIDRM;
+	kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &rm->rd_buf);
+	unlock_sides(local, local);
+	if (!rm->rd_buf.direct) {
+		kd_buf_release(&rm->rd_buf);
+		return 1;
+	}
+	r = kv_rdma_create(rm->fd[0], rm->rd_buf.direct, local->seg->size, false, &rm->rd, why, sizeof(why));
+	if (r) {
+		kd_buf_release(&rm->rd_buf);
+		rdma_refuse(rm, loud, why);
+		return 1;
+	}
+	kv_rdma_hello_fill(rm->rd, &me);
+	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ,
+				   .len = sizeof(rq) + sizeof(me) };
+	r = io_full(rm->fd[0], &rq, sizeof(rq), true);
+	if (!r)
+		r = io_full(rm->fd[0], &me, sizeof(me), true);
+	if (!r)
+		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
+	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
+		   rs.hdr.len != sizeof(rs) + sizeof(peer) || rs.tag != rq.tag))
+		r = rs.status < 0 ? rs.status : -EPROTO;
+	if (!r)
+		r = io_full(rm->fd[0], &peer, sizeof(peer), false);
+	if (r) {
+		rdma_drop(rm);
+		return r;
+	}
+	peer.why[sizeof(peer.why) - 1] = 0;
+	if (rs.status) {
+		rdma_drop(rm);
+		if (rs.status == -EIDRM)
+			return -EIDRM;
+		rdma_refuse(rm, loud, peer.why);
+		return 1;
+	}
+	r = kv_rdma_connect(rm->rd, &peer, 0, why, sizeof(why));
+	if (r) {
+		rdma_drop(rm);
+		remote_close_streams(rm);	/* the owner's side is in RDMA mode */
+		rdma_refuse(rm, loud, why);
+		r = remote_connect(rm);
+		return r ? r : 1;
+	}
+	rm->peer = peer;
+	rm->rd_seg = local->seg->id;
+	kc_info("kv: segment %u of %.*s: over RDMA (%s)", rm->w.seg_id, (int)sizeof(rm->w.host), rm->w.host,
+		kv_rdma_dev(rm->rd));
+	return 0;
+}
+
+/* Sleep until a completion or fd[0] says something; deadline in ns. */
+static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *local, int64_t deadline)
+{
+	struct pollfd pf[2] = { { .fd = kv_rdma_fd(rm->rd), .events = POLLIN },
+				{ .fd = rm->fd[0], .events = POLLIN } };
+	int64_t left = deadline - kd_now_ns();
+	int r;
+
+	if (left <= 0)
+		return -ETIMEDOUT;
+	r = poll(pf, 2, left > 100000000 ? 100 : (int)(left / 1000000) + 1);
+	if (r < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (pf[0].revents)
+		kv_rdma_ack_event(rm->rd);
+	if (atomic_load(&local->seg->dead))
+		return -EIDRM;
+	if (atomic_load(&c->stop) || atomic_load(&c->dead))
+		return -ECANCELED;
+	/* Nothing is due on fd[0] before the notify: the owner's last word
+	 * (-EIDRM) or its end. */
+	if (pf[1].revents)
+		return last_word(rm->fd[0], -ECONNRESET);
+	return 0;
+}
+
+static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
+		    struct kv_side *local, struct kv_remote *rm, uint32_t notify_id, uint64_t *moved)
+{
+	struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
+	uint64_t off = 0, bytes = 0;
+	uint32_t i = 0, inflight = 0;
+	int64_t deadline = kd_now_ns() + kd.timeout_ns;
+	bool locked, armed = false, notified = notify_id == KCOLL_NOTIFY_NONE;
+	int r;
+
+	/* seg_kill of the local segment shuts fd[0] down: rdma_wait wakes. */
+	pthread_mutex_lock(&local->seg->conns_lock);
+	node.next = local->seg->conns;
+	local->seg->conns = &node;
+	pthread_mutex_unlock(&local->seg->conns_lock);
+	r = lock_sides(local, local);
+	locked = !r;
+	while (!r && (i < n || inflight || !notified)) {
+		struct ibv_wc wc[32];
+		int got;
+
+		while (!r && i < n && inflight < KV_RDMA_INFLIGHT) {
+			uint64_t len = p[i].len - off < KV_RDMA_CHUNK ? p[i].len - off : KV_RDMA_CHUNK;
+			uint64_t lo = (write ? p[i].src : p[i].dst) + off;
+			uint64_t ro = (write ? p[i].dst : p[i].src) + off;
+
+			r = kv_rdma_post(rm->rd, write, lo, len, rm->peer.base + ro, rm->peer.rkey, NULL, len);
+			inflight += !r;
+			off += len;
+			if (off == p[i].len) {
+				i++;
+				off = 0;
+			}
+		}
+		if (!r && i == n && !inflight && !notified) {
+			/* Every block landed (RC: acknowledged by the owner's
+			 * device): now the counter, as one WRITE_WITH_IMM. */
+			r = kv_rdma_post(rm->rd, true, 0, 0, 0, 0, &notify_id, UINT64_MAX);
+			inflight += !r;
+			notified = true;
+		}
+		got = r ? 0 : kv_rdma_poll(rm->rd, wc, 32);
+		if (got < 0)
+			r = got;
+		for (int k = 0; k < got; k++) {
+			inflight--;
+			if (wc[k].status != IBV_WC_SUCCESS && !r)
+				r = kv_rdma_wc_err(&wc[k]);
+			else if (wc[k].wr_id != UINT64_MAX)
+				bytes += wc[k].wr_id;
+		}
+		if (got > 0) {
+			deadline = kd_now_ns() + kd.timeout_ns;
+			armed = false;
+			continue;
+		}
+		if (r || (i < n && inflight < KV_RDMA_INFLIGHT))
+			continue;
+		if (!armed) {
+			r = kv_rdma_arm(rm->rd);
+			armed = true;
+			continue;
+		}
+		armed = false;
+		r = rdma_wait(rm, c, local, deadline);
+	}
+	if (inflight) {
+		/* Stop the rest: the QP in error flushes what is posted and
+		 * nothing more lands in either segment. */
+		int64_t until = kd_now_ns() + 2000000000LL;
+		struct ibv_wc wc[32];
+
+		kv_rdma_fail(rm->rd);
+		while (inflight && kd_now_ns() < until) {
+			int got = kv_rdma_poll(rm->rd, wc, 32);
+
+			if (got < 0)
+				break;
+			inflight -= (uint32_t)got;
+			if (!got)
+				usleep(1000);
+		}
+	}
+	if (locked)
+		unlock_sides(local, local);
+	pthread_mutex_lock(&local->seg->conns_lock);
+	for (struct kv_conn **pp = &local->seg->conns; *pp; pp = &(*pp)->next) {
+		if (*pp == &node) {
+			*pp = node.next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&local->seg->conns_lock);
+	*moved += bytes;
+	atomic_fetch_add(&kv.rdma_bytes, bytes);
+	if (r && (r == -EACCES || r == -EHOSTUNREACH || r == -ECONNRESET || r == -EIO)) {
+		char c;
+
+		r = atomic_load(&local->seg->dead) ? -EIDRM : last_word(rm->fd[0], r);
+		/* The owner's device refused the rkey and its kcolld closed the
+		 * stream without a word: it died (not a wrong token). */
+		if (r == -EACCES && recv(rm->fd[0], &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+			r = -ECONNRESET;
+	}
+	if (!r && notify_id != KCOLL_NOTIFY_NONE) {
+		struct kv_resp rs;
+
+		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
+		if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
+			   rs.hdr.len != sizeof(rs) || (rs.tag != UINT32_MAX && !rs.status)))
+			r = -EPROTO;
+		if (!r)
+			r = rs.status > 0 ? -EPROTO : rs.status;
+	}
+	return r;
+}
+
 static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
 		      struct kv_side *local, struct kd_seg *rs, uint32_t notify_id, uint64_t *moved)
 {
@@ -1290,7 +1582,26 @@ static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n,
 		fr[nfr - 1].bytes += sp[i].len;
 	}
 	pthread_mutex_lock(&rm->lock);
+	if (rm->rd && (!local->buf.direct || !fd_idle(rm->fd[0]))) {
+		/* A batch from unmapped memory goes over TCP, and fd[0] is in
+		 * RDMA mode on the owner's side; or the owner ended the
+		 * session: start afresh either way. */
+		rdma_drop(rm);
+		remote_close_streams(rm);
+	}
 	r = remote_connect(rm);
+	if (!r && local->buf.direct) {
+		r = rdma_ready(rm, local);
+		if (r == 0) {
+			r = run_rdma(c, p, n, write, local, rm, notify_id, moved);
+			if (r) {
+				rdma_drop(rm);
+				remote_close_streams(rm);
+			}
+			goto out_unlock;
+		}
+		r = r == 1 ? 0 : r;
+	}
 	if (r)
 		goto out_unlock;
 	used = nfr < (uint32_t)rm->nstreams ? nfr : (uint32_t)rm->nstreams;
@@ -1418,6 +1729,118 @@ static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr
 	return r;
 }
 
+/*
+ * The owner's side of an RDMA session (peer asked with KV_OP_RDMA on a
+ * stream whose token was checked): register the segment in a PD of this
+ * connection only, answer our address, base and rkey, then serve notifies
+ * (WRITE_WITH_IMM, immediate = counter) until the peer closes or the
+ * segment is unregistered. The reader lock is held for the whole session:
+ * the peer writes into the segment at any time. seg_kill shuts the stream
+ * down (SHUT_RD); this thread wakes, moves the QP to error and deregisters
+ * the region (the rkey is dead), and only then lets seg_kill return.
+ * 0: refused (answered; the stream goes on over TCP); 1: session over.
+ */
+static int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t tag)
+{
+	struct kd_seg *s = cn->seg;
+	struct kv_side side = { .seg = s };
+	struct kv_rdma_hello me = { 0 };
+	struct kv_resp rs = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
+				      .len = sizeof(rs) + sizeof(me) }, .tag = tag };
+	struct kv_rdma *k = NULL;
+	bool loud, locked = false, armed = false;
+	int status = 0, one = 1;
+
+	if (!kv_rdma_wanted(me.why, sizeof(me.why), &loud)) {
+		status = -EOPNOTSUPP;
+	} else if (lock_sides(&side, &side)) {
+		status = -EIDRM;
+		snprintf(me.why, sizeof(me.why), "the segment was unregistered");
+	} else {
+		locked = true;
+		kd_buf_resolve(s->owner, s->addr, s->size, &side.buf);
+		if (!side.buf.direct) {
+			status = -EOPNOTSUPP;
+			snprintf(me.why, sizeof(me.why), "the owner's segment is not memory kcolld maps "
+				 "(register kcoll_mem_alloc'd or kcoll_mem_register'ed memory for RDMA)");
+		} else {
+			status = kv_rdma_create(cn->fd, side.buf.direct, s->size, true, &k, me.why,
+						sizeof(me.why));
+		}
+		if (!status)
+			status = kv_rdma_connect(k, peer, 16, me.why, sizeof(me.why));
+	}
+	if (status) {
+		kv_rdma_destroy(k);
+		kd_buf_release(&side.buf);
+		if (locked)
+			unlock_sides(&side, &side);
+		kc_dbg("kv: segment %u: rdma refused to a peer: %s", s->id, me.why);
+		rs.status = status;
+		return io_full(cn->fd, &rs, sizeof(rs), true) || io_full(cn->fd, &me, sizeof(me), true);
+	}
+	kv_rdma_hello_fill(k, &me);
+	atomic_fetch_add(&kv.rdma_sessions, 1);
+	setsockopt(cn->fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+	if (io_full(cn->fd, &rs, sizeof(rs), true) || io_full(cn->fd, &me, sizeof(me), true))
+		goto out;
+	for (;;) {
+		struct ibv_wc wc[16];
+		int got = kv_rdma_poll(k, wc, 16);
+		struct pollfd pf[2] = { { .fd = cn->fd, .events = POLLIN },
+					{ .fd = kv_rdma_fd(k), .events = POLLIN } };
+
+		if (got < 0)
+			goto out;
+		for (int i = 0; i < got; i++) {
+			struct kv_resp nr = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
+						      .len = sizeof(nr) }, .tag = UINT32_MAX };
+			uint32_t id = ntohl(wc[i].imm_data);
+
+			if (wc[i].status != IBV_WC_SUCCESS || wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM)
+				goto out;	/* the peer's QP failed: the session is over */
+			if (atomic_load(&s->dead)) {
+				nr.status = -EIDRM;
+			} else if (id >= s->nr_notify) {
+				nr.status = -EINVAL;
+			} else {
+				__atomic_fetch_add(&s->counters[id], 1, __ATOMIC_SEQ_CST);
+				kcoll_futex_wake(&s->counters[id], INT_MAX);
+			}
+			if (kv_rdma_post_recv(k, wc[i].wr_id) || io_full(cn->fd, &nr, sizeof(nr), true))
+				goto out;
+		}
+		if (got)
+			continue;
+		if (!armed) {	/* arm, then poll once more for what came before */
+			if (kv_rdma_arm(k))
+				goto out;
+			armed = true;
+			continue;
+		}
+		armed = false;
+		if (poll(pf, 2, -1) < 0 && errno != EINTR)
+			goto out;
+		if (pf[1].revents)
+			kv_rdma_ack_event(k);
+		/* The peer closed, sent what an RDMA session does not carry, or
+		 * seg_kill shut the stream down: the session is over. */
+		if (pf[0].revents)
+			goto out;
+	}
+out:
+	kv_rdma_revoke(k);	/* the rkey is dead before the lock is released */
+	kd_buf_release(&side.buf);
+	unlock_sides(&side, &side);
+	if (atomic_load(&s->dead)) {
+		rs = (struct kv_resp){ .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
+					       .len = sizeof(rs) }, .status = -EIDRM, .tag = UINT64_MAX };
+		send(cn->fd, &rs, sizeof(rs), MSG_NOSIGNAL | MSG_DONTWAIT);
+	}
+	kv_rdma_destroy(k);
+	return 1;
+}
+
 static void *kv_serve(void *arg)
 {
 	struct kv_conn *cn = arg;
@@ -1433,6 +1856,14 @@ static void *kv_serve(void *arg)
 
 		if (io_full(cn->fd, &rq, sizeof(rq), false))
 			break;
+		if (rq.hdr.magic == KD_PEER_MAGIC && rq.hdr.type == KD_P_KV_REQ && rq.op == KV_OP_RDMA) {
+			struct kv_rdma_hello h;
+
+			if (rq.nr || rq.hdr.len != sizeof(rq) + sizeof(h) ||
+			    io_full(cn->fd, &h, sizeof(h), false) || serve_rdma(cn, &h, rq.tag))
+				break;	/* the RDMA session ended, or the stream broke */
+			continue;	/* refused: the peer goes on over TCP */
+		}
 		if (rq.hdr.magic != KD_PEER_MAGIC || rq.hdr.type != KD_P_KV_REQ ||
 		    rq.op > KV_OP_NOTIFY || rq.nr > KV_FRAME_ENTRIES ||
 		    io_full(cn->fd, fe, rq.nr * sizeof(*fe), false))

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# KV-cache transfers over RDMA (issue 9; docs/kv.md "Across hosts over
+# RDMA") on Soft-RoCE, in the VM (tests/vm/run.sh runs it; needs root,
+# rdma_rxe and the host's build). Two kcollds ("hosts" 10.33.0.1 and .2 on
+# one veth with one rxe device, as in t_rdma.sh: rxe in this kernel sends
+# from the initial namespace only), owners and initiators from tests/kv_peer
+# with kcoll_mem_alloc'd buffers on both sides (what kcolld registers):
+#   1. integrity: random scattered batches (1 B .. 16 MiB) and 4 KiB batches
+#      written and read back, the owner's checksum equals the initiator's
+#      image; bad input (wrong token, out of range, over the limit) refused
+#      and writes nothing; the bytes went over RDMA (status counters)
+#   2. four initiators at once, each 5 notifying batches into its slice: the
+#      counter is exactly 20 and every slice holds its writer's pattern
+#   3. the owner unregisters during a flood: the initiator gets -EIDRM or
+#      -ECONNRESET, no hang, the buffer does not change after unregister,
+#      a neighbouring segment is untouched, the next write says -EIDRM
+#   4. the owner's kcolld is killed during a flood: the initiator's requests
+#      fail (no hang) and its kcolld still serves
+# Bounded (TCG): small buffers, about 1-3 minutes. TAP.
+set -u
+B=${1:?usage: t_kv_rdma.sh BUILD_DIR}
+PEER="$B/tests/kv_peer"
+D="$B/bin/kcolld"
+CTL="$B/bin/kcollctl"
+n=0
+ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fi; }
+skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
+
+[ "$(id -u)" -eq 0 ] || skip_all "needs root"
+[ -x "$PEER" ] && [ -x "$D" ] || { echo "Bail out! $B has no kcolld/kv_peer: run make"; exit 1; }
+modprobe veth 2>/dev/null
+modprobe crc32_generic 2>/dev/null
+why=$(modprobe rdma_rxe 2>&1)
+[ -d /sys/module/rdma_rxe ] || skip_all "cannot load rdma_rxe: ${why:-no such module in this kernel}"
+
+# Outside the guest's /tmp when KV_RDMA_KEEP names a directory (debugging).
+T=$(mktemp -d "${KV_RDMA_KEEP:-/tmp}/kvrdma-vm.XXXXXX")
+chmod 755 "$T"
+IF=kvr0
+RXE=kvrxe0
+pids=()
+cleanup() {
+	local p
+	jobs -p | xargs -r kill -KILL 2>/dev/null
+	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	rdma link delete $RXE 2>/dev/null
+	ip link del $IF 2>/dev/null
+	[ -n "${KV_RDMA_KEEP:-}" ] || rm -rf "$T"
+}
+trap cleanup EXIT
+
+ip link set lo up
+ip link add $IF type veth peer name ${IF}p && ip link set $IF up && ip link set ${IF}p up
+ip addr add 10.33.0.1/24 dev $IF && ip addr add 10.33.0.2/24 dev $IF
+rdma link add $RXE type rxe netdev $IF
+ok $? "rxe device $RXE on $IF (10.33.0.1, 10.33.0.2)"
+
+sock() { echo "$T/h$1.sock"; }
+start_daemon() {	# host
+	local h=$1
+	env KCOLL_NET_XPORT=rdma KCOLL_TIMEOUT_MS=20000 KCOLL_LOG_LEVEL=info \
+		"$D" -f -s "$(sock "$h")" -l "$T/h$h.log" --listen "10.33.0.$((h + 1)):0" \
+		--addrs "10.33.0.$((h + 1))" >"$T/h$h.out" 2>&1 &
+	pids[h]=$!
+	for _ in $(seq 100); do [ -S "$(sock "$h")" ] && return 0; sleep 0.1; done
+	return 1
+}
+on() {	# host cmd...: a client of that host's kcolld
+	local h=$1
+	shift
+	KCOLL_SOCKET=$(sock "$h") "$@"
+}
+tap_checks() {	# prefix file
+	local lines
+	lines=$(grep '^check ' "$2")
+	[ -n "$lines" ] || { ok 1 "$1$(basename "$2" .out) printed its checks"; sed 's/^/# /' "$2"; return; }
+	while read -r _ name verdict rest; do
+		name=${name%:}
+		[ "$verdict" = PASS ]; ok $? "$1$name $rest"
+	done <<<"$lines"
+}
+counter() {	# host field: a number from kcollctl status --json's "kv" object
+	on "$1" "$CTL" status --json 2>/dev/null | grep -o "\"$2\":[0-9]*" | head -1 | cut -d: -f2
+}
+dump() {
+	for h in 0 1; do tail -n 15 "$T/h$h.log" 2>/dev/null | sed "s/^/# h$h: /"; done
+}
+
+t_start=$(date +%s)
+start_daemon 0 && start_daemon 1
+ok $? "two kcollds up" || { dump; echo "1..$n"; exit 1; }
+
+# ---- 1. integrity and bad input
+mkdir -p "$T/a"
+on 0 "$PEER" owner "$T/a" $((24 * 1024 * 1024)) shm >"$T/owner.out" 2>&1 &
+owner=$!
+KV_PEER_MIB=20 on 1 timeout -k 5 240 "$PEER" init "$T/a" shm >"$T/init.out" 2>&1
+irc=$?
+wait $owner
+orc=$?
+tap_checks "integrity: " "$T/init.out"
+tap_checks "integrity: " "$T/owner.out"
+[ $irc -eq 0 ] && [ $orc -eq 0 ]; ok $? "integrity: initiator and owner exit 0 (init $irc, owner $orc)"
+cmp -s "$T/a/init_hash" "$T/a/owner_hash"
+ok $? "integrity: the owner's 24 MiB buffer matches the initiator's image (checksum)"
+rb=$(counter 1 rdma_bytes) rs=$(counter 0 rdma_sessions)
+[ "${rb:-0}" -gt $((20 * 1024 * 1024)) ] && [ "${rs:-0}" -ge 1 ]
+ok $? "integrity: the batches went over RDMA (initiator: ${rb:-?} bytes over rdma; owner: ${rs:-?} sessions)"
+grep -q "over RDMA ($RXE)" "$T/h1.log"; ok $? "the initiator's kcolld logs the RDMA path"
+[ $irc -eq 0 ] || dump
+
+# ---- 2. four initiators at once, counters exact
+mkdir -p "$T/c"
+on 0 "$PEER" count "$T/c" $((8 * 1024 * 1024)) 20 4 >"$T/count.out" 2>&1 &
+owner=$!
+parts=()
+for i in 0 1 2 3; do
+	on 1 timeout -k 5 240 "$PEER" part "$T/c" $i 4 5 shm >"$T/part$i.out" 2>&1 &
+	parts+=($!)
+done
+prc=0
+for p in "${parts[@]}"; do wait "$p" || prc=$?; done
+wait $owner
+orc=$?
+for i in 0 1 2 3; do tap_checks "concurrent: " "$T/part$i.out"; done
+tap_checks "concurrent: " "$T/count.out"
+[ $prc -eq 0 ] && [ $orc -eq 0 ]; ok $? "concurrent: 4 initiators and the owner exit 0 (parts $prc, owner $orc)"
+[ $prc -eq 0 ] || dump
+
+# ---- 3. unregister during a flood
+mkdir -p "$T/b"
+on 0 "$PEER" unreg "$T/b" $((8 * 1024 * 1024)) shm >"$T/unreg.out" 2>&1 &
+owner=$!
+on 1 timeout -k 5 180 "$PEER" flood "$T/b" shm >"$T/flood.out" 2>&1
+frc=$?
+wait $owner
+tap_checks "unregister: " "$T/flood.out"
+tap_checks "unregister: " "$T/unreg.out"
+[ $frc -ne 124 ] && [ $frc -ne 137 ]; ok $? "unregister: the flooding initiator ends on its own (exit $frc)"
+
+# ---- 4. the owner's kcolld dies during a flood
+mkdir -p "$T/d"
+on 0 "$PEER" count "$T/d" $((8 * 1024 * 1024)) 1000000 1 >"$T/dcount.out" 2>&1 &
+owner=$!
+t0=$(date +%s)
+on 1 timeout -k 5 180 "$PEER" flood "$T/d" shm any >"$T/dflood.out" 2>&1 &
+fl=$!
+# the flood notifies counter 0 before it starts: wait for its first write
+for _ in $(seq 300); do [ "$(counter 1 rdma_bytes)" -gt "${rb:-0}" ] 2>/dev/null && break; sleep 0.1; done
+sleep 1
+kill -KILL "${pids[0]}"
+wait "$fl"
+frc=$?
+kill -KILL $owner 2>/dev/null
+tap_checks "daemon death: " "$T/dflood.out"
+[ $frc -ne 124 ] && [ $frc -ne 137 ]
+ok $? "daemon death: the initiator's requests end on their own (exit $frc, $(($(date +%s) - t0)) s)"
+on 1 "$CTL" status >/dev/null 2>&1; ok $? "daemon death: the initiator's kcolld still serves"
+echo "# t_kv_rdma: $(($(date +%s) - t_start)) s"
+echo "1..$n"
