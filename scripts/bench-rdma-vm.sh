@@ -35,10 +35,11 @@ guest() {
 		wait || true
 		echo "PERFTEST $s $(awk -v s="$s" '$1 == s && NF >= 4 { print $4 }' "$T/cli" | tail -1)"
 	done
-	start() {	# xport
-		local h
+	start() {	# xport [env...]
+		local h x=$1
+		shift
 		for h in 0 1; do
-			KCOLL_NET_XPORT=$1 KCOLL_IB_QPS=2 "$B/bin/kcolld" -f -s "$T/h$h.sock" -l "$T/h$h-$1.log" \
+			env KCOLL_NET_XPORT=$x KCOLL_IB_QPS=2 "$@" "$B/bin/kcolld" -f -s "$T/h$h.sock" -l "$T/h$h-$x.log" \
 				--listen "10.31.0.$((h + 1)):0" --addrs "10.31.0.$((h + 1))" &
 			pids[h]=$!
 		done
@@ -51,6 +52,17 @@ guest() {
 		echo "KCOLLJSON $1 $("$B/bin/kcoll-bench" "$2" --hosts 2 -N 1 -b 64K -e 4M -f 4 -n "$iters" -w 2 \
 			-c 1 --json --launch "env KCOLL_SOCKET=$T/h%h.sock" | tr -d '\n')"
 	}
+	# Where the time goes: the earlier data path (copy into 1 MiB slots),
+	# zero-copy alone, smaller pieces alone, then the defaults (both).
+	start rdma KCOLL_IB_ZC_BYTES=0 KCOLL_IB_PIECE_BYTES=1048576
+	bench rdma-bcast-copy-1m broadcast
+	stop
+	start rdma KCOLL_IB_PIECE_BYTES=1048576
+	bench rdma-bcast-zc-1m broadcast
+	stop
+	start rdma KCOLL_IB_ZC_BYTES=0
+	bench rdma-bcast-copy-256k broadcast
+	stop
 	start rdma
 	bench rdma-bcast broadcast
 	bench rdma-allreduce allreduce
@@ -87,13 +99,19 @@ json.dump({"what": "rdma_rxe in the QEMU/TCG guest, one run", "ib_write_bw_MBps"
           open(sys.argv[2], "w"), indent=1)
 def rows(tag):
     return {r["size"]: r for r in kc.get(tag, {}).get("rows", [])}
-bc = rows("rdma-bcast")
-print("| size | ib_write_bw | kcoll broadcast, 2 hosts over rdma | kcoll / ib_write_bw |")
-print("|---|---|---|---|")
+variants = [("rdma-bcast-copy-1m", "copy, 1 MiB pieces"), ("rdma-bcast-zc-1m", "zero-copy, 1 MiB"),
+            ("rdma-bcast-copy-256k", "copy, 256 KiB"), ("rdma-bcast", "defaults: zero-copy, 256 KiB")]
+variants = [(t, n) for t, n in variants if t in kc]
+print("kcoll point-to-point (2-host broadcast) in MB/s, and / ib_write_bw")
+print("| size | ib_write_bw | " + " | ".join(n for _, n in variants) + " |")
+print("|---|---|" + "---|" * len(variants))
 for s in sorted(perf):
-    r = bc.get(s)
-    k = s / r["time_us"] if r else float("nan")       # bytes/us = MB/s
-    print(f"| {s >> 10} KiB | {perf[s]:.1f} MB/s | {k:.1f} MB/s | {k / perf[s]:.2f} |")
+    cells = []
+    for t, _ in variants:
+        r = rows(t).get(s)
+        k = s / r["time_us"] if r else float("nan")   # bytes/us = MB/s
+        cells.append(f"{k:.1f} ({k / perf[s]:.2f})")
+    print(f"| {s >> 10} KiB | {perf[s]:.1f} | " + " | ".join(cells) + " |")
 ra, rt = rows("rdma-allreduce"), rows("tcp-allreduce")
 print()
 print("| size | all-reduce over rdma | over tcp | tcp time / rdma time |")

@@ -21,6 +21,7 @@
 #include <fcntl.h>
 
 #include "kcolld.h"
+#include "rdma.h"
 
 static int mapped_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
 		       uint8_t *tmp, const uint8_t **p)
@@ -95,6 +96,9 @@ void kd_region_put(struct kd_region *rg)
 {
 	if (atomic_fetch_sub(&rg->refs, 1) != 1)
 		return;
+	/* The RDMA registration cache may hold this mapping (zero-copy
+	 * sends): drop it before the address can be mapped again. */
+	kcoll_rdma_mr_invalidate(rg->map, rg->size);
 	if (rg->pinned)
 		kcoll_kdev_unmap(&rg->kmap);
 	else
