@@ -28,13 +28,16 @@ guest() {
 	ip addr add 10.31.0.1/24 dev krdma0; ip addr add 10.31.0.2/24 dev krdma0
 	rdma link add krxe0 type rxe netdev krdma0
 	sleep 1
-	for s in $sizes; do
-		timeout 120 ib_write_bw -d krxe0 -x 1 -s "$s" -n "$iters" -F >"$T/srv" 2>&1 &
-		sleep 1
-		timeout 120 ib_write_bw -d krxe0 -x 2 -s "$s" -n "$iters" -F 10.31.0.1 >"$T/cli" 2>&1 || true
-		wait || true
-		echo "PERFTEST $s $(awk -v s="$s" '$1 == s && NF >= 4 { print $4 }' "$T/cli" | tail -1)"
-	done
+	perftest() {	# tag
+		for s in $sizes; do
+			timeout 120 ib_write_bw -d krxe0 -x 1 -s "$s" -n "$iters" -F >"$T/srv" 2>&1 &
+			sleep 1
+			timeout 120 ib_write_bw -d krxe0 -x 2 -s "$s" -n "$iters" -F 10.31.0.1 >"$T/cli" 2>&1 || true
+			wait || true
+			echo "$1 $s $(awk -v s="$s" '$1 == s && NF >= 4 { print $4 }' "$T/cli" | tail -1)"
+		done
+	}
+	perftest PERFTEST
 	start() {	# xport [env...]
 		local h x=$1
 		shift
@@ -52,25 +55,32 @@ guest() {
 		echo "KCOLLJSON $1 $("$B/bin/kcoll-bench" "$2" --hosts 2 -N 1 -b 64K -e 4M -f 4 -n "$iters" -w 2 \
 			-c 1 --json --launch "env KCOLL_SOCKET=$T/h%h.sock" | tr -d '\n')"
 	}
-	# Where the time goes: the earlier data path (copy into 1 MiB slots),
-	# zero-copy alone, smaller pieces alone, then the defaults (both).
-	start rdma KCOLL_IB_ZC_BYTES=0 KCOLL_IB_PIECE_BYTES=1048576
-	bench rdma-bcast-copy-1m broadcast
-	stop
-	start rdma KCOLL_IB_PIECE_BYTES=1048576
-	bench rdma-bcast-zc-1m broadcast
-	stop
-	start rdma KCOLL_IB_ZC_BYTES=0
-	bench rdma-bcast-copy-256k broadcast
-	stop
-	start rdma
-	bench rdma-bcast broadcast
-	bench rdma-allreduce allreduce
-	"$B/bin/kcollctl" -s "$T/h0.sock" status | sed 's/^/# /'
-	stop
+	# Where the time goes: the copy into 1 MiB slots, zero-copy from the
+	# registered buffer, zero-copy with 256 KiB pieces; two rounds,
+	# interleaved, so that drift in the shared machine shows.
+	local -A V=([copy]="KCOLL_IB_ZC_BYTES=0 KCOLL_IB_PIECE_BYTES=1048576"
+		    [zc]="KCOLL_IB_ZC_BYTES=65536 KCOLL_IB_PIECE_BYTES=1048576"
+		    [zc256]="KCOLL_IB_ZC_BYTES=65536 KCOLL_IB_PIECE_BYTES=262144")
+	local r v
+	for r in 1 2; do
+		for v in copy zc zc256; do
+			# shellcheck disable=SC2086
+			start rdma ${V[$v]}
+			bench "rdma-bcast-$v-$r" broadcast
+			stop
+		done
+	done
+	for v in copy zc; do
+		# shellcheck disable=SC2086
+		start rdma ${V[$v]}
+		bench "rdma-allreduce-$v" allreduce
+		[ $v = zc ] && "$B/bin/kcollctl" -s "$T/h0.sock" status | sed 's/^/# /'
+		stop
+	done
 	start tcp
 	bench tcp-allreduce allreduce
 	stop
+	perftest PERFTEST2
 	grep -h "transport between daemons" "$T"/h0-*.log | sed 's/^/# /'
 	rdma link delete krxe0 || true
 }
@@ -89,36 +99,39 @@ trap 'rm -f "$raw"' EXIT
 python3 - "$raw" "$out" <<'PY'
 import json, sys
 perf, kc = {}, {}
+perf2 = {}
 for line in open(sys.argv[1]):
     w = line.split(" ", 2)
-    if w[0] == "PERFTEST" and len(w) == 3 and w[2].strip():
-        perf[int(w[1])] = float(w[2])          # MB/s (10^6)
+    if w[0] in ("PERFTEST", "PERFTEST2") and len(w) == 3 and w[2].strip():
+        (perf if w[0] == "PERFTEST" else perf2)[int(w[1])] = float(w[2])  # MB/s (10^6)
     elif w[0] == "KCOLLJSON":
         kc[w[1]] = json.loads(w[2])
-json.dump({"what": "rdma_rxe in the QEMU/TCG guest, one run", "ib_write_bw_MBps": perf, "kcoll": kc},
+json.dump({"what": "rdma_rxe in the QEMU/TCG guest, one run", "ib_write_bw_MBps": perf,
+           "ib_write_bw_MBps_after": perf2, "kcoll": kc},
           open(sys.argv[2], "w"), indent=1)
 def rows(tag):
     return {r["size"]: r for r in kc.get(tag, {}).get("rows", [])}
-variants = [("rdma-bcast-copy-1m", "copy, 1 MiB pieces"), ("rdma-bcast-zc-1m", "zero-copy, 1 MiB"),
-            ("rdma-bcast-copy-256k", "copy, 256 KiB"), ("rdma-bcast", "defaults: zero-copy, 256 KiB")]
+names = {"copy": "copy, 1 MiB pieces", "zc": "zero-copy, 1 MiB", "zc256": "zero-copy, 256 KiB"}
+variants = [(f"rdma-bcast-{v}-{r}", f"{n} (round {r})") for r in (1, 2) for v, n in names.items()]
 variants = [(t, n) for t, n in variants if t in kc]
-print("kcoll point-to-point (2-host broadcast) in MB/s, and / ib_write_bw")
-print("| size | ib_write_bw | " + " | ".join(n for _, n in variants) + " |")
+print("kcoll point-to-point (2-host broadcast) in MB/s, and / ib_write_bw (mean of before and after)")
+print("| size | ib_write_bw before / after | " + " | ".join(n for _, n in variants) + " |")
 print("|---|---|" + "---|" * len(variants))
 for s in sorted(perf):
+    ref = (perf[s] + perf2[s]) / 2 if s in perf2 else perf[s]
     cells = []
     for t, _ in variants:
         r = rows(t).get(s)
         k = s / r["time_us"] if r else float("nan")   # bytes/us = MB/s
-        cells.append(f"{k:.1f} ({k / perf[s]:.2f})")
-    print(f"| {s >> 10} KiB | {perf[s]:.1f} | " + " | ".join(cells) + " |")
-ra, rt = rows("rdma-allreduce"), rows("tcp-allreduce")
+        cells.append(f"{k:.1f} ({k / ref:.2f})")
+    print(f"| {s >> 10} KiB | {perf[s]:.1f} / {perf2.get(s, float('nan')):.1f} | " + " | ".join(cells) + " |")
+rc, rz, rt = rows("rdma-allreduce-copy"), rows("rdma-allreduce-zc"), rows("tcp-allreduce")
 print()
-print("| size | all-reduce over rdma | over tcp | tcp time / rdma time |")
-print("|---|---|---|---|")
-for s in sorted(ra):
-    if s in rt:
-        a, t = ra[s]["time_us"], rt[s]["time_us"]
-        print(f"| {s >> 10} KiB | {a:.0f} us | {t:.0f} us | {t / a:.2f} |")
+print("| size | all-reduce over rdma, copy | rdma, zero-copy | over tcp | tcp time / rdma (copy) time |")
+print("|---|---|---|---|---|")
+for s in sorted(rc):
+    if s in rt and s in rz:
+        a, z, t = rc[s]["time_us"], rz[s]["time_us"], rt[s]["time_us"]
+        print(f"| {s >> 10} KiB | {a:.0f} us | {z:.0f} us | {t:.0f} us | {t / a:.2f} |")
 print(f"(json: {sys.argv[2]})")
 PY

@@ -75,7 +75,7 @@ start_daemon() {	# host [env...]
 	local h=$1
 	shift
 	env KCOLL_NET_XPORT=rdma KCOLL_NET_CHUNK_BYTES=65536 KCOLL_IB_QPS=2 KCOLL_SPIN_US=0 \
-		KCOLL_IB_FLOW_LABEL=4096 "$@" \
+		KCOLL_IB_FLOW_LABEL=4096 KCOLL_IB_ZC_BYTES=65536 "$@" \
 		"$D" -f -s "$(sock "$h")" -l "$T/h$h.log" --listen "10.31.0.$((h + 1)):0" \
 		--addrs "10.31.0.$((h + 1))" >"$T/h$h.out" 2>&1 &
 	pids[h]=$!
@@ -125,7 +125,7 @@ for nh in 2 3 4; do
 	fi
 done
 
-# ---- zero-copy sends (KCOLL_IB_ZC_BYTES, default 64 KiB = the piece size here) -----
+# ---- zero-copy sends (KCOLL_IB_ZC_BYTES=65536 here, the piece size: every piece) -----
 # Hosts 0 and 1 now also pin their QPs to paths: QP 0 leaves from the GID of
 # the host's own address, QP 1 from the GID of its second one (10.31.1.x),
 # UDP source ports from 0xd100 (KCOLL_IB_UDP_SPORT).
