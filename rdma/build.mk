@@ -36,3 +36,6 @@ $(BIN)/kcolld: LDFLAGS += $(GPU_LDLIBS)
 $(TBIN)/test_%: LDFLAGS += $(GPU_LDLIBS)
 $(OBJ)/tests/test_gpudirect.o: CPPFLAGS += $(GPU_CPPFLAGS) -Irdma
 $(TBIN)/test_gpudirect: | $(GPU_FAKE_CUDA)
+
+# Host-tier checks of the path knobs and device-less calls (no RDMA needed).
+$(OBJ)/tests/test_rdma_path.o: CPPFLAGS += -Irdma -Iuser/daemon

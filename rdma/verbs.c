@@ -650,7 +650,9 @@ uint16_t kcoll_rdma_udp_sport(uint32_t fl, uint32_t lqpn, uint32_t rqpn)
 
 uint32_t kcoll_rdma_flow_label_for_sport(uint16_t sport)
 {
-	return sport & 0x3fff;	/* high 6 bits 0: the XOR leaves the low 14 as they are */
+	/* High 6 bits 0: the XOR leaves the low 14 as they are. Port 0xC000
+	 * would need label 0, which means "derive one": 0x4001 folds to 0. */
+	return sport & 0x3fff ? sport & 0x3fffu : 0x4001u;
 }
 
 /* ---- registration cache ----------------------------------------------- */
