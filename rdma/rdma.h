@@ -168,6 +168,12 @@ int kcoll_rdma_mr_get(int dev, void *addr, size_t len, struct ibv_mr **mr);
  * kcoll_rdma_mr_get. The caller may close the fd afterwards.
  */
 int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct ibv_mr **mr);
+/*
+ * The same for memory the NIC only reads locally (the source of sends): no
+ * remote access at all, so no rkey of it lets a peer reach the buffer
+ * (kcolld's zero-copy sends from application memory use this).
+ */
+int kcoll_rdma_mr_get_local(int dev, void *addr, size_t len, struct ibv_mr **mr);
 void kcoll_rdma_mr_invalidate(void *addr, size_t len);
 /* How many registrations the cache holds (status, tests). */
 size_t kcoll_rdma_mr_count(void);

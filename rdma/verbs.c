@@ -38,7 +38,10 @@ struct mrc {
 	int dev;
 	uintptr_t lo, hi;
 	struct ibv_mr *mr;
+	int access;			/* IBV_ACCESS_* it was registered with */
 };
+
+#define FULL_ACCESS	(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
 static struct {
 	pthread_mutex_t lock;
@@ -657,12 +660,24 @@ uint32_t kcoll_rdma_flow_label_for_sport(uint16_t sport)
 
 /* ---- registration cache ----------------------------------------------- */
 
+static int mr_get(int dev, void *addr, size_t len, int dmabuf_fd, int access, struct ibv_mr **out);
+
 int kcoll_rdma_mr_get(int dev, void *addr, size_t len, struct ibv_mr **out)
 {
-	return kcoll_rdma_mr_get_fd(dev, addr, len, -1, out);
+	return mr_get(dev, addr, len, -1, FULL_ACCESS, out);
 }
 
 int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct ibv_mr **out)
+{
+	return mr_get(dev, addr, len, dmabuf_fd, FULL_ACCESS, out);
+}
+
+int kcoll_rdma_mr_get_local(int dev, void *addr, size_t len, struct ibv_mr **out)
+{
+	return mr_get(dev, addr, len, -1, 0, out);
+}
+
+static int mr_get(int dev, void *addr, size_t len, int dmabuf_fd, int access, struct ibv_mr **out)
 {
 	uintptr_t lo = (uintptr_t)addr, hi = lo + len;
 	struct ibv_mr *mr;
@@ -676,7 +691,8 @@ int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct 
 		goto out;
 	}
 	for (size_t i = 0; i < rd.nmr; i++)
-		if (rd.mr[i].dev == dev && rd.mr[i].lo <= lo && hi <= rd.mr[i].hi) {
+		if (rd.mr[i].dev == dev && rd.mr[i].lo <= lo && hi <= rd.mr[i].hi &&
+		    (rd.mr[i].access & access) == access) {
 			*out = rd.mr[i].mr;
 			goto out;
 		}
@@ -685,17 +701,14 @@ int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct 
 		goto out;
 	}
 	if (dmabuf_fd >= 0)	/* the NIC maps the exporter's pages: iova = addr */
-		mr = ibv_reg_dmabuf_mr(rd.dev[dev].pd, 0, len, (uint64_t)lo, dmabuf_fd,
-				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-					       IBV_ACCESS_REMOTE_READ);
+		mr = ibv_reg_dmabuf_mr(rd.dev[dev].pd, 0, len, (uint64_t)lo, dmabuf_fd, access);
 	else
-		mr = ibv_reg_mr(rd.dev[dev].pd, addr, len, IBV_ACCESS_LOCAL_WRITE |
-				IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+		mr = ibv_reg_mr(rd.dev[dev].pd, addr, len, access);
 	if (!mr) {
 		r = -errno;
 		goto out;
 	}
-	rd.mr[rd.nmr++] = (struct mrc){ dev, lo, hi, mr };
+	rd.mr[rd.nmr++] = (struct mrc){ dev, lo, hi, mr, access };
 	*out = mr;
 out:
 	pthread_mutex_unlock(&rd.lock);

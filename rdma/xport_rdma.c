@@ -585,7 +585,8 @@ static void zc_span(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struc
 	}
 	if (!lo)
 		return;
-	r = kcoll_rdma_mr_get(rs->peer[c->host].ep->port.dev, (void *)lo, len, &c->zmr);
+	/* Local access only: no peer can use this registration's rkey. */
+	r = kcoll_rdma_mr_get_local(rs->peer[c->host].ep->port.dev, (void *)lo, len, &c->zmr);
 	if (r) {
 		kc_dbg("comm %s: cannot register %zu bytes for zero-copy sends (%s): copying", op->comm->name,
 		       len, strerror(-r));
