@@ -118,7 +118,8 @@ print("kcoll point-to-point (2-host broadcast) in MB/s, and / ib_write_bw (mean 
 print("| size | ib_write_bw before / after | " + " | ".join(n for _, n in variants) + " |")
 print("|---|---|" + "---|" * len(variants))
 for s in sorted(perf):
-    ref = (perf[s] + perf2[s]) / 2 if s in perf2 else perf[s]
+    both = [v for v in (perf[s], perf2.get(s, 0.0)) if v > 0]  # a failed run prints nothing (0)
+    ref = sum(both) / len(both) if both else float("nan")
     cells = []
     for t, _ in variants:
         r = rows(t).get(s)

@@ -125,7 +125,7 @@ for nh in 2 3 4; do
 	fi
 done
 
-# ---- zero-copy sends (KCOLL_IB_ZC_BYTES=65536 here, the piece size: every piece) -----
+# ---- zero-copy sends (KCOLL_IB_ZC_BYTES=65536, the default, set here too: every piece) -----
 # Hosts 0 and 1 now also pin their QPs to paths: QP 0 leaves from the GID of
 # the host's own address, QP 1 from the GID of its second one (10.31.1.x),
 # UDP source ports from 0xd100 (KCOLL_IB_UDP_SPORT).

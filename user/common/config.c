@@ -32,7 +32,7 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_IB_GID_INDEX", "-1", "GID index to use (-1: the RoCE v2 GID whose netdev carries the address used for the peer)" },
 	{ "KCOLL_IB_QPS", "2", "RC queue pairs per peer daemon (1..8); pieces alternate between them" },
 	{ "KCOLL_IB_PIECE_BYTES", "1048576", "RDMA: largest piece written in one work request (rounded down to 4 KiB; at most KCOLL_NET_CHUNK_BYTES); the receive slots are this size" },
-	{ "KCOLL_IB_ZC_BYTES", "0", "RDMA: pieces of at least this many bytes are written straight from the buffer (zero-copy, registered through the cache); smaller ones are copied into a send slot (0: always copy, the default: slower on Soft-RoCE, docs/perf.md section 7)" },
+	{ "KCOLL_IB_ZC_BYTES", "65536", "RDMA: pieces of at least this many bytes are written straight from the buffer (zero-copy, registered through the cache, local access only); smaller ones are copied into a send slot (0: always copy)" },
 	{ "KCOLL_IB_QP_ADDRS", "", "RDMA path per QP: comma-separated local IPv4 addresses; QP i leaves from the port and RoCE v2 GID of address i (round robin; empty: every QP uses the GID of the address the peer is reached from)" },
 	{ "KCOLL_IB_UDP_SPORT", "0", "RDMA: first RoCE v2 UDP source port of a peer's QPs (0xc000..0xffff; QP i gets port+i through its flow label; 0: KCOLL_IB_FLOW_LABEL decides)" },
 	{ "KCOLL_IB_FLOW_LABEL", "0", "first RoCE v2 flow label of a peer's QPs (QP i gets label+i; 0: none, the device picks the UDP source port)" },
