@@ -5,6 +5,8 @@ RDMA_OBJS := $(RDMA_SRCS:%.c=$(OBJ)/%.o)
 
 $(RDMA_OBJS): CPPFLAGS += -Iuser/daemon -Irdma
 $(OBJ)/user/daemon/net.o: CPPFLAGS += -Irdma -Iuser/daemon
+# mem.c and mh.c drop registrations (zero-copy sends) before unmapping.
+$(OBJ)/user/daemon/mem.o $(OBJ)/user/daemon/mh.o: CPPFLAGS += -Irdma
 KCOLLD_OBJS += $(RDMA_OBJS)
 TEST_DAEMON_OBJS += $(RDMA_OBJS)
 $(BIN)/kcolld: $(RDMA_OBJS)
@@ -34,3 +36,6 @@ $(BIN)/kcolld: LDFLAGS += $(GPU_LDLIBS)
 $(TBIN)/test_%: LDFLAGS += $(GPU_LDLIBS)
 $(OBJ)/tests/test_gpudirect.o: CPPFLAGS += $(GPU_CPPFLAGS) -Irdma
 $(TBIN)/test_gpudirect: | $(GPU_FAKE_CUDA)
+
+# Host-tier checks of the path knobs and device-less calls (no RDMA needed).
+$(OBJ)/tests/test_rdma_path.o: CPPFLAGS += -Irdma -Iuser/daemon

@@ -46,6 +46,9 @@ struct ibv_pd *kcoll_rdma_pd(int dev);
  * diagnosis (the GIDs that exist and why none fits) in why.
  */
 int kcoll_rdma_pick_gid(uint32_t ip, struct kcoll_rdma_port *out, char *why, size_t whylen);
+/* The same, ignoring KCOLL_IB_GID_INDEX: always the GID of address ip (the
+ * per-QP path choice, kcoll_rdma_ep_set_path). */
+int kcoll_rdma_pick_gid_ip(uint32_t ip, struct kcoll_rdma_port *out, char *why, size_t whylen);
 
 /*
  * Read the device's pending async events (non-blocking) and say whether
@@ -55,6 +58,20 @@ int kcoll_rdma_pick_gid(uint32_t ip, struct kcoll_rdma_port *out, char *why, siz
  */
 int kcoll_rdma_port_check(int dev, uint8_t port, char *why, size_t whylen);
 int kcoll_rdma_async_fd(int dev);
+
+/*
+ * Device removal ('rdma link delete', driver unload). rdma_rxe (and any
+ * driver without disassociate_ucontext) cannot revoke user contexts: the
+ * kernel removes the device's uverbs node, then waits until every process
+ * has closed it, with no async event. kcoll_rdma_port_check notices the
+ * missing node (-ENODEV); endpoints can no longer be created on it; once
+ * its last endpoint is destroyed, kcoll_rdma_reap drops the cache's
+ * registrations on it and closes it (returns how many it closed), which
+ * lets the removal complete. kcoll_rdma_rescan opens devices that appeared
+ * since (a re-added link); returns how many.
+ */
+int kcoll_rdma_reap(void);
+int kcoll_rdma_rescan(void);
 
 /* ---- endpoints: RC QPs to one peer ------------------------------------ */
 
@@ -68,8 +85,9 @@ struct kcoll_rdma_addr {
 	uint32_t psn[KCOLL_RDMA_MAX_QPS];
 	uint32_t mtu;			/* enum ibv_mtu */
 	uint32_t reserved;
+	union ibv_gid qgid[KCOLL_RDMA_MAX_QPS];	/* each QP's own GID (version 2) */
 };
-#define KCOLL_RDMA_ADDR_VERSION	1
+#define KCOLL_RDMA_ADDR_VERSION	2
 
 /* Path control for one QP (the planner's knob): traffic class and the GRH
  * flow label; on RoCE v2 NICs that honor it the flow label picks the UDP
@@ -77,6 +95,11 @@ struct kcoll_rdma_addr {
 struct kcoll_rdma_path {
 	uint32_t flow_label;		/* 20 bits */
 	uint8_t traffic_class;
+	/* own_port: this QP leaves through port (its port number and GID; on
+	 * the endpoint's device, which owns the CQ), not the endpoint's.
+	 * Set it with kcoll_rdma_ep_set_path so that the peer learns the GID. */
+	bool own_port;
+	struct kcoll_rdma_port port;
 };
 
 /*
@@ -86,6 +109,9 @@ struct kcoll_rdma_path {
  * device derives one from the two QP numbers (lqpn, rqpn), symmetrically.
  */
 uint16_t kcoll_rdma_udp_sport(uint32_t flow_label, uint32_t lqpn, uint32_t rqpn);
+/* A flow label that gives UDP source port sport (0xC000..0xFFFF) under that
+ * convention: how a planner pins a QP to a port it picked. */
+uint32_t kcoll_rdma_flow_label_for_sport(uint16_t sport);
 
 struct kcoll_rdma_ep {
 	struct kcoll_rdma_port port;
@@ -109,6 +135,18 @@ int kcoll_rdma_ep_create(const struct kcoll_rdma_port *port, uint32_t nqp, struc
 /* INIT -> RTR -> RTS against the peer's address. */
 int kcoll_rdma_ep_connect(struct kcoll_rdma_ep *ep, const struct kcoll_rdma_addr *remote, char *why,
 			  size_t whylen);
+/*
+ * Give QP i its path before kcoll_rdma_ep_connect (and before ep->local is
+ * sent): flow label, traffic class and, with own_port, its own local port
+ * and GID (moved there with INIT -> INIT; ep->local.qgid[i] names the GID to
+ * the peer). -EINVAL with why when the port is on another device.
+ * (Assigning ep->path[i] directly still works for the flow label and
+ * traffic class alone.)
+ */
+int kcoll_rdma_ep_set_path(struct kcoll_rdma_ep *ep, uint32_t i, const struct kcoll_rdma_path *path, char *why,
+			   size_t whylen);
+/* The local port QP i uses: its own (set_path) or the endpoint's. */
+const struct kcoll_rdma_port *kcoll_rdma_ep_qp_port(const struct kcoll_rdma_ep *ep, uint32_t i);
 void kcoll_rdma_ep_destroy(struct kcoll_rdma_ep *ep);
 /* The state of QP i (IBV_QPS_*), or a negative errno. */
 int kcoll_rdma_ep_qp_state(struct kcoll_rdma_ep *ep, uint32_t i);
@@ -130,6 +168,12 @@ int kcoll_rdma_mr_get(int dev, void *addr, size_t len, struct ibv_mr **mr);
  * kcoll_rdma_mr_get. The caller may close the fd afterwards.
  */
 int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct ibv_mr **mr);
+/*
+ * The same for memory the NIC only reads locally (the source of sends): no
+ * remote access at all, so no rkey of it lets a peer reach the buffer
+ * (kcolld's zero-copy sends from application memory use this).
+ */
+int kcoll_rdma_mr_get_local(int dev, void *addr, size_t len, struct ibv_mr **mr);
 void kcoll_rdma_mr_invalidate(void *addr, size_t len);
 /* How many registrations the cache holds (status, tests). */
 size_t kcoll_rdma_mr_count(void);
@@ -144,6 +188,14 @@ size_t kcoll_rdma_mr_count(void);
  */
 int kcoll_rdma_write(struct kcoll_rdma_ep *ep, uint32_t qpi, struct ibv_mr *mr, const void *laddr,
 		     size_t len, uint64_t raddr, uint32_t rkey, const uint32_t *imm, uint64_t wr_id);
+/*
+ * The same with a gather list: nsge (1..2, the QPs' max_send_sge) pieces of
+ * local memory, each inside the registration its lkey names, written back to
+ * back at raddr. The daemon sends a slot header and application memory in
+ * one WRITE_WITH_IMM this way (zero-copy).
+ */
+int kcoll_rdma_write_sg(struct kcoll_rdma_ep *ep, uint32_t qpi, const struct ibv_sge *sge, int nsge,
+			uint64_t raddr, uint32_t rkey, const uint32_t *imm, uint64_t wr_id);
 /* Post an RDMA READ of len bytes from raddr/rkey into laddr (inside mr). */
 int kcoll_rdma_read(struct kcoll_rdma_ep *ep, uint32_t qpi, struct ibv_mr *mr, void *laddr, size_t len,
 		    uint64_t raddr, uint32_t rkey, uint64_t wr_id);

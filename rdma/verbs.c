@@ -29,13 +29,19 @@ struct dev {
 	uint8_t nports;
 	uint32_t port_down;		/* bit p: port p reported an error (async event) */
 	bool fatal;
+	char path[IBV_SYSFS_PATH_MAX];	/* its uverbs node in sysfs */
+	bool gone;			/* that node vanished: the device is being removed */
+	int eps;			/* endpoints on it */
 };
 
 struct mrc {
 	int dev;
 	uintptr_t lo, hi;
 	struct ibv_mr *mr;
+	int access;			/* IBV_ACCESS_* it was registered with */
 };
+
+#define FULL_ACCESS	(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
 static struct {
 	pthread_mutex_t lock;
@@ -60,6 +66,126 @@ int kcoll_rdma_ndevs(void)
 const char *kcoll_rdma_dev_name(int d)
 {
 	return d >= 0 && d < rd.ndev ? rd.dev[d].name : "?";
+}
+
+static bool hca_wanted(const char *name);
+
+/*
+ * Is device d going away? The kernel removes a device's uverbs node
+ * (/sys/class/infiniband_verbs/uverbsN) first, then, for drivers that cannot
+ * revoke user contexts (rdma_rxe), waits until every process has closed the
+ * device; no async event comes first. Called with rd.lock held.
+ */
+static bool dev_gone_locked(struct dev *d)
+{
+	if (!d->ctx)
+		return true;
+	if (!d->gone && d->path[0] && access(d->path, F_OK) && errno == ENOENT) {
+		d->gone = true;
+		kc_warn("rdma: %s is being removed (its uverbs node %s is gone: 'rdma link delete' or a driver "
+			"unload): kcolld fails the transfers on it and closes it once its communicators have "
+			"ended", d->name, d->path);
+	}
+	return d->gone;
+}
+
+/* Open list entry dev into slot d (rd.lock held). */
+static int dev_open(struct dev *d, struct ibv_device *dev)
+{
+	const char *name = ibv_get_device_name(dev);
+	struct ibv_device_attr da;
+
+	d->ctx = ibv_open_device(dev);
+	if (!d->ctx) {
+		kc_warn("rdma: cannot open %s: %s", name, strerror(errno));
+		return -ENODEV;
+	}
+	if (ibv_query_device(d->ctx, &da) || !(d->pd = ibv_alloc_pd(d->ctx))) {
+		kc_warn("rdma: %s: query/alloc_pd failed: %s", name, strerror(errno));
+		ibv_close_device(d->ctx);
+		d->ctx = NULL;
+		return -ENODEV;
+	}
+	snprintf(d->name, sizeof(d->name), "%s", name);
+	snprintf(d->path, sizeof(d->path), "%s", dev->dev_path);
+	d->nports = da.phys_port_cnt;
+	d->port_down = 0;
+	d->fatal = false;
+	d->gone = false;
+	d->eps = 0;
+	/* async events are read when a transfer checks its port */
+	fcntl(d->ctx->async_fd, F_SETFL, fcntl(d->ctx->async_fd, F_GETFL) | O_NONBLOCK);
+	return 0;
+}
+
+int kcoll_rdma_reap(void)
+{
+	int n = 0;
+
+	pthread_mutex_lock(&rd.lock);
+	for (int i = 0; i < rd.ndev; i++) {
+		struct dev *d = &rd.dev[i];
+		int r;
+
+		if (!d->ctx || !dev_gone_locked(d) || d->eps)
+			continue;
+		for (size_t k = 0; k < rd.nmr;) {
+			if (rd.mr[k].dev == i) {
+				ibv_dereg_mr(rd.mr[k].mr);
+				rd.mr[k] = rd.mr[--rd.nmr];
+			} else {
+				k++;
+			}
+		}
+		r = ibv_dealloc_pd(d->pd);
+		if (r) {
+			kc_warn("rdma: cannot release %s: its protection domain is still in use (%s): memory "
+				"registered outside kcolld's cache still holds it", d->name, strerror(r));
+			continue;
+		}
+		ibv_close_device(d->ctx);
+		d->ctx = NULL;
+		d->pd = NULL;
+		kc_info("rdma: closed %s (being removed); its removal can complete", d->name);
+		n++;
+	}
+	pthread_mutex_unlock(&rd.lock);
+	return n;
+}
+
+int kcoll_rdma_rescan(void)
+{
+	struct ibv_device **list;
+	int n = 0, got = 0;
+
+	pthread_mutex_lock(&rd.lock);
+	if (!rd.inited)
+		goto out;
+	list = ibv_get_device_list(&n);
+	for (int i = 0; list && i < n; i++) {
+		const char *name = ibv_get_device_name(list[i]);
+		int slot = -1;
+
+		if (!hca_wanted(name))
+			continue;
+		for (int d = 0; d < rd.ndev && slot < 0; d++)
+			if (!strcmp(rd.dev[d].name, name))
+				slot = d;
+		if (slot >= 0 && rd.dev[slot].ctx)
+			continue;	/* open (if it is being removed, its new self comes later) */
+		if (slot < 0 && rd.ndev == MAX_DEVS)
+			continue;
+		if (!dev_open(&rd.dev[slot < 0 ? rd.ndev : slot], list[i])) {
+			kc_info("rdma: opened %s (it appeared after kcolld started)", name);
+			rd.ndev += slot < 0;
+			got++;
+		}
+	}
+	if (list)
+		ibv_free_device_list(list);
+out:
+	pthread_mutex_unlock(&rd.lock);
+	return got;
 }
 
 struct ibv_context *kcoll_rdma_ctx(int d)
@@ -115,29 +241,10 @@ int kcoll_rdma_init(void)
 		goto out;
 	}
 	for (int i = 0; i < n && rd.ndev < MAX_DEVS; i++) {
-		const char *name = ibv_get_device_name(list[i]);
-		struct ibv_device_attr da;
-		struct dev *d = &rd.dev[rd.ndev];
-
-		if (!hca_wanted(name))
+		if (!hca_wanted(ibv_get_device_name(list[i])))
 			continue;
-		d->ctx = ibv_open_device(list[i]);
-		if (!d->ctx) {
-			kc_warn("rdma: cannot open %s: %s", name, strerror(errno));
-			continue;
-		}
-		if (ibv_query_device(d->ctx, &da) || !(d->pd = ibv_alloc_pd(d->ctx))) {
-			kc_warn("rdma: %s: query/alloc_pd failed: %s", name, strerror(errno));
-			ibv_close_device(d->ctx);
-			continue;
-		}
-		snprintf(d->name, sizeof(d->name), "%s", name);
-		d->nports = da.phys_port_cnt;
-		d->port_down = 0;
-		d->fatal = false;
-		/* async events are read when a transfer checks its port */
-		fcntl(d->ctx->async_fd, F_SETFL, fcntl(d->ctx->async_fd, F_GETFL) | O_NONBLOCK);
-		rd.ndev++;
+		if (!dev_open(&rd.dev[rd.ndev], list[i]))
+			rd.ndev++;
 	}
 	ibv_free_device_list(list);
 	if (!rd.ndev) {
@@ -159,8 +266,11 @@ void kcoll_rdma_fini(void)
 		ibv_dereg_mr(rd.mr[i].mr);
 	rd.nmr = 0;
 	for (int i = 0; i < rd.ndev; i++) {
+		if (!rd.dev[i].ctx)
+			continue;
 		ibv_dealloc_pd(rd.dev[i].pd);
 		ibv_close_device(rd.dev[i].ctx);
+		rd.dev[i].ctx = NULL;
 	}
 	rd.ndev = 0;
 	rd.inited = false;
@@ -196,14 +306,41 @@ static int fill_port(int d, uint8_t p, const struct ibv_gid_entry *e, struct kco
 	return 0;
 }
 
+static int pick_gid(uint32_t ip, long long want, struct kcoll_rdma_port *out, char *why, size_t whylen);
+
 int kcoll_rdma_pick_gid(uint32_t ip, struct kcoll_rdma_port *out, char *why, size_t whylen)
 {
-	long long want = kcoll_knob_ll("KCOLL_IB_GID_INDEX");
+	return pick_gid(ip, kcoll_knob_ll("KCOLL_IB_GID_INDEX"), out, why, whylen);
+}
+
+int kcoll_rdma_pick_gid_ip(uint32_t ip, struct kcoll_rdma_port *out, char *why, size_t whylen)
+{
+	return pick_gid(ip, -1, out, why, whylen);
+}
+
+static int pick_gid_locked(uint32_t ip, long long want, struct kcoll_rdma_port *out, char *why,
+			   size_t whylen);
+
+static int pick_gid(uint32_t ip, long long want, struct kcoll_rdma_port *out, char *why, size_t whylen)
+{
+	int r;
+
+	pthread_mutex_lock(&rd.lock);
+	r = pick_gid_locked(ip, want, out, why, whylen);
+	pthread_mutex_unlock(&rd.lock);
+	return r;
+}
+
+static int pick_gid_locked(uint32_t ip, long long want, struct kcoll_rdma_port *out, char *why,
+			   size_t whylen)
+{
 	char ipb[INET_ADDRSTRLEN], seen[300] = "";
 	size_t sl = 0;
 
 	inet_ntop(AF_INET, &ip, ipb, sizeof(ipb));
 	for (int d = 0; d < rd.ndev; d++) {
+		if (dev_gone_locked(&rd.dev[d]))
+			continue;	/* closed, or being removed */
 		for (uint8_t p = 1; p <= rd.dev[d].nports; p++) {
 			struct ibv_port_attr pa;
 
@@ -251,7 +388,7 @@ int kcoll_rdma_pick_gid(uint32_t ip, struct kcoll_rdma_port *out, char *why, siz
 
 int kcoll_rdma_async_fd(int d)
 {
-	return d >= 0 && d < rd.ndev ? rd.dev[d].ctx->async_fd : -1;
+	return d >= 0 && d < rd.ndev && rd.dev[d].ctx ? rd.dev[d].ctx->async_fd : -1;
 }
 
 int kcoll_rdma_port_check(int d, uint8_t port, char *why, size_t whylen)
@@ -261,6 +398,12 @@ int kcoll_rdma_port_check(int d, uint8_t port, char *why, size_t whylen)
 	int r = 0;
 
 	pthread_mutex_lock(&rd.lock);
+	if (dev_gone_locked(dv)) {
+		snprintf(why, whylen, "%s is being removed ('rdma link delete' or a driver unload): its "
+			 "transfers fail; kcolld closes it once its communicators end", dv->name);
+		pthread_mutex_unlock(&rd.lock);
+		return -ENODEV;
+	}
 	while (!ibv_get_async_event(dv->ctx, &ev)) {
 		switch (ev.event_type) {
 		case IBV_EVENT_PORT_ERR:
@@ -298,11 +441,19 @@ int kcoll_rdma_ep_create(const struct kcoll_rdma_port *port, uint32_t nqp, struc
 	struct kcoll_rdma_ep *ep;
 	int r;
 
-	if (!nqp || nqp > KCOLL_RDMA_MAX_QPS)
+	if (!nqp || nqp > KCOLL_RDMA_MAX_QPS || port->dev < 0 || port->dev >= rd.ndev)
 		return -EINVAL;
 	ep = calloc(1, sizeof(*ep));
 	if (!ep)
 		return -ENOMEM;
+	pthread_mutex_lock(&rd.lock);
+	if (dev_gone_locked(d)) {
+		pthread_mutex_unlock(&rd.lock);
+		free(ep);
+		return -ENODEV;
+	}
+	d->eps++;	/* keeps it open (kcoll_rdma_reap) */
+	pthread_mutex_unlock(&rd.lock);
 	ep->port = *port;
 	ep->nqp = nqp;
 	ep->send_depth = send_depth;
@@ -352,6 +503,8 @@ int kcoll_rdma_ep_create(const struct kcoll_rdma_port *port, uint32_t nqp, struc
 	ep->local.nqp = nqp;
 	ep->local.gid = port->gid;
 	ep->local.mtu = port->mtu;
+	for (uint32_t i = 0; i < nqp; i++)
+		ep->local.qgid[i] = port->gid;
 	*out = ep;
 	return 0;
 
@@ -365,6 +518,9 @@ err_destroy_channel:
 	if (ep->ch)
 		ibv_destroy_comp_channel(ep->ch);
 err_free:
+	pthread_mutex_lock(&rd.lock);
+	d->eps--;
+	pthread_mutex_unlock(&rd.lock);
 	free(ep);
 	return r ? r : -EIO;
 }
@@ -380,14 +536,16 @@ int kcoll_rdma_ep_connect(struct kcoll_rdma_ep *ep, const struct kcoll_rdma_addr
 		return -EPROTO;
 	}
 	ep->remote = *rem;
-	mtu = rem->mtu < ep->port.mtu ? (enum ibv_mtu)rem->mtu : ep->port.mtu;
 	for (uint32_t i = 0; i < ep->nqp; i++) {
+		const struct kcoll_rdma_port *lp = kcoll_rdma_ep_qp_port(ep, i);
+
+		mtu = rem->mtu < lp->mtu ? (enum ibv_mtu)rem->mtu : lp->mtu;
 		struct ibv_qp_attr a = {
 			.qp_state = IBV_QPS_RTR, .path_mtu = mtu, .dest_qp_num = rem->qpn[i],
 			.rq_psn = rem->psn[i], .max_dest_rd_atomic = 4, .min_rnr_timer = 12,
 			.ah_attr = {
-				.is_global = 1, .port_num = ep->port.port,
-				.grh = { .dgid = rem->gid, .sgid_index = (uint8_t)ep->port.gid_index,
+				.is_global = 1, .port_num = lp->port,
+				.grh = { .dgid = rem->qgid[i], .sgid_index = (uint8_t)lp->gid_index,
 					 .hop_limit = 64, .flow_label = ep->path[i].flow_label & 0xfffff,
 					 .traffic_class = ep->path[i].traffic_class },
 			},
@@ -398,8 +556,7 @@ int kcoll_rdma_ep_connect(struct kcoll_rdma_ep *ep, const struct kcoll_rdma_addr
 
 		if (r) {
 			snprintf(why, whylen, "QP %u to RTR: %s (is the peer's GID reachable from %s port %u "
-				 "GID %d?)", i, strerror(r), rd.dev[ep->port.dev].name, ep->port.port,
-				 ep->port.gid_index);
+				 "GID %d?)", i, strerror(r), rd.dev[lp->dev].name, lp->port, lp->gid_index);
 			return -r;
 		}
 		a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
@@ -414,6 +571,38 @@ int kcoll_rdma_ep_connect(struct kcoll_rdma_ep *ep, const struct kcoll_rdma_addr
 	return 0;
 }
 
+const struct kcoll_rdma_port *kcoll_rdma_ep_qp_port(const struct kcoll_rdma_ep *ep, uint32_t i)
+{
+	return i < ep->nqp && ep->path[i].own_port ? &ep->path[i].port : &ep->port;
+}
+
+int kcoll_rdma_ep_set_path(struct kcoll_rdma_ep *ep, uint32_t i, const struct kcoll_rdma_path *path, char *why,
+			   size_t whylen)
+{
+	if (i >= ep->nqp) {
+		snprintf(why, whylen, "QP %u: the endpoint has %u QPs", i, ep->nqp);
+		return -EINVAL;
+	}
+	if (path->own_port && path->port.dev != ep->port.dev) {
+		snprintf(why, whylen, "QP %u: %s is another device than the endpoint's %s (its CQ and PD): "
+			 "give each device its own endpoint", i, rd.dev[path->port.dev].name,
+			 rd.dev[ep->port.dev].name);
+		return -EINVAL;
+	}
+	if (path->own_port && path->port.port != kcoll_rdma_ep_qp_port(ep, i)->port) {
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = path->port.port };
+		int r = ibv_modify_qp(ep->qp[i], &a, IBV_QP_STATE | IBV_QP_PORT);
+
+		if (r) {
+			snprintf(why, whylen, "QP %u: cannot move to port %u: %s", i, path->port.port, strerror(r));
+			return -r;
+		}
+	}
+	ep->path[i] = *path;
+	ep->local.qgid[i] = kcoll_rdma_ep_qp_port(ep, i)->gid;
+	return 0;
+}
+
 void kcoll_rdma_ep_destroy(struct kcoll_rdma_ep *ep)
 {
 	if (!ep)
@@ -425,6 +614,9 @@ void kcoll_rdma_ep_destroy(struct kcoll_rdma_ep *ep)
 		ibv_destroy_cq(ep->cq);
 	if (ep->ch)
 		ibv_destroy_comp_channel(ep->ch);
+	pthread_mutex_lock(&rd.lock);
+	rd.dev[ep->port.dev].eps--;
+	pthread_mutex_unlock(&rd.lock);
 	free(ep);
 }
 
@@ -459,14 +651,33 @@ uint16_t kcoll_rdma_udp_sport(uint32_t fl, uint32_t lqpn, uint32_t rqpn)
 	return (uint16_t)(((fl & 0x3fff) ^ ((fl & 0xfc000) >> 14)) | 0xc000);
 }
 
+uint32_t kcoll_rdma_flow_label_for_sport(uint16_t sport)
+{
+	/* High 6 bits 0: the XOR leaves the low 14 as they are. Port 0xC000
+	 * would need label 0, which means "derive one": 0x4001 folds to 0. */
+	return sport & 0x3fff ? sport & 0x3fffu : 0x4001u;
+}
+
 /* ---- registration cache ----------------------------------------------- */
+
+static int mr_get(int dev, void *addr, size_t len, int dmabuf_fd, int access, struct ibv_mr **out);
 
 int kcoll_rdma_mr_get(int dev, void *addr, size_t len, struct ibv_mr **out)
 {
-	return kcoll_rdma_mr_get_fd(dev, addr, len, -1, out);
+	return mr_get(dev, addr, len, -1, FULL_ACCESS, out);
 }
 
 int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct ibv_mr **out)
+{
+	return mr_get(dev, addr, len, dmabuf_fd, FULL_ACCESS, out);
+}
+
+int kcoll_rdma_mr_get_local(int dev, void *addr, size_t len, struct ibv_mr **out)
+{
+	return mr_get(dev, addr, len, -1, 0, out);
+}
+
+static int mr_get(int dev, void *addr, size_t len, int dmabuf_fd, int access, struct ibv_mr **out)
 {
 	uintptr_t lo = (uintptr_t)addr, hi = lo + len;
 	struct ibv_mr *mr;
@@ -475,8 +686,13 @@ int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct 
 	if (dev < 0 || dev >= rd.ndev || !len)
 		return -EINVAL;
 	pthread_mutex_lock(&rd.lock);
+	if (dev_gone_locked(&rd.dev[dev])) {
+		r = -ENODEV;
+		goto out;
+	}
 	for (size_t i = 0; i < rd.nmr; i++)
-		if (rd.mr[i].dev == dev && rd.mr[i].lo <= lo && hi <= rd.mr[i].hi) {
+		if (rd.mr[i].dev == dev && rd.mr[i].lo <= lo && hi <= rd.mr[i].hi &&
+		    (rd.mr[i].access & access) == access) {
 			*out = rd.mr[i].mr;
 			goto out;
 		}
@@ -485,17 +701,14 @@ int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct 
 		goto out;
 	}
 	if (dmabuf_fd >= 0)	/* the NIC maps the exporter's pages: iova = addr */
-		mr = ibv_reg_dmabuf_mr(rd.dev[dev].pd, 0, len, (uint64_t)lo, dmabuf_fd,
-				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-					       IBV_ACCESS_REMOTE_READ);
+		mr = ibv_reg_dmabuf_mr(rd.dev[dev].pd, 0, len, (uint64_t)lo, dmabuf_fd, access);
 	else
-		mr = ibv_reg_mr(rd.dev[dev].pd, addr, len, IBV_ACCESS_LOCAL_WRITE |
-				IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+		mr = ibv_reg_mr(rd.dev[dev].pd, addr, len, access);
 	if (!mr) {
 		r = -errno;
 		goto out;
 	}
-	rd.mr[rd.nmr++] = (struct mrc){ dev, lo, hi, mr };
+	rd.mr[rd.nmr++] = (struct mrc){ dev, lo, hi, mr, access };
 	*out = mr;
 out:
 	pthread_mutex_unlock(&rd.lock);
@@ -542,6 +755,31 @@ int kcoll_rdma_write(struct kcoll_rdma_ep *ep, uint32_t qpi, struct ibv_mr *mr, 
 	}, *bad;
 
 	if (qpi >= ep->nqp || len > UINT32_MAX || (len && !mr))
+		return -EINVAL;
+	if (imm)
+		wr.imm_data = htonl(*imm);
+	return -ibv_post_send(ep->qp[qpi], &wr, &bad);
+}
+
+int kcoll_rdma_write_sg(struct kcoll_rdma_ep *ep, uint32_t qpi, const struct ibv_sge *sge, int nsge,
+			uint64_t raddr, uint32_t rkey, const uint32_t *imm, uint64_t wr_id)
+{
+	struct ibv_sge sg[2];
+	struct ibv_send_wr wr = {
+		.wr_id = wr_id, .sg_list = sg, .num_sge = nsge,
+		.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = raddr, .rkey = rkey },
+	}, *bad;
+	uint64_t total = 0;
+
+	if (qpi >= ep->nqp || nsge < 1 || nsge > 2 || !sge)
+		return -EINVAL;
+	for (int i = 0; i < nsge; i++) {
+		sg[i] = sge[i];
+		total += sge[i].length;
+	}
+	if (total > UINT32_MAX)
 		return -EINVAL;
 	if (imm)
 		wr.imm_data = htonl(*imm);

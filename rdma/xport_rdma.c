@@ -48,8 +48,11 @@
 #define SETUP_MAGIC	0x6b637264u	/* "kcrd" */
 #define SLOT_MAGIC	0x6b637370u
 
-enum { WR_RECV = 1, WR_DATA = 2, WR_CREDIT = 3 };
+enum { WR_RECV = 1, WR_DATA = 2, WR_CREDIT = 3, WR_ZC = 4 };
 #define WRID(host, qp, kind)	(((uint64_t)(host) << 16) | ((uint64_t)(qp) << 8) | (kind))
+/* A zero-copy write also carries the run_steps call it belongs to: its
+ * completion releases the application buffer (see zc_span). */
+#define WRID_ZC(gen, host, qp)	(((uint64_t)(gen) << 32) | WRID(host, qp, WR_ZC))
 
 struct slot_hdr {
 	uint32_t magic;
@@ -81,12 +84,17 @@ struct rpeer {
 	uint32_t arrived;		/* receive slots holding an unconsumed piece */
 	uint32_t rr;			/* next QP, round robin */
 	uint64_t pieces_out, pieces_in;
+	uint64_t pieces_zc;		/* of pieces_out: written from the buffer itself */
+	uint32_t zc_out;		/* zero-copy writes of this call not completed yet */
 };
 
 struct rstate {
 	struct rpeer *peer;		/* [nhosts] */
 	size_t slot_bytes;
+	size_t piece;			/* min(KCOLL_IB_PIECE_BYTES, the comm's piece) */
 	uint32_t nqp;
+	uint32_t gen;			/* run_steps calls, for WRID_ZC */
+	size_t zc_min;			/* KCOLL_IB_ZC_BYTES: pieces this large go zero-copy */
 };
 
 /* ---- choosing the transport ------------------------------------------ */
@@ -94,9 +102,25 @@ struct rstate {
 static pthread_once_t pick_once = PTHREAD_ONCE_INIT;
 static const struct kd_xport_ops *picked;
 
+/*
+ * A device being removed must be closed by every process before the kernel
+ * lets it go (rdma_rxe, docs/rdma.md): transfers notice it themselves, this
+ * closes it in a daemon that has no communicator on it (every second).
+ */
+static void *reaper(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		sleep(1);
+		kcoll_rdma_reap();
+	}
+	return NULL;
+}
+
 static void pick(void)
 {
 	const char *want = kcoll_knob_str("KCOLL_NET_XPORT");
+	pthread_t t;
 	int r;
 
 	picked = &kd_xport_tcp;
@@ -118,6 +142,8 @@ static void pick(void)
 		return;
 	}
 	picked = &kd_xport_rdma;
+	if (!pthread_create(&t, NULL, reaper, NULL))
+		pthread_detach(t);
 	for (int d = 0; d < kcoll_rdma_ndevs(); d++)
 		kc_info("transport between daemons: rdma, device %s", kcoll_rdma_dev_name(d));
 }
@@ -190,6 +216,9 @@ static int peer_prepare(struct kd_mh *mh, struct rstate *rs, uint32_t h, struct 
 		return -EADDRNOTAVAIL;
 	}
 	r = kcoll_rdma_pick_gid(sa.sin_addr.s_addr, &port, m->why, sizeof(m->why));
+	/* A device re-added since (after 'rdma link delete'): open it. */
+	if (r == -EADDRNOTAVAIL && kcoll_rdma_rescan() > 0)
+		r = kcoll_rdma_pick_gid(sa.sin_addr.s_addr, &port, m->why, sizeof(m->why));
 	if (r)
 		return r;
 	r = kcoll_rdma_ep_create(&port, rs->nqp, NULL, depth, depth, &p->ep);
@@ -199,8 +228,13 @@ static int peer_prepare(struct kd_mh *mh, struct rstate *rs, uint32_t h, struct 
 		return r;
 	}
 	fcntl(p->ep->ch->fd, F_SETFL, fcntl(p->ep->ch->fd, F_GETFL) | O_NONBLOCK);
-	for (uint32_t i = 0; i < rs->nqp; i++)
-		p->ep->path[i] = kd_rdma_path_for(mh, h, i);
+	for (uint32_t i = 0; i < rs->nqp; i++) {
+		struct kcoll_rdma_path path = kd_rdma_path_for(mh, h, i);
+
+		r = kcoll_rdma_ep_set_path(p->ep, i, &path, m->why, sizeof(m->why));
+		if (r)
+			return r;
+	}
 	p->rbuf = aligned_alloc(4096, bytes);
 	p->sbuf = aligned_alloc(4096, bytes);
 	if (!p->rbuf || !p->sbuf) {
@@ -271,8 +305,8 @@ static int connect_peers(struct kd_mh *mh, struct rstate *rs, const uint32_t *wa
 		rem.why[sizeof(rem.why) - 1] = 0;
 		if (rem.magic != SETUP_MAGIC || rem.slot_bytes != rs->slot_bytes) {
 			kc_warn("comm %s: host %u sent a bad RDMA setup (magic %#x, slot %u bytes, ours %zu): "
-				"is it running the same kcolld?", mh->comm->name, h, rem.magic, rem.slot_bytes,
-				rs->slot_bytes);
+				"is it running the same kcolld, with the same KCOLL_IB_PIECE_BYTES and "
+				"KCOLL_NET_CHUNK_BYTES?", mh->comm->name, h, rem.magic, rem.slot_bytes, rs->slot_bytes);
 			r = -EPROTO;
 			goto out;
 		}
@@ -338,6 +372,9 @@ struct cursor {
 	struct cursor *prev;	/* same host and direction, earlier step: finishes first */
 	struct cursor *dep;	/* chained send: piece j waits for dep's piece j */
 	bool done;
+	int zc;			/* send: 0 not looked yet, 1 zero-copy from zmr, < 0 copy */
+	struct ibv_mr *zmr;	/* the registration covering the buffer under base */
+	const uint8_t *zlo, *zhi;	/* the span zmr covers */
 };
 
 static bool gated(const struct cursor *c)
@@ -400,6 +437,10 @@ static int drain(struct kd_mh *mh, struct rstate *rs, bool *progress, uint32_t *
 					*bad_host = h;
 					p->state = wc_fail(mh, h, &wc[i]);
 					return p->state;
+				}
+				if (kind == WR_ZC && (uint32_t)(wc[i].wr_id >> 32) == rs->gen && p->zc_out) {
+					p->zc_out--;
+					*progress = true;
 				}
 				if (kind != WR_RECV)
 					continue;
@@ -503,6 +544,59 @@ static int consume(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct
 	return 0;
 }
 
+/*
+ * Zero-copy: the buffer a send cursor reads from, as a whole, registered
+ * through the cache. It is the comm's own accumulator or snapshot (kd_mh),
+ * or a client region kcolld maps (a sealed memfd, or kcoll.ko pages) that
+ * one of the op's buffers lies in. Registering the whole span keeps the
+ * cache to one entry per buffer; whoever unmaps or reallocates one calls
+ * kcoll_rdma_mr_invalidate first (kd_region_put, mh.c's need/snap/close), and
+ * an op holds its regions until it ends, after run_steps has waited for its
+ * zero-copy writes. kcoll.ko regions are PFN maps that ibv_reg_mr cannot
+ * pin: they (and any buffer the cache cannot register) stay on the copy path.
+ */
+static void zc_span(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct cursor *c)
+{
+	const uint8_t *b = c->base, *lo = NULL;
+	size_t len = 0;
+	int r;
+
+	c->zc = -1;
+	if (!rs->zc_min)
+		return;
+	if (mh->own && b >= mh->own && b < mh->own + mh->acc_size) {
+		lo = mh->own;
+		len = mh->acc_size;
+	} else if (mh->snap && b >= mh->snap && b < mh->snap + mh->snap_size) {
+		lo = mh->snap;
+		len = mh->snap_size;
+	} else {
+		for (uint32_t rk = 0; !lo && rk < op->comm->nranks; rk++) {
+			const struct kd_contrib *ct = &op->c[rk];
+			const struct kd_region *rg[2] = { ct->sbuf.rg, ct->rbuf.rg };
+
+			for (int i = 0; ct->present && i < 2; i++)
+				if (rg[i] && !rg[i]->pinned && b >= rg[i]->map && b < rg[i]->map + rg[i]->size) {
+					lo = rg[i]->map;
+					len = rg[i]->size;
+					break;
+				}
+		}
+	}
+	if (!lo)
+		return;
+	/* Local access only: no peer can use this registration's rkey. */
+	r = kcoll_rdma_mr_get_local(rs->peer[c->host].ep->port.dev, (void *)lo, len, &c->zmr);
+	if (r) {
+		kc_dbg("comm %s: cannot register %zu bytes for zero-copy sends (%s): copying", op->comm->name,
+		       len, strerror(-r));
+		return;
+	}
+	c->zlo = lo;
+	c->zhi = lo + len;
+	c->zc = 1;
+}
+
 static int post_sends(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct cursor *c, bool *progress)
 {
 	struct rpeer *p = &rs->peer[c->host];
@@ -517,13 +611,34 @@ static int post_sends(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, str
 				      .piece = c->next, .len = pc->len };
 		int r;
 
+		const uint8_t *src = c->base + pc->off;
+
 		memcpy(slot, &h, sizeof(h));
-		if (pc->len)
-			memcpy(slot + HDR_BYTES, c->base + pc->off, pc->len);
-		r = kcoll_rdma_write(p->ep, qpi, p->smr, slot, HDR_BYTES + pc->len, p->raddr + k * rs->slot_bytes,
-				     p->rkey, &k, WRID(c->host, qpi, WR_DATA));
-		if (r)
-			return r;
+		if (pc->len >= rs->zc_min && rs->zc_min && !c->zc)
+			zc_span(mh, op, rs, c);
+		if (pc->len >= rs->zc_min && c->zc > 0 && src >= c->zlo && src + pc->len <= c->zhi) {
+			/* The header from the slot, the payload straight from
+			 * the buffer: one WRITE_WITH_IMM, the same bytes at
+			 * the receiver as the copy path's. */
+			struct ibv_sge sg[2] = {
+				{ .addr = (uintptr_t)slot, .length = HDR_BYTES, .lkey = p->smr->lkey },
+				{ .addr = (uintptr_t)src, .length = (uint32_t)pc->len, .lkey = c->zmr->lkey },
+			};
+
+			r = kcoll_rdma_write_sg(p->ep, qpi, sg, 2, p->raddr + k * rs->slot_bytes, p->rkey, &k,
+						WRID_ZC(rs->gen, c->host, qpi));
+			if (r)
+				return r;
+			p->zc_out++;
+			p->pieces_zc++;
+		} else {
+			if (pc->len)
+				memcpy(slot + HDR_BYTES, src, pc->len);
+			r = kcoll_rdma_write(p->ep, qpi, p->smr, slot, HDR_BYTES + pc->len,
+					     p->raddr + k * rs->slot_bytes, p->rkey, &k, WRID(c->host, qpi, WR_DATA));
+			if (r)
+				return r;
+		}
 		p->sfree &= ~(1u << k);
 		p->pieces_out++;
 		atomic_fetch_add(&mh->bytes_sent, pc->len + HDR_BYTES);
@@ -554,14 +669,26 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 			free(rs);
 			return -ENOMEM;
 		}
-		rs->slot_bytes = HDR_BYTES + mh->piece;
+		/* Pieces no larger than KCOLL_IB_PIECE_BYTES: a message of a
+		 * few of them keeps both QPs busy and overlaps the writes with
+		 * the receiver's copy-out (docs/perf.md §7). */
+		rs->piece = (size_t)kcoll_knob_ll("KCOLL_IB_PIECE_BYTES") & ~(size_t)4095;
+		if (!rs->piece || rs->piece > mh->piece)
+			rs->piece = mh->piece;
+		rs->slot_bytes = HDR_BYTES + rs->piece;
+		rs->zc_min = (size_t)kcoll_knob_ll("KCOLL_IB_ZC_BYTES");
 		rs->nqp = (uint32_t)kcoll_knob_ll("KCOLL_IB_QPS");
 		if (rs->nqp < 1 || rs->nqp > KCOLL_RDMA_MAX_QPS)
 			rs->nqp = 2;
 		mh->xpriv = rs;
 	}
-	if (HDR_BYTES + mh->piece != rs->slot_bytes)
+	if (rs->piece > mh->piece)
 		return -EINVAL;	/* the piece size is fixed per comm */
+	/* Zero-copy writes still in flight from a call that failed are
+	 * ignored by their generation. */
+	rs->gen++;
+	for (uint32_t h = 0; h < mh->nhosts; h++)
+		rs->peer[h].zc_out = 0;
 	for (uint32_t t = 0; t < n; t++) {
 		for (uint32_t x = 0; x < st[t].nsend + st[t].nrecv; x++) {
 			uint32_t h = x < st[t].nsend ? st[t].send[x].host : st[t].recv[x - st[t].nsend].host;
@@ -593,7 +720,7 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 			const struct kd_xfer *xf = send ? &st[t].send[x] : &st[t].recv[x - st[t].nsend];
 			struct cursor *c = &cs[k];
 
-			lists[nl] = kd_xfer_cut(xf, mh->piece, &c->npieces);
+			lists[nl] = kd_xfer_cut(xf, rs->piece, &c->npieces);
 			if (!lists[nl]) {
 				r = -ENOMEM;
 				goto out;
@@ -641,8 +768,16 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 				goto out;
 			}
 		}
-		if (!pending)
-			break;
+		if (!pending) {
+			uint32_t zc = 0;
+
+			/* The buffers the zero-copy writes read stay the
+			 * caller's to change once we return: wait for them. */
+			for (uint32_t h = 0; h < mh->nhosts; h++)
+				zc += rs->peer[h].state == 1 ? rs->peer[h].zc_out : 0;
+			if (!zc)
+				break;
+		}
 		if (op->seq >= __atomic_load_n(&comm->limit_seq, __ATOMIC_RELAXED)) {
 			r = -ECANCELED;
 			goto out;
@@ -750,6 +885,8 @@ static void rdma_close(struct kd_mh *mh)
 	free(rs->peer);
 	free(rs);
 	mh->xpriv = NULL;
+	/* A device being removed closes with its last endpoint. */
+	kcoll_rdma_reap();
 }
 
 const struct kd_xport_ops kd_xport_rdma = {
@@ -760,18 +897,58 @@ const struct kd_xport_ops kd_xport_rdma = {
 
 /* ---- path control ------------------------------------------------------ */
 
+/* Entry i % n of a comma-separated list, in out (empty when the list is). */
+static void list_item(const char *list, uint32_t i, char *out, size_t cap)
+{
+	uint32_t n = 1;
+	const char *s = list;
+
+	*out = 0;
+	if (!*list)
+		return;
+	for (const char *q = list; *q; q++)
+		n += *q == ',';
+	for (i %= n; i; i--)
+		s = strchr(s, ',') + 1;
+	size_t len = strcspn(s, ",");
+
+	if (len < cap) {
+		memcpy(out, s, len);
+		out[len] = 0;
+	}
+}
+
 struct kcoll_rdma_path kd_rdma_path_for(struct kd_mh *mh, uint32_t host, uint32_t qp)
 {
-	/* Default: spread a peer's QPs over distinct flow labels (and so UDP
-	 * source ports where the device derives them from the label);
-	 * KCOLL_IB_FLOW_LABEL gives the first label, the planner may override. */
-	long long base = kcoll_knob_ll("KCOLL_IB_FLOW_LABEL");
+	/*
+	 * Default: spread a peer's QPs over distinct flow labels (and so UDP
+	 * source ports where the device derives them from the label).
+	 * KCOLL_IB_FLOW_LABEL gives the first label, KCOLL_IB_UDP_SPORT the
+	 * first UDP source port instead (QP i: +i); KCOLL_IB_QP_ADDRS pins QP i
+	 * to the port and GID of local address i (round robin over the list),
+	 * else every QP uses the peer's (the GID of the address its data
+	 * stream leaves from). A planner may override all of it per host.
+	 */
+	long long base = kcoll_knob_ll("KCOLL_IB_FLOW_LABEL"), sport = kcoll_knob_ll("KCOLL_IB_UDP_SPORT");
 	struct kcoll_rdma_path p = { 0 };
+	char a[64], why[KCOLL_RDMA_WHY];
+	struct in_addr ip;
 
-	if (base > 0)
+	if (sport >= 0xc000 && sport <= 0xffff)
+		p.flow_label = kcoll_rdma_flow_label_for_sport((uint16_t)(0xc000 | ((sport + qp) & 0x3fff)));
+	else if (base > 0)
 		p.flow_label = (uint32_t)((base + qp) & 0xfffff);
-	(void)mh;
-	(void)host;
+	list_item(kcoll_knob_str("KCOLL_IB_QP_ADDRS"), qp, a, sizeof(a));
+	if (!*a)
+		return p;
+	if (inet_pton(AF_INET, a, &ip) != 1)
+		kc_warn("comm %s: KCOLL_IB_QP_ADDRS entry '%s' is not an IPv4 address: QP %u to host %u uses "
+			"the peer's GID", mh->comm->name, a, qp, host);
+	else if (kcoll_rdma_pick_gid_ip(ip.s_addr, &p.port, why, sizeof(why)))
+		kc_warn("comm %s: KCOLL_IB_QP_ADDRS: QP %u to host %u: %s; it uses the peer's GID", mh->comm->name,
+			qp, host, why);
+	else
+		p.own_port = true;
 	return p;
 }
 
@@ -795,24 +972,30 @@ size_t kd_rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
 		inet_ntop(AF_INET6, p->ep->port.gid.raw, g, sizeof(g));
 		if (json)
 			PUT("%s{\"host\":%u,\"dev\":\"%s\",\"port\":%u,\"gid_index\":%d,\"gid\":\"%s\","
-			    "\"pieces_out\":%llu,\"pieces_in\":%llu,\"qps\":[", firstp ? "" : ",", h,
+			    "\"pieces_out\":%llu,\"pieces_in\":%llu,\"pieces_zc\":%llu,\"qps\":[", firstp ? "" : ",", h,
 			    kcoll_rdma_dev_name(p->ep->port.dev), p->ep->port.port, p->ep->port.gid_index, g,
-			    (unsigned long long)p->pieces_out, (unsigned long long)p->pieces_in);
+			    (unsigned long long)p->pieces_out, (unsigned long long)p->pieces_in,
+			    (unsigned long long)p->pieces_zc);
 		else
-			PUT("    rdma host %u: %s port %u gid[%d] %s, pieces out %llu in %llu, QPs:", h,
-			    kcoll_rdma_dev_name(p->ep->port.dev), p->ep->port.port, p->ep->port.gid_index, g,
-			    (unsigned long long)p->pieces_out, (unsigned long long)p->pieces_in);
+			PUT("    rdma host %u: %s port %u gid[%d] %s, pieces out %llu (zero-copy %llu) in %llu, QPs:",
+			    h, kcoll_rdma_dev_name(p->ep->port.dev), p->ep->port.port, p->ep->port.gid_index, g,
+			    (unsigned long long)p->pieces_out, (unsigned long long)p->pieces_zc,
+			    (unsigned long long)p->pieces_in);
 		for (uint32_t i = 0; i < p->ep->nqp; i++) {
 			int s = kcoll_rdma_ep_qp_state(p->ep, i);
+			const struct kcoll_rdma_port *lp = kcoll_rdma_ep_qp_port(p->ep, i);
+			uint16_t us = kcoll_rdma_udp_sport(p->ep->path[i].flow_label, p->ep->qp[i]->qp_num,
+							   p->ep->remote.qpn[i]);
 
+			inet_ntop(AF_INET6, lp->gid.raw, g, sizeof(g));
 			if (json)
-				PUT("%s{\"qpn\":%u,\"state\":\"%s\",\"flow_label\":%u,\"udp_sport\":%u}",
-				    i ? "," : "", p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s),
-				    p->ep->path[i].flow_label,
-				    kcoll_rdma_udp_sport(p->ep->path[i].flow_label, p->ep->qp[i]->qp_num,
-							 p->ep->remote.qpn[i]));
+				PUT("%s{\"qpn\":%u,\"state\":\"%s\",\"port\":%u,\"gid_index\":%d,\"gid\":\"%s\","
+				    "\"flow_label\":%u,\"udp_sport\":%u}",
+				    i ? "," : "", p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s), lp->port,
+				    lp->gid_index, g, p->ep->path[i].flow_label, us);
 			else
-				PUT(" %u=%s", p->ep->qp[i]->qp_num, kcoll_rdma_qp_state_name(s));
+				PUT(" %u=%s(port %u gid[%d] %s sport %#x)", p->ep->qp[i]->qp_num,
+				    kcoll_rdma_qp_state_name(s), lp->port, lp->gid_index, g, us);
 		}
 		PUT(json ? "]}" : "\n");
 		firstp = false;

@@ -28,17 +28,21 @@ guest() {
 	ip addr add 10.31.0.1/24 dev krdma0; ip addr add 10.31.0.2/24 dev krdma0
 	rdma link add krxe0 type rxe netdev krdma0
 	sleep 1
-	for s in $sizes; do
-		timeout 120 ib_write_bw -d krxe0 -x 1 -s "$s" -n "$iters" -F >"$T/srv" 2>&1 &
-		sleep 1
-		timeout 120 ib_write_bw -d krxe0 -x 2 -s "$s" -n "$iters" -F 10.31.0.1 >"$T/cli" 2>&1 || true
-		wait || true
-		echo "PERFTEST $s $(awk -v s="$s" '$1 == s && NF >= 4 { print $4 }' "$T/cli" | tail -1)"
-	done
-	start() {	# xport
-		local h
+	perftest() {	# tag
+		for s in $sizes; do
+			timeout 120 ib_write_bw -d krxe0 -x 1 -s "$s" -n "$iters" -F >"$T/srv" 2>&1 &
+			sleep 1
+			timeout 120 ib_write_bw -d krxe0 -x 2 -s "$s" -n "$iters" -F 10.31.0.1 >"$T/cli" 2>&1 || true
+			wait || true
+			echo "$1 $s $(awk -v s="$s" '$1 == s && NF >= 4 { print $4 }' "$T/cli" | tail -1)"
+		done
+	}
+	perftest PERFTEST
+	start() {	# xport [env...]
+		local h x=$1
+		shift
 		for h in 0 1; do
-			KCOLL_NET_XPORT=$1 KCOLL_IB_QPS=2 "$B/bin/kcolld" -f -s "$T/h$h.sock" -l "$T/h$h-$1.log" \
+			env KCOLL_NET_XPORT=$x KCOLL_IB_QPS=2 "$@" "$B/bin/kcolld" -f -s "$T/h$h.sock" -l "$T/h$h-$x.log" \
 				--listen "10.31.0.$((h + 1)):0" --addrs "10.31.0.$((h + 1))" &
 			pids[h]=$!
 		done
@@ -51,14 +55,32 @@ guest() {
 		echo "KCOLLJSON $1 $("$B/bin/kcoll-bench" "$2" --hosts 2 -N 1 -b 64K -e 4M -f 4 -n "$iters" -w 2 \
 			-c 1 --json --launch "env KCOLL_SOCKET=$T/h%h.sock" | tr -d '\n')"
 	}
-	start rdma
-	bench rdma-bcast broadcast
-	bench rdma-allreduce allreduce
-	"$B/bin/kcollctl" -s "$T/h0.sock" status | sed 's/^/# /'
-	stop
+	# Where the time goes: the copy into 1 MiB slots, zero-copy from the
+	# registered buffer, zero-copy with 256 KiB pieces; two rounds,
+	# interleaved, so that drift in the shared machine shows.
+	local -A V=([copy]="KCOLL_IB_ZC_BYTES=0 KCOLL_IB_PIECE_BYTES=1048576"
+		    [zc]="KCOLL_IB_ZC_BYTES=65536 KCOLL_IB_PIECE_BYTES=1048576"
+		    [zc256]="KCOLL_IB_ZC_BYTES=65536 KCOLL_IB_PIECE_BYTES=262144")
+	local r v
+	for r in 1 2; do
+		for v in copy zc zc256; do
+			# shellcheck disable=SC2086
+			start rdma ${V[$v]}
+			bench "rdma-bcast-$v-$r" broadcast
+			stop
+		done
+	done
+	for v in copy zc; do
+		# shellcheck disable=SC2086
+		start rdma ${V[$v]}
+		bench "rdma-allreduce-$v" allreduce
+		[ $v = zc ] && "$B/bin/kcollctl" -s "$T/h0.sock" status | sed 's/^/# /'
+		stop
+	done
 	start tcp
 	bench tcp-allreduce allreduce
 	stop
+	perftest PERFTEST2
 	grep -h "transport between daemons" "$T"/h0-*.log | sed 's/^/# /'
 	rdma link delete krxe0 || true
 }
@@ -77,30 +99,40 @@ trap 'rm -f "$raw"' EXIT
 python3 - "$raw" "$out" <<'PY'
 import json, sys
 perf, kc = {}, {}
+perf2 = {}
 for line in open(sys.argv[1]):
     w = line.split(" ", 2)
-    if w[0] == "PERFTEST" and len(w) == 3 and w[2].strip():
-        perf[int(w[1])] = float(w[2])          # MB/s (10^6)
+    if w[0] in ("PERFTEST", "PERFTEST2") and len(w) == 3 and w[2].strip():
+        (perf if w[0] == "PERFTEST" else perf2)[int(w[1])] = float(w[2])  # MB/s (10^6)
     elif w[0] == "KCOLLJSON":
         kc[w[1]] = json.loads(w[2])
-json.dump({"what": "rdma_rxe in the QEMU/TCG guest, one run", "ib_write_bw_MBps": perf, "kcoll": kc},
+json.dump({"what": "rdma_rxe in the QEMU/TCG guest, one run", "ib_write_bw_MBps": perf,
+           "ib_write_bw_MBps_after": perf2, "kcoll": kc},
           open(sys.argv[2], "w"), indent=1)
 def rows(tag):
     return {r["size"]: r for r in kc.get(tag, {}).get("rows", [])}
-bc = rows("rdma-bcast")
-print("| size | ib_write_bw | kcoll broadcast, 2 hosts over rdma | kcoll / ib_write_bw |")
-print("|---|---|---|---|")
+names = {"copy": "copy, 1 MiB pieces", "zc": "zero-copy, 1 MiB", "zc256": "zero-copy, 256 KiB"}
+variants = [(f"rdma-bcast-{v}-{r}", f"{n} (round {r})") for r in (1, 2) for v, n in names.items()]
+variants = [(t, n) for t, n in variants if t in kc]
+print("kcoll point-to-point (2-host broadcast) in MB/s, and / ib_write_bw (mean of before and after)")
+print("| size | ib_write_bw before / after | " + " | ".join(n for _, n in variants) + " |")
+print("|---|---|" + "---|" * len(variants))
 for s in sorted(perf):
-    r = bc.get(s)
-    k = s / r["time_us"] if r else float("nan")       # bytes/us = MB/s
-    print(f"| {s >> 10} KiB | {perf[s]:.1f} MB/s | {k:.1f} MB/s | {k / perf[s]:.2f} |")
-ra, rt = rows("rdma-allreduce"), rows("tcp-allreduce")
+    both = [v for v in (perf[s], perf2.get(s, 0.0)) if v > 0]  # a failed run prints nothing (0)
+    ref = sum(both) / len(both) if both else float("nan")
+    cells = []
+    for t, _ in variants:
+        r = rows(t).get(s)
+        k = s / r["time_us"] if r else float("nan")   # bytes/us = MB/s
+        cells.append(f"{k:.1f} ({k / ref:.2f})")
+    print(f"| {s >> 10} KiB | {perf[s]:.1f} / {perf2.get(s, float('nan')):.1f} | " + " | ".join(cells) + " |")
+rc, rz, rt = rows("rdma-allreduce-copy"), rows("rdma-allreduce-zc"), rows("tcp-allreduce")
 print()
-print("| size | all-reduce over rdma | over tcp | tcp time / rdma time |")
-print("|---|---|---|---|")
-for s in sorted(ra):
-    if s in rt:
-        a, t = ra[s]["time_us"], rt[s]["time_us"]
-        print(f"| {s >> 10} KiB | {a:.0f} us | {t:.0f} us | {t / a:.2f} |")
+print("| size | all-reduce over rdma, copy | rdma, zero-copy | over tcp | tcp time / rdma (copy) time |")
+print("|---|---|---|---|---|")
+for s in sorted(rc):
+    if s in rt and s in rz:
+        a, z, t = rc[s]["time_us"], rz[s]["time_us"], rt[s]["time_us"]
+        print(f"| {s >> 10} KiB | {a:.0f} us | {z:.0f} us | {t:.0f} us | {t / a:.2f} |")
 print(f"(json: {sys.argv[2]})")
 PY

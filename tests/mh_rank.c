@@ -656,6 +656,82 @@ static int mode_big(const kcoll_unique_id_t *id, int n, int rank, size_t count)
 	return bad ? 1 : 0;
 }
 
+/*
+ * Registered buffers freed and allocated again, over and over: the daemon
+ * unmaps each region when it is freed and maps the next one, usually at the
+ * same address, so a transport that caches registrations by address (RDMA
+ * zero-copy) must drop them in between or it sends the old pages. Each
+ * round has its own data; in-place and out-of-place rounds alternate.
+ */
+static int32_t remap_val(int rank, long it, size_t i)
+{
+	return (int32_t)((uint32_t)i * 2654435761u + (uint32_t)rank * 40503u + (uint32_t)it * 977u);
+}
+
+static int mode_remap(const kcoll_unique_id_t *id, int n, int rank, long iters, size_t count)
+{
+	struct kcoll_req *req = NULL;
+	struct kcoll_comm *c;
+	struct kcoll *k;
+	void *prev = NULL;
+	long same = 0, bad = 0;
+	int r = 0, er;
+
+	if (setup(id, n, rank, &k, &c))
+		return 2;
+	for (long it = 0; it < iters && !r; it++) {
+		int inplace = !(it & 1);
+		int32_t *s, *d = NULL;
+		size_t wrong = 0, first = 0;
+
+		r = kcoll_mem_alloc(k, count * sizeof(int32_t), (void **)&s);
+		if (!r && !inplace)
+			r = kcoll_mem_alloc(k, count * sizeof(int32_t), (void **)&d);
+		if (r) {
+			printf("# rank %d: round %ld: kcoll_mem_alloc: %s\n", rank, it, en(r));
+			bad++;
+			break;
+		}
+		same += (void *)s == prev;
+		prev = s;
+		if (inplace)
+			d = s;
+		for (size_t i = 0; i < count; i++) {
+			s[i] = remap_val(rank, it, i);
+			if (!inplace)
+				d[i] = -1;
+		}
+		r = wait_op(kcoll_allreduce(c, s, d, count, KCOLL_I32, KCOLL_SUM, &req), &req, &er);
+		if (r) {
+			printf("# rank %d: round %ld: all-reduce: %s (err_rank %d)\n", rank, it, en(r), er);
+			bad++;
+		}
+		for (size_t i = 0; !r && i < count; i++) {
+			uint32_t want = 0;
+
+			for (int q = 0; q < n; q++)
+				want += (uint32_t)remap_val(q, it, i);
+			if ((uint32_t)d[i] != want && !wrong++)
+				first = i;
+		}
+		if (wrong) {
+			printf("# rank %d: round %ld (%s): %zu elements wrong, the first at %zu\n", rank, it,
+			       inplace ? "in place" : "out of place", wrong, first);
+			bad++;
+		}
+		if (!inplace)
+			kcoll_mem_free(k, d);
+		kcoll_mem_free(k, s);
+	}
+	printf("# rank %d: %ld rounds, the send buffer came back at the same address %ld times\n", rank, iters,
+	       same);
+	printf("group cases=%ld bad=%ld name=registered buffers freed and allocated again, %zu i32 each\n",
+	       iters, bad, count);
+	kcoll_comm_destroy(c);
+	kcoll_disconnect(k);
+	return bad ? 1 : 0;
+}
+
 static int mode_init(const kcoll_unique_id_t *id, int n, int rank)
 {
 	struct kcoll_comm *c;
@@ -788,6 +864,7 @@ static int usage(void)
 		"usage: mh_rank id [--corrupt-token]\n"
 		"       mh_rank coll|algo|check|init ID NRANKS RANK\n"
 		"       mh_rank big ID NRANKS RANK [COUNT]\n"
+		"       mh_rank remap ID NRANKS RANK [ROUNDS [COUNT]]\n"
 		"       mh_rank loop ID NRANKS RANK DIR [NEXT]\n");
 	return 2;
 }
@@ -816,6 +893,9 @@ int main(int argc, char **argv)
 		return mode_cases(&id, n, rank, mode);
 	if (!strcmp(mode, "big"))
 		return mode_big(&id, n, rank, argc > 5 ? strtoul(argv[5], NULL, 0) : BIG_COUNT);
+	if (!strcmp(mode, "remap"))
+		return mode_remap(&id, n, rank, argc > 5 ? strtol(argv[5], NULL, 0) : 12,
+				  argc > 6 ? strtoul(argv[6], NULL, 0) : 262147);
 	if (!strcmp(mode, "init"))
 		return mode_init(&id, n, rank);
 	if (!strcmp(mode, "loop") && argc > 5)

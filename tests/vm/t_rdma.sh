@@ -58,6 +58,8 @@ trap cleanup EXIT
 ip link set lo up
 ip link add $IF type veth peer name ${IF}p && ip link set $IF up && ip link set ${IF}p up
 for ((i = 0; i < H; i++)); do ip addr add 10.31.0.$((i + 1))/24 dev $IF; done
+# second addresses (10.31.1.x): per-QP GIDs (KCOLL_IB_QP_ADDRS)
+for ((i = 0; i < H; i++)); do ip addr add 10.31.1.$((i + 1))/24 dev $IF; done
 rdma link add $RXE type rxe netdev $IF
 ok $? "rxe device $RXE on $IF (addresses 10.31.0.1..$H)"
 
@@ -76,7 +78,7 @@ start_daemon() {	# host [env...]
 	# below returned at once, and ranks met the dead socket (ECONNREFUSED).
 	rm -f "$(sock "$h")"
 	env KCOLL_NET_XPORT=rdma KCOLL_NET_CHUNK_BYTES=65536 KCOLL_IB_QPS=2 KCOLL_SPIN_US=0 \
-		KCOLL_IB_FLOW_LABEL=4096 "$@" \
+		KCOLL_IB_FLOW_LABEL=4096 KCOLL_IB_ZC_BYTES=65536 "$@" \
 		"$D" -f -s "$(sock "$h")" -l "$T/h$h.log" --listen "10.31.0.$((h + 1)):0" \
 		--addrs "10.31.0.$((h + 1))" >"$T/h$h.out" 2>&1 &
 	pids[h]=$!
@@ -117,7 +119,7 @@ run_ranks() {	# tag mode nhosts secs [env...]
 	id=$(KCOLL_SOCKET=$(sock 0) timeout 10 "$RANK" id) || { rc_all=99; return; }
 	for ((i = 0; i < nh; i++)); do
 		env KCOLL_SOCKET="$(sock $i)" KCOLL_TIMEOUT_MS=$TMO "$@" timeout -k 2 "$s" \
-			"$RANK" "$mode" "$id" "$nh" $i >"$T/$tag.$i.out" 2>&1 &
+			"$RANK" "$mode" "$id" "$nh" $i ${RARGS:-} >"$T/$tag.$i.out" 2>&1 &
 		p+=($!)
 	done
 	for i in "${p[@]}"; do wait "$i" || rc=$?; done
@@ -134,6 +136,74 @@ for nh in 2 3 4; do
 		cat "$T/check$nh".*.out | head -20 | sed 's/^/# /'
 		dump
 	fi
+done
+
+# ---- zero-copy sends (KCOLL_IB_ZC_BYTES=65536, the default, set here too: every piece) -----
+# Hosts 0 and 1 now also pin their QPs to paths: QP 0 leaves from the GID of
+# the host's own address, QP 1 from the GID of its second one (10.31.1.x),
+# UDP source ports from 0xd100 (KCOLL_IB_UDP_SPORT).
+for h in 0 1; do
+	kill -TERM "${pids[h]}" 2>/dev/null; wait "${pids[h]}" 2>/dev/null
+	start_daemon $h KCOLL_IB_QP_ADDRS=10.31.0.$((h + 1)),10.31.1.$((h + 1)) KCOLL_IB_UDP_SPORT=53504
+done
+# Registered buffers freed and allocated again in a loop: kcolld unmaps each
+# region and maps the next one, mostly at the same address; the registration
+# cache must drop the old one each time or the NIC would send stale pages.
+RARGS="16 262147" run_ranks remap remap 2 240
+grep -h '^# rank' "$T"/remap.*.out | sed 's/^/# /'
+[ "$rc_all" -eq 0 ] && [ "$(cat "$T"/remap.*.out | grep -c '^group cases=16 bad=0 ')" -eq 2 ]
+ok $? "zero-copy: 16 rounds of free + allocate again + all-reduce (1 MiB, in place and not) bit-exact"
+[ "$rc_all" -eq 0 ] || { cat "$T"/remap.*.out | head -10 | sed 's/^/# /'; dump; }
+
+# A client killed in the middle of zero-copy all-reduces: its daemon drops its
+# regions (and their registrations) while the other side still sends; no
+# daemon may crash, the survivor's op fails (no hang: it is not the 120 s
+# timeout's 124; the dead rank never submits its next op, so the survivor's
+# fails on the op timeout, 12-18 s here), and a new communicator works.
+id=$(KCOLL_SOCKET=$(sock 0) timeout 10 "$RANK" id)
+env KCOLL_SOCKET="$(sock 0)" KCOLL_TIMEOUT_MS=$TMO timeout -k 2 120 "$RANK" remap "$id" 2 0 100000 262147 \
+	>"$T/ckill.0.out" 2>&1 &
+cp0=$!
+# (env execs mh_rank: $! is the rank itself, the process to kill)
+env KCOLL_SOCKET="$(sock 1)" KCOLL_TIMEOUT_MS=$TMO "$RANK" remap "$id" 2 1 100000 262147 >"$T/ckill.1.out" 2>&1 &
+cp1=$!
+for _ in $(seq 300); do
+	# past the first rounds: registrations exist, writes are in flight
+	js=$(timeout 10 "$CTL" -s "$(sock 1)" status --json 2>/dev/null)
+	z=$(python3 -c 'import json,sys; s=json.loads(sys.argv[1]); print(sum(p.get("pieces_zc",0) for c in s.get("net",{}).get("comms",[]) for p in c.get("rdma",[])))' "$js" 2>/dev/null)
+	[ "${z:-0}" -gt 40 ] && break
+	sleep 0.2
+done
+kill -KILL $cp1; killed=$?
+t0=$(now_ms)
+python3 - "$js" <<'EOF'
+import json, sys
+s = json.loads(sys.argv[1])
+rd = [p for c in s["net"]["comms"] if c.get("xport") == "rdma" for p in c.get("rdma", [])]
+assert len(rd) == 1, rd
+q = rd[0]["qps"]
+assert [x["gid"] for x in q] == ["::ffff:10.31.0.2", "::ffff:10.31.1.2"], q
+assert q[0]["gid_index"] != q[1]["gid_index"], q
+assert [x["udp_sport"] for x in q] == [0xd100, 0xd101], q
+assert all(x["state"] == "RTS" for x in q), q
+print("# host 1's QPs: %s" % [(x["gid_index"], x["gid"], hex(x["udp_sport"])) for x in q])
+EOF
+ok $? "per-QP paths: QP 0 on GID ::ffff:10.31.0.2, QP 1 on ::ffff:10.31.1.2 (KCOLL_IB_QP_ADDRS), UDP source ports 0xd100, 0xd101 (KCOLL_IB_UDP_SPORT), in status --json"
+wait $cp0; rc0=$?
+ms=$(( $(now_ms) - t0 ))
+wait $cp1 2>/dev/null
+tail -n 2 "$T"/ckill.*.out | sed 's/^/# /'
+bad=
+for ((i = 0; i < H; i++)); do kill -0 "${pids[i]}" 2>/dev/null || bad+=" h$i"; done
+[ $killed -eq 0 ] && [ "${z:-0}" -gt 40 ] && [ -z "$bad" ] && [ $rc0 -ne 0 ] && [ $rc0 -ne 124 ]
+ok $? "client killed mid zero-copy all-reduce (after ${z:-0} zero-copy pieces, kill status $killed): every kcolld alive${bad:+ (dead:$bad)}, the other rank's op fails (status $rc0, $ms ms)"
+[ -z "$bad" ] || dump
+run_ranks afterckill check 2 240
+[ "$rc_all" -eq 0 ] && [ "$(cat "$T"/afterckill.*.out | grep -c '^group cases=[1-9][0-9]* bad=0 ')" -eq 2 ]
+ok $? "after the client kill: a new communicator over RDMA on hosts 0, 1 works"
+for h in 0 1; do
+	kill -TERM "${pids[h]}" 2>/dev/null; wait "${pids[h]}" 2>/dev/null
+	start_daemon $h
 done
 
 
@@ -169,9 +239,11 @@ for p in rd:
     assert [q["flow_label"] for q in p["qps"]] == [4096, 4097], p
     assert [q["udp_sport"] for q in p["qps"]] == [0xD000, 0xD001], p
 assert sum(p["pieces_in"] + p["pieces_out"] for p in rd) > 0, "no piece moved over rdma"
+# 4 MiB all-reduces from malloc'ed buffers: the accumulator goes zero-copy
+assert sum(p["pieces_zc"] for p in rd) > 0, "no piece sent zero-copy"
 print("# status: %d rdma peers, QPs %s" % (len(rd), [q["state"] for p in rd for q in p["qps"]]))
 EOF
-	ok $? "status --json during a run: rdma peers on GID ::ffff:10.31.0.1, 2 QPs each in RTS with flow labels 4096, 4097 (UDP ports 0xd000, 0xd001), pieces moved"
+	ok $? "status --json during a run: rdma peers on GID ::ffff:10.31.0.1, 2 QPs each in RTS with flow labels 4096, 4097 (UDP ports 0xd000, 0xd001), pieces moved, some zero-copy"
 	timeout 10 "$CTL" -s "$(sock 0)" status 2>/dev/null | grep -E "transport|rdma host" | sed 's/^/# /'
 }
 
@@ -242,6 +314,39 @@ run_ranks afterlink check 2 240
 [ "$rc_all" -eq 0 ] && [ "$(cat "$T"/afterlink.*.out | grep -c '^group cases=[1-9][0-9]* bad=0 ')" -eq 2 ]
 ok $? "link up again: a new communicator over RDMA works"
 [ "$rc_all" -eq 0 ] || { cat "$T"/afterlink.*.out | head -10 | sed 's/^/# /'; dump; }
+
+# 'rdma link delete' mid-transfer. rxe in 6.1 cannot revoke user contexts:
+# the kernel removes the device's uverbs node, then waits until every process
+# has closed the device (no async event comes). kcolld notices the node gone,
+# fails the transfers on it, and closes the device once its communicators end
+# (a daemon with none closes it within a second), so the delete completes.
+delpid=
+fault_run linkdel 2 "rdma link delete $RXE >$T/linkdel.out 2>&1 & delpid=\$!"
+judge_fault linkdel "rdma link delete $RXE mid-transfer" 0 1
+grep -h "is being removed" "$T/h0.log" "$T/h1.log" | head -1 | cut -c1-160 | sed 's/^/# /'
+for _ in $(seq 600); do kill -0 "$delpid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$delpid" 2>/dev/null; then
+	ok 1 "rdma link delete completes once kcolld closed the device (still waiting after 60 s)"
+	tail -n 5 "$T"/h*.log | sed 's/^/# /'
+	kill -KILL "$delpid" 2>/dev/null
+else
+	wait "$delpid"; drc=$?
+	rdma link show 2>/dev/null | grep -q "link $RXE/"; still=$?
+	[ $drc -eq 0 ] && [ $still -ne 0 ]
+	ok $? "rdma link delete completes once kcolld closed the device (status $drc, $(cat "$T/linkdel.out"))"
+fi
+bad=
+for ((i = 0; i < H; i++)); do
+	kill -0 "${pids[i]}" 2>/dev/null || bad+=" h$i(dead)"
+	grep -q "closed $RXE (being removed)" "$T/h$i.log" || bad+=" h$i(no 'closed $RXE')"
+done
+[ -z "$bad" ]; ok $? "every daemon alive and closed $RXE${bad:+ (got:$bad)}"
+rdma link add $RXE type rxe netdev $IF
+for _ in $(seq 50); do rdma link show $RXE/1 2>/dev/null | grep -q "state ACTIVE" && break; sleep 0.2; done
+run_ranks afterdel check 2 240
+[ "$rc_all" -eq 0 ] && [ "$(cat "$T"/afterdel.*.out | grep -c '^group cases=[1-9][0-9]* bad=0 ')" -eq 2 ]
+ok $? "$RXE added again: the daemons open it and a new communicator over RDMA works"
+[ "$rc_all" -eq 0 ] || { cat "$T"/afterdel.*.out | head -10 | sed 's/^/# /'; dump; }
 
 # Every daemon stops cleanly on SIGTERM; no sanitizer report anywhere (the
 # ASan build: tests/vm/t_rdma.sh build-asan).

@@ -29,6 +29,7 @@
 #include "kcolld.h"
 #include "log.h"
 #include "net.h"
+#include "rdma.h"
 #include "reduce.h"
 
 #define SMALL_BYTES	(64u << 10)	/* auto: recursive doubling up to here */
@@ -226,7 +227,11 @@ static int fold_out(struct run *x, const struct fold *f, const struct kd_range *
 static int snap(struct kd_mh *mh, uint64_t bytes)
 {
 	if (mh->snap_size < bytes) {
-		uint8_t *p = realloc(mh->snap, bytes);
+		uint8_t *p;
+
+		if (mh->snap)
+			kcoll_rdma_mr_invalidate(mh->snap, mh->snap_size);
+		p = realloc(mh->snap, bytes);
 
 		if (!p)
 			return -ENOMEM;
@@ -401,7 +406,13 @@ static int barrier(struct run *x)
 static int need(uint8_t **p, size_t *have, size_t want)
 {
 	if (*have < want) {
-		uint8_t *n = realloc(*p, want);
+		uint8_t *n;
+
+		/* A registration (RDMA zero-copy) of the old block would
+		 * outlive it: drop it first. */
+		if (*p)
+			kcoll_rdma_mr_invalidate(*p, *have);
+		n = realloc(*p, want);
 
 		if (!n)
 			return -ENOMEM;
@@ -976,12 +987,17 @@ void kd_mh_stop(struct kd_mh *mh)
 	if (mh->abort_fd >= 0)
 		close(mh->abort_fd);
 	mh->abort_fd = -1;
+	if (mh->own)
+		kcoll_rdma_mr_invalidate(mh->own, mh->acc_size);
+	if (mh->snap)
+		kcoll_rdma_mr_invalidate(mh->snap, mh->snap_size);
 	free(mh->own);
 	free(mh->snap);
 	free(mh->stage);
 	for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++)
 		free(mh->rx[i]);
 	mh->acc = mh->own = mh->snap = mh->stage = NULL;
+	mh->acc_size = mh->snap_size = mh->stage_size = 0;
 }
 
 struct kd_piece *kd_xfer_cut(const struct kd_xfer *x, size_t piece, uint32_t *n)
