@@ -270,6 +270,7 @@ static int dev_stage(const struct kd_buf *b, uint8_t *host, uint64_t off, size_t
 			struct kd_dev_slab *cur = s[i % 2], *nxt = s[(i + 1) % 2];
 
 			if (i + 1 < np) {
+				what = "asynchronous copy";
 				r = k->copy_async(nxt->host, dptr + (i + 1) * KD_DEV_SLAB, PIECE(i + 1),
 						  stream);
 				if (!r)
