@@ -880,7 +880,7 @@ static void run_all(void)
 		tap_skip("%s: the allocator did not hand the freed address out again", run_name);
 	tap_ok(ok && !sh->loop_rc[0] && !sh->loop_rc[1] && sh->loop_done[0] == 100 &&
 	       sh->loop_done[1] == 100, "%s: 100 staged all-reduces (one rank device, one host) on "
-	       "one kcolld, bit-exact, with its pinned staging pool bounded at 16 slabs (%d %d, %d "
+	       "one kcolld, bit-exact (the fake driver also holds the pinned pool to 16 slabs) (%d %d, %d "
 	       "%d done)", run_name, sh->loop_rc[0], sh->loop_rc[1], sh->loop_done[0],
 	       sh->loop_done[1]);
 	tap_ok(ok && sh->past_rc[0] == -EINVAL && sh->past_rc[1] == -EINVAL,
