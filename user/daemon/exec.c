@@ -108,9 +108,9 @@ static void run_task_gpu(struct kd_op *op, uint32_t seg, uint64_t e, uint64_t n)
 		r = k->stream_sync(st);	/* done on the GPU before the task counts */
 	}
 	if (r) {
-		k->stream_sync(st);	/* nothing of this task may still run after it fails */
 		kc_warn("comm %s: GPU %d %s failed: %s", op->comm->name, op->gpu_dev, what,
 			k->last_error());
+		k->stream_sync(st);	/* nothing of this task may still run after it fails */
 		kd_op_fail(op, r, KCOLL_RANK_NONE, 0);
 	}
 }
