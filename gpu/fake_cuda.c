@@ -4,6 +4,7 @@
  * the reductions and copies on the CPU. */
 #include <errno.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +116,113 @@ static const char *cpu_last_error(void)
 	return fake_last;
 }
 
+/*
+ * Streams, events, asynchronous copies: executed at once, so a stream or an
+ * event is always complete. Pinned host memory is ordinary memory, counted.
+ * Knobs for the tests (read once, in kcolld's environment):
+ *   KCOLL_FAKE_CUDA_FAIL_COPY_ASYNC=N   the Nth copy_async of the process fails
+ *   KCOLL_FAKE_CUDA_HOST_ALLOC_MAX=N    host_alloc fails after N allocations in
+ *                                       all (a pool that does not reuse runs
+ *                                       out); and at exit, pinned memory still
+ *                                       allocated makes the process exit 70
+ */
+static atomic_ulong async_copies, host_allocs_total;
+static atomic_long host_allocs_live;
+static char fake_stream_obj, fake_event_obj;
+
+static long fake_env(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && *v ? strtol(v, NULL, 10) : 0;
+}
+
+static int cpu_stream_create(void **stream)
+{
+	if (need_ctx())
+		return -EINVAL;
+	*stream = &fake_stream_obj;
+	return 0;
+}
+
+static int cpu_stream_destroy(void *stream)
+{
+	return stream == &fake_stream_obj ? need_ctx() : -EBADF;
+}
+
+static int cpu_copy_async(void *dst, const void *src, size_t len, void *stream)
+{
+	long fail_at = fake_env("KCOLL_FAKE_CUDA_FAIL_COPY_ASYNC");
+
+	if (need_ctx())
+		return -EINVAL;
+	if (stream && stream != &fake_stream_obj)
+		return -EBADF;
+	if ((long)atomic_fetch_add(&async_copies, 1) + 1 == fail_at) {
+		fake_last = "CUDA_ERROR_UNKNOWN: injected by KCOLL_FAKE_CUDA_FAIL_COPY_ASYNC (fake)";
+		return -EIO;
+	}
+	memmove(dst, src, len);
+	return 0;
+}
+
+static int cpu_event_create(void **event)
+{
+	if (need_ctx())
+		return -EINVAL;
+	*event = &fake_event_obj;
+	return 0;
+}
+
+static int cpu_event_op(void *event)
+{
+	return event == &fake_event_obj ? need_ctx() : -EBADF;
+}
+
+static int cpu_event_record(void *event, void *stream)
+{
+	if (stream && stream != &fake_stream_obj)
+		return -EBADF;
+	return cpu_event_op(event);
+}
+
+static int cpu_host_alloc(void **ptr, size_t len)
+{
+	long max = fake_env("KCOLL_FAKE_CUDA_HOST_ALLOC_MAX");
+
+	if (need_ctx())
+		return -EINVAL;
+	if (max && (long)atomic_load(&host_allocs_total) >= max) {
+		fake_last = "CUDA_ERROR_OUT_OF_MEMORY: KCOLL_FAKE_CUDA_HOST_ALLOC_MAX reached (fake)";
+		return -ENOMEM;
+	}
+	*ptr = malloc(len ? len : 1);
+	if (!*ptr)
+		return -ENOMEM;
+	atomic_fetch_add(&host_allocs_total, 1);
+	atomic_fetch_add(&host_allocs_live, 1);
+	return 0;
+}
+
+static int cpu_host_free(void *ptr)
+{
+	if (ptr) {
+		free(ptr);
+		atomic_fetch_sub(&host_allocs_live, 1);
+	}
+	return 0;
+}
+
+__attribute__((destructor)) static void fake_exit_check(void)
+{
+	long live = atomic_load(&host_allocs_live);
+
+	if (live && fake_env("KCOLL_FAKE_CUDA_HOST_ALLOC_MAX")) {
+		fprintf(stderr, "fake CUDA: %ld pinned host allocations never freed\n", live);
+		_exit(70);
+	}
+}
+
 FAKE_EXPORT struct kcoll_gpu_kernels kcoll_gpu_kernels_v1 = {
 	.size = sizeof(struct kcoll_gpu_kernels),
 	.version = KCOLL_GPU_KERNELS_VERSION,
@@ -128,6 +236,16 @@ FAKE_EXPORT struct kcoll_gpu_kernels kcoll_gpu_kernels_v1 = {
 	.copy = cpu_copy,
 	.stream_sync = cpu_stream_sync,
 	.last_error = cpu_last_error,
+	.stream_create = cpu_stream_create,
+	.stream_destroy = cpu_stream_destroy,
+	.copy_async = cpu_copy_async,
+	.event_create = cpu_event_create,
+	.event_destroy = cpu_event_op,
+	.event_record = cpu_event_record,
+	.event_query = cpu_event_op,
+	.event_sync = cpu_event_op,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_host_free,
 };
 
 FAKE_EXPORT void kcoll_fake_cuda_set(const struct kcoll_fake_cuda *cfg)

@@ -46,6 +46,24 @@ struct kcoll_gpu_kernels {
 	int (*stream_sync)(void *stream);
 	/* The last CUDA error this thread saw in the library, as "name: text". */
 	const char *(*last_error)(void);
+
+	/*
+	 * Streams, asynchronous copies, events and pinned host memory (appended:
+	 * the loader refuses a table too small to hold them). All on the current
+	 * device; a stream is a cudaStream_t, an event a cudaEvent_t.
+	 */
+	int (*stream_create)(void **stream);		/* non-blocking w.r.t. the legacy stream */
+	int (*stream_destroy)(void *stream);
+	/* Any direction (cudaMemcpyDefault), queued on stream; host memory should
+	 * be pinned (host_alloc) for the copy to be truly asynchronous. */
+	int (*copy_async)(void *dst, const void *src, size_t len, void *stream);
+	int (*event_create)(void **event);		/* no timing */
+	int (*event_destroy)(void *event);
+	int (*event_record)(void *event, void *stream);
+	int (*event_query)(void *event);		/* 0 done, -EAGAIN not yet */
+	int (*event_sync)(void *event);
+	int (*host_alloc)(void **ptr, size_t len);	/* pinned, usable from every context */
+	int (*host_free)(void *ptr);
 };
 
 #endif /* KCOLL_GPU_KERNELS_H */

@@ -215,6 +215,82 @@ int stream_sync(void *stream)
 	return e == cudaSuccess ? 0 : fail(e, "cudaStreamSynchronize");
 }
 
+int stream_create(void **stream)
+{
+	cudaError_t e = cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t *>(stream),
+						  cudaStreamNonBlocking);
+
+	return e == cudaSuccess ? 0 : fail(e, "cudaStreamCreateWithFlags");
+}
+
+int stream_destroy(void *stream)
+{
+	cudaError_t e = cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+
+	return e == cudaSuccess ? 0 : fail(e, "cudaStreamDestroy");
+}
+
+int copy_async(void *dst, const void *src, size_t len, void *stream)
+{
+	cudaError_t e = cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault,
+					static_cast<cudaStream_t>(stream));
+
+	return e == cudaSuccess ? 0 : fail(e, "cudaMemcpyAsync");
+}
+
+int event_create(void **event)
+{
+	cudaError_t e = cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t *>(event),
+						 cudaEventDisableTiming);
+
+	return e == cudaSuccess ? 0 : fail(e, "cudaEventCreateWithFlags");
+}
+
+int event_destroy(void *event)
+{
+	cudaError_t e = cudaEventDestroy(static_cast<cudaEvent_t>(event));
+
+	return e == cudaSuccess ? 0 : fail(e, "cudaEventDestroy");
+}
+
+int event_record(void *event, void *stream)
+{
+	cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(event),
+					static_cast<cudaStream_t>(stream));
+
+	return e == cudaSuccess ? 0 : fail(e, "cudaEventRecord");
+}
+
+int event_query(void *event)
+{
+	cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+
+	if (e == cudaErrorNotReady)
+		return -EAGAIN;
+	return e == cudaSuccess ? 0 : fail(e, "cudaEventQuery");
+}
+
+int event_sync(void *event)
+{
+	cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(event));
+
+	return e == cudaSuccess ? 0 : fail(e, "cudaEventSynchronize");
+}
+
+int host_alloc(void **ptr, size_t len)
+{
+	cudaError_t e = cudaHostAlloc(ptr, len, cudaHostAllocPortable);
+
+	return e == cudaSuccess ? 0 : fail(e, "cudaHostAlloc");
+}
+
+int host_free(void *ptr)
+{
+	cudaError_t e = cudaFreeHost(ptr);
+
+	return e == cudaSuccess ? 0 : fail(e, "cudaFreeHost");
+}
+
 const char *last_error(void)
 {
 	return last_err;
@@ -297,4 +373,14 @@ KCOLL_EXPORT const struct kcoll_gpu_kernels kcoll_gpu_kernels_v1 = {
 	copy,
 	stream_sync,
 	last_error,
+	stream_create,
+	stream_destroy,
+	copy_async,
+	event_create,
+	event_destroy,
+	event_record,
+	event_query,
+	event_sync,
+	host_alloc,
+	host_free,
 };

@@ -876,7 +876,58 @@ static void test_loader_fake(void)
 }
 
 /* Pointer queries and contexts (what libkcoll and kcolld ask), on the fake. */
-#define N_PTR_TESTS 5
+#define N_PTR_TESTS 6
+
+/*
+ * The kernels table's streams, pinned memory, asynchronous copies and events
+ * (what kcolld's staging uses): pinned -> d0 -> d1 -> pinned on one new
+ * stream, an event after the last copy; the bytes must come back, the event
+ * must be complete after its sync. 0, a negative errno, or 1 for wrong bytes.
+ */
+static int stream_roundtrip(const struct kcoll_gpu_kernels *k, void *d0, void *d1, size_t n)
+{
+	unsigned char *pin = NULL, *pin2 = NULL;
+	void *st = NULL, *ev = NULL;
+	int r = k->stream_create(&st);
+
+	if (!r)
+		r = k->event_create(&ev);
+	if (!r)
+		r = k->host_alloc((void **)&pin, n);
+	if (!r)
+		r = k->host_alloc((void **)&pin2, n);
+	if (!r) {
+		for (size_t i = 0; i < n; i++)
+			pin[i] = (unsigned char)(i * 13 + 5);
+		memset(pin2, 0, n);
+		r = k->copy_async(d0, pin, n, st);
+	}
+	if (!r)
+		r = k->copy_async(d1, d0, n, st);
+	if (!r)
+		r = k->copy_async(pin2, d1, n, st);
+	if (!r)
+		r = k->event_record(ev, st);
+	if (!r)
+		r = k->event_sync(ev);
+	if (!r)
+		r = k->event_query(ev);
+	if (!r)
+		r = k->stream_sync(st);
+	if (!r && memcmp(pin, pin2, n))
+		r = 1;
+	if (r < 0)
+		tap_diag("stream round trip: %d: %s", r, k->last_error());
+	if (pin)
+		k->host_free(pin);
+	if (pin2)
+		k->host_free(pin2);
+	if (ev)
+		k->event_destroy(ev);
+	if (st)
+		k->stream_destroy(st);
+	return r;
+}
 
 static void test_ptr_ctx(void)
 {
@@ -922,6 +973,18 @@ static void test_ptr_ctx(void)
 	tap_ok(rc == 0 && rc2 == -ENODEV && kcoll_gpu_ctx_enter(g, 0, why, sizeof(why)) == 0 &&
 		       kcoll_gpu_ctx_enter(g, 5, why, sizeof(why)) == -ENODEV,
 	       "device by PCI bus id; primary context of device 0, -ENODEV for device 5 (%s)", why);
+	{
+		const struct kcoll_gpu_kernels *fk = dlsym(e.dl, KCOLL_GPU_KERNELS_SYMBOL);
+		unsigned char *d1 = dalloc(4 * (size_t)page);
+
+		rc = !fk || !d1 || !again ? -ENOMEM : fk->set_device(0);
+		if (!rc)
+			rc = stream_roundtrip(fk, again, d1, 4 * (size_t)page - 3);
+		tap_ok(rc == 0, "fake kernels table: a stream, pinned memory, async copies host -> "
+		       "device -> device -> host and an event, bytes back in order (%d)", rc);
+		if (d1)
+			dfree(d1);
+	}
 	dfree(again);
 	kcoll_gpu_close(g);
 	kcoll_gpu_open(&g, &none);
@@ -1145,6 +1208,7 @@ static void test_gpu(void)
 		tap_skip("no GPU: %s (nin %d, pointers in device memory)", skip, MAX_NIN);
 		tap_skip("no GPU: %s (grid-stride over %u elements)", skip, GPU_BIG);
 		tap_skip("no GPU: %s (argument errors)", skip);
+		tap_skip("no GPU: %s (stream, pinned memory, async copies, event)", skip);
 	} else {
 		const void *din[2] = { b.dev[0], b.dev[1] };
 		const void *dbad[2] = { (char *)b.dev[0] + 1, b.dev[1] };
@@ -1171,6 +1235,9 @@ static void test_gpu(void)
 			       kcoll_gpu_reduce(KCOLL_U8, KCOLL_SUM, b.dev[2], din, 2, 0, NULL) == 0,
 		       "GPU argument errors: nin 0, bad dtype, bad op, misaligned f32 -> -EINVAL; "
 		       "count 0 -> 0");
+		rc = stream_roundtrip(b.k, b.dev[0], b.dev[1], (size_t)GPU_COUNT * 4 + 3);
+		tap_ok(rc == 0, "GPU stream, pinned memory (cudaHostAlloc), async copies host -> "
+		       "device -> device -> host and an event: bytes back in order (%d)", rc);
 	}
 	if (b.k)
 		gpu_free(&b);

@@ -42,7 +42,7 @@
 #include "reduce.h"
 
 #define NR		2
-#define MAX_CASES	160
+#define MAX_CASES	170
 #define BUF_BYTES	(4u << 20)	/* each device buffer of a rank */
 #define REUSE_BYTES	(1u << 20)
 
@@ -57,6 +57,8 @@ struct shared {
 	int bad[MAX_CASES][NR];		/* 0 ok, else -errno or 1 (wrong bytes) */
 	char why[MAX_CASES][NR][96];
 	int reuse_rc[NR], reuse_same_addr[NR], past_rc[NR], dereg_rc[NR][3];
+	int loop_rc[NR], loop_done[NR];	/* the 100 staged all-reduces */
+	int fault_rc[2];			/* an injected copy failure, then the next op */
 	struct kcoll_gpu_ipc foreign;	/* exported by a child for the -EPERM check */
 	int foreign_ready, foreign_done;
 };
@@ -109,6 +111,11 @@ static void build_cases(void)
 	add(KCOLL_OP_REDUCE_SCATTER, KCOLL_F32, KCOLL_MIN, K_MIXED, 5000, 0);
 	add(KCOLL_OP_ALLGATHER, KCOLL_I64, 0, K_MIXED, 5000, 0);
 	add(KCOLL_OP_BROADCAST, KCOLL_U8, 0, K_MIXED, 5000, 0);
+	/* Many chunks and pinned slabs (64 KiB), tails unaligned to both. */
+	add(KCOLL_OP_ALLREDUCE, KCOLL_F32, KCOLL_SUM, K_MIXED, 1000003, 0);
+	add(KCOLL_OP_ALLGATHER, KCOLL_U8, 0, K_MIXED, 1048577, 0);
+	add(KCOLL_OP_REDUCE_SCATTER, KCOLL_I64, KCOLL_MAX, K_MIXED, 250001, 0);
+	add(KCOLL_OP_ALLREDUCE, KCOLL_BF16, KCOLL_SUM, K_DEV, 1000003, 0);
 }
 
 static uint64_t mix(uint64_t x)
@@ -164,6 +171,8 @@ static void *dalloc(size_t n)
 }
 
 /* ---- kcolld ---- */
+static const char *kcolld_fail_copy;	/* KCOLL_FAKE_CUDA_FAIL_COPY_ASYNC for the next start */
+
 static pid_t kcolld_start(const char *sock, const char *log, int gpu, int loopback)
 {
 	char bin[PATH_MAX + 16];
@@ -181,6 +190,13 @@ static pid_t kcolld_start(const char *sock, const char *log, int gpu, int loopba
 
 		if (!gpu)
 			setenv("KCOLL_GPU_LIB", "/nonexistent/libkcoll_gpu.so", 1);
+		/* The fake's knobs (gpu/fake_cuda.c); the real driver ignores them.
+		 * The pinned pool holds 16 slabs (KD_DEV_SLABS): a pool that did not
+		 * reuse them would run out, and exiting with any still allocated
+		 * makes kcolld exit 70. */
+		setenv("KCOLL_FAKE_CUDA_HOST_ALLOC_MAX", "16", 1);
+		if (kcolld_fail_copy)
+			setenv("KCOLL_FAKE_CUDA_FAIL_COPY_ASYNC", kcolld_fail_copy, 1);
 		/* kcolld under ASan on a real GPU: what the test has by default. */
 		snprintf(opts, sizeof(opts), "%s%sprotect_shadow_gap=0", asan ? asan : "",
 			 asan ? ":" : "");
@@ -305,8 +321,8 @@ static void note(int i, int rank, int rc, const char *fmt, const char *detail)
 /* The subset run across two kcollds (multi-host path, host staging). */
 static int cross_case(const struct tcase *t)
 {
-	return t->count <= 100003 && (t->dtype == KCOLL_F32 || t->dtype == KCOLL_BF16 ||
-				      t->dtype == KCOLL_I64);
+	return t->count >= 250001 || (t->count <= 100003 && (t->dtype == KCOLL_F32 ||
+					t->dtype == KCOLL_BF16 || t->dtype == KCOLL_I64));
 }
 
 static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock, int cross)
@@ -446,6 +462,40 @@ submit:
 			r = 1;
 		sh->reuse_rc[rank] = r;
 		K->mem_free(b);
+	}
+
+	/*
+	 * 100 staged all-reduces, rank 0 device, rank 1 host: 280004 bytes, one
+	 * 256 KiB chunk (4 pinned slabs) and a tail of 17860 bytes. The pinned
+	 * pool is reused, never grown past its bound (the fake refuses more).
+	 */
+	if (!cross) {
+		size_t n = 70001;
+		int32_t *h = (int32_t *)hsend, *w = (int32_t *)want, *o2 = (int32_t *)got;
+		int32_t *sbuf = rank ? h : (int32_t *)dsend, *rbuf = rank ? (int32_t *)hrecv :
+								 (int32_t *)drecv;
+
+		r = 0;
+		for (int it = 0; !r && it < 100; it++) {
+			for (size_t x = 0; x < n; x++) {
+				h[x] = (int32_t)(3 * x + it + rank);
+				w[x] = (int32_t)(3 * x + it) * 2 + 1;
+			}
+			if (!rank)
+				r = K->copy(dsend, h, n * 4);
+			if (!r)
+				r = kcoll_allreduce(comm, sbuf, rbuf, n, KCOLL_I32, KCOLL_SUM, &req);
+			if (!r)
+				r = kcoll_wait(req, 60000);
+			if (!r && !rank)
+				r = K->copy(o2, drecv, n * 4);
+			else if (!r)
+				memcpy(o2, hrecv, n * 4);
+			if (!r && memcmp(o2, w, n * 4))
+				r = 1;
+			sh->loop_done[rank] = it + 1;
+		}
+		sh->loop_rc[rank] = r;
 	}
 
 	/* A count past the end of the allocation: refused before anything is sent. */
@@ -690,9 +740,89 @@ static int nogpu_main(const char *sock)
 	return fails;
 }
 
+/*
+ * In a child, against a kcolld whose fake driver fails its 3rd asynchronous
+ * copy: a one-rank all-reduce from a device buffer (4 pinned slabs) into host
+ * memory fails with that error; the next one works, bit-exact.
+ */
+static int fault_main(const char *sock)
+{
+	struct kcoll_connect_opts o = { .size = sizeof(o), .socket_path = sock };
+	size_t n = 65536;
+	kcoll_unique_id_t id;
+	struct kcoll_comm *comm;
+	struct kcoll_req *req;
+	struct kcoll *k;
+	char why[KCOLL_GPU_TEXT];
+	uint8_t *d, *h = malloc(n * 4), *w = malloc(n * 4);
+	int r;
+
+	if (!h || !w || dev_init(why, sizeof(why)))
+		return 0x7f;
+	d = dalloc(n * 4);
+	if (!d)
+		return 0x7f;
+	r = kcoll_connect(&o, &k);
+	if (!r)
+		r = kcoll_get_unique_id(k, &id);
+	if (!r)
+		r = kcoll_comm_init_rank(k, &id, 1, 0, &comm);
+	if (r)
+		return 0x7e;
+	for (int it = 0; it < 2; it++) {
+		for (size_t x = 0; x < n * 4; x++)
+			w[x] = (uint8_t)(x * 7 + it);
+		memset(h, 0xa5, n * 4);
+		r = K->copy(d, w, n * 4);
+		if (!r)
+			r = kcoll_allreduce(comm, d, h, n, KCOLL_F32, KCOLL_MAX, &req);
+		if (!r)
+			r = kcoll_wait(req, 60000);
+		if (!r && memcmp(h, w, n * 4))
+			r = 1;
+		sh->fault_rc[it] = r;
+	}
+	kcoll_comm_destroy(comm);
+	kcoll_disconnect(k);
+	return 0;
+}
+
+static void run_fault(void)
+{
+	char sock[PATH_MAX + 16], log[PATH_MAX + 16];
+	pid_t kd, child;
+	int st, n;
+
+	if (strcmp(run_name, "fake")) {
+		for (int i = 0; i < 4; i++)
+			tap_skip("%s: copy failure injection needs the fake driver", run_name);
+		return;
+	}
+	snprintf(sock, sizeof(sock), "%s/%s-fault.sock", dir, run_name);
+	snprintf(log, sizeof(log), "%s/%s-fault.log", dir, run_name);
+	kcolld_fail_copy = "3";
+	kd = kcolld_start(sock, log, 1, 0);
+	kcolld_fail_copy = NULL;
+	sh->fault_rc[0] = sh->fault_rc[1] = 0x100;
+	child = kd < 0 ? -1 : fork();
+	if (child == 0)
+		_exit(fault_main(sock));
+	st = wait_child(child);
+	tap_ok(st == 0 && sh->fault_rc[0] == -EIO, "%s: an asynchronous device-to-host copy that "
+	       "fails (injected) fails the op with its error, -EIO (child %d, op %d)", run_name, st,
+	       sh->fault_rc[0]);
+	tap_ok(st == 0 && sh->fault_rc[1] == 0, "%s: the same kcolld's next staged op works, "
+	       "bit-exact (%d)", run_name, sh->fault_rc[1]);
+	n = count_in_file(log, "asynchronous copy of 262144 bytes from the device failed");
+	tap_ok(n > 0, "%s: kcolld logs the failed copy with the driver's error (%d lines)", run_name,
+	       n);
+	st = kcolld_stop(kd);
+	tap_ok(st == 0, "%s: that kcolld exits 0 on SIGTERM, pinned pool freed (%d)", run_name, st);
+}
+
 static void run_cross(void);
 
-#define RUN_CHECKS	(8 + 4 + RAW_N + 4 + 2 + 2)
+#define RUN_CHECKS	(8 + 4 + RAW_N + 4 + 2 + 2 + 1 + 4)
 
 static void run_all(void)
 {
@@ -748,6 +878,11 @@ static void run_all(void)
 		       run_name, sh->reuse_rc[0], sh->reuse_rc[1]);
 	else
 		tap_skip("%s: the allocator did not hand the freed address out again", run_name);
+	tap_ok(ok && !sh->loop_rc[0] && !sh->loop_rc[1] && sh->loop_done[0] == 100 &&
+	       sh->loop_done[1] == 100, "%s: 100 staged all-reduces (one rank device, one host) on "
+	       "one kcolld, bit-exact (the fake driver also holds the pinned pool to 16 slabs) (%d %d, %d "
+	       "%d done)", run_name, sh->loop_rc[0], sh->loop_rc[1], sh->loop_done[0],
+	       sh->loop_done[1]);
 	tap_ok(ok && sh->past_rc[0] == -EINVAL && sh->past_rc[1] == -EINVAL,
 	       "%s: a count past the end of the device allocation: -EINVAL before submitting "
 	       "(%d %d)", run_name, sh->past_rc[0], sh->past_rc[1]);
@@ -790,6 +925,7 @@ static void run_all(void)
 	       st);
 	st = kcolld_stop(kd0);
 	tap_ok(st == 0, "%s: kcolld without a GPU exited 0 on SIGTERM (%d)", run_name, st);
+	run_fault();
 	run_cross();
 }
 

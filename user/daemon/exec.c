@@ -64,7 +64,8 @@ static void run_task_gpu(struct kd_op *op, uint32_t seg, uint64_t e, uint64_t n)
 	uint32_t src_rank, dst;
 	uint8_t *out;
 	const char *what;
-	int r = kd_gpu_enter(op->gpu_dev, &k);
+	void *st;
+	int r = kd_gpu_stream(op->gpu_dev, &k, &st);
 
 	if (r)
 		return kd_op_fail(op, r, KCOLL_RANK_NONE, 0);
@@ -78,11 +79,11 @@ static void run_task_gpu(struct kd_op *op, uint32_t seg, uint64_t e, uint64_t n)
 			ins[i] = op->c[i].sbuf.dptr + soff;
 		out = op->c[dst].rbuf.dptr + roff;
 		what = "reduction";
-		r = k->reduce_n(op->dtype, op->redop, out, ins, nr, n, NULL);
+		r = k->reduce_n(op->dtype, op->redop, out, ins, nr, n, st);
 		for (uint32_t i = 0; !r && op->opcode == KCOLL_OP_ALLREDUCE && i < nr; i++) {
 			what = "device-to-device copy";
 			if (i != dst)
-				r = k->copy(op->c[i].rbuf.dptr + roff, out, bytes);
+				r = k->copy_async(op->c[i].rbuf.dptr + roff, out, bytes, st);
 		}
 		break;
 	default:	/* all-gather, broadcast */
@@ -98,17 +99,18 @@ static void run_task_gpu(struct kd_op *op, uint32_t seg, uint64_t e, uint64_t n)
 			/* broadcast's root, all-gather in place: already there */
 			if (to == from || (op->opcode == KCOLL_OP_BROADCAST && i == src_rank))
 				continue;
-			r = k->copy(to, from, bytes);
+			r = k->copy_async(to, from, bytes, st);
 		}
 		break;
 	}
 	if (!r) {
 		what = "stream synchronization";
-		r = k->stream_sync(NULL);	/* done on the GPU before the CQE */
+		r = k->stream_sync(st);	/* done on the GPU before the task counts */
 	}
 	if (r) {
 		kc_warn("comm %s: GPU %d %s failed: %s", op->comm->name, op->gpu_dev, what,
 			k->last_error());
+		k->stream_sync(st);	/* nothing of this task may still run after it fails */
 		kd_op_fail(op, r, KCOLL_RANK_NONE, 0);
 	}
 }

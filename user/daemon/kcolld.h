@@ -263,6 +263,10 @@ int kd_gpu_ready(char *why, size_t len);
 struct kcoll_gpu_kernels;
 /* The kernels table with dev's context current on this thread. */
 int kd_gpu_enter(int dev, const struct kcoll_gpu_kernels **k);
+/* kcolld's stream on dev (made on first use, with dev's context current). */
+int kd_gpu_stream(int dev, const struct kcoll_gpu_kernels **k, void **stream);
+/* Free every device's stream and pinned staging pool (at exit, after the pools). */
+void kd_gpu_cleanup(void);
 void kd_buf_release(struct kd_buf *b);
 void kd_region_put(struct kd_region *rg);
 int kd_buf_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n, uint8_t *tmp,

@@ -612,6 +612,7 @@ out:
 #endif
 	kd_net_stop();
 	kd_pool_stop();
+	kd_gpu_cleanup();
 	kcoll_kdev_close(&kd.kdev);
 	kc_info("kcolld exiting: %lu ops ok, %lu failed", atomic_load(&kd.stats.ops_ok),
 		atomic_load(&kd.stats.ops_failed));

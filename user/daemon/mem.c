@@ -112,16 +112,207 @@ int kd_gpu_enter(int dev, const struct kcoll_gpu_kernels **k)
 	return rc;
 }
 
-static int dev_copy(const struct kd_buf *b, void *dst, const void *src, size_t n)
+/*
+ * Per device: kcolld's own stream (created with the primary context current)
+ * and a bounded pool of pinned staging slabs, each with an event that marks
+ * the copy last queued on it done. Made on first use, freed by kd_gpu_cleanup.
+ */
+#define KD_DEV_SLAB	(64u << 10)	/* bytes per pinned slab: one piece of a copy */
+#define KD_DEV_SLABS	16		/* per device; a staged copy holds two */
+
+struct kd_dev_slab {
+	uint8_t *host;			/* pinned */
+	void *ev;
+	struct kd_dev_slab *next;
+};
+
+static struct {
+	void *stream;
+	int nslab;			/* made so far */
+	struct kd_dev_slab slab[KD_DEV_SLABS];
+	struct kd_dev_slab *free;
+} kd_devs[KCOLL_GPU_MAX_DEVICES];
+static pthread_mutex_t kd_dev_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t kd_dev_cond = PTHREAD_COND_INITIALIZER;
+
+int kd_gpu_stream(int dev, const struct kcoll_gpu_kernels **k, void **stream)
 {
-	const struct kcoll_gpu_kernels *k;
-	int r = kd_gpu_enter(b->gpu_dev, &k);
+	int r = kd_gpu_enter(dev, k);
 
 	if (r)
 		return r;
-	r = k->copy(dst, src, n);
+	if (dev < 0 || dev >= KCOLL_GPU_MAX_DEVICES)
+		return -ENODEV;
+	pthread_mutex_lock(&kd_dev_lock);
+	if (!kd_devs[dev].stream) {
+		r = (*k)->stream_create(&kd_devs[dev].stream);
+		if (r) {
+			kd_devs[dev].stream = NULL;
+			kc_warn("GPU %d: creating kcolld's stream failed: %s", dev, (*k)->last_error());
+		}
+	}
+	*stream = kd_devs[dev].stream;
+	pthread_mutex_unlock(&kd_dev_lock);
+	return r;
+}
+
+static int free_slabs(int dev)
+{
+	int n = 0;
+
+	for (struct kd_dev_slab *s = kd_devs[dev].free; s; s = s->next)
+		n++;
+	return n;
+}
+
+/* Two slabs of dev's pool: made while under the bound, else wait for some. */
+static int slabs_get(int dev, const struct kcoll_gpu_kernels *k, struct kd_dev_slab *pair[2])
+{
+	int r = 0;
+
+	pthread_mutex_lock(&kd_dev_lock);
+	while (free_slabs(dev) < 2) {
+		struct kd_dev_slab *s;
+
+		if (kd_devs[dev].nslab == KD_DEV_SLABS) {
+			pthread_cond_wait(&kd_dev_cond, &kd_dev_lock);
+			continue;
+		}
+		s = &kd_devs[dev].slab[kd_devs[dev].nslab];
+		r = k->host_alloc((void **)&s->host, KD_DEV_SLAB);
+		if (!r) {
+			r = k->event_create(&s->ev);
+			if (r)
+				k->host_free(s->host);
+		}
+		if (r) {
+			kc_warn("GPU %d: no pinned staging memory (%d slabs of %u KiB made): %s; "
+				"check 'ulimit -l' and free host memory", dev, kd_devs[dev].nslab,
+				KD_DEV_SLAB >> 10, k->last_error());
+			if (kd_devs[dev].nslab >= 2) {
+				r = 0;	/* enough exist: wait for them */
+				pthread_cond_wait(&kd_dev_cond, &kd_dev_lock);
+				continue;
+			}
+			break;
+		}
+		kd_devs[dev].nslab++;
+		s->next = kd_devs[dev].free;
+		kd_devs[dev].free = s;
+	}
+	if (!r) {
+		pair[0] = kd_devs[dev].free;
+		pair[1] = pair[0]->next;
+		kd_devs[dev].free = pair[1]->next;
+	}
+	pthread_mutex_unlock(&kd_dev_lock);
+	return r;
+}
+
+static void slabs_put(int dev, struct kd_dev_slab *pair[2])
+{
+	pthread_mutex_lock(&kd_dev_lock);
+	pair[1]->next = kd_devs[dev].free;
+	pair[0]->next = pair[1];
+	kd_devs[dev].free = pair[0];
+	pthread_cond_broadcast(&kd_dev_cond);
+	pthread_mutex_unlock(&kd_dev_lock);
+}
+
+void kd_gpu_cleanup(void)
+{
+	for (int dev = 0; dev < KCOLL_GPU_MAX_DEVICES; dev++) {
+		const struct kcoll_gpu_kernels *k;
+
+		if (!kd_devs[dev].stream && !kd_devs[dev].nslab)
+			continue;
+		if (kd_gpu_enter(dev, &k))
+			continue;	/* logged; the process is exiting anyway */
+		if (kd_devs[dev].stream)
+			k->stream_sync(kd_devs[dev].stream);
+		for (int i = 0; i < kd_devs[dev].nslab; i++) {
+			k->event_destroy(kd_devs[dev].slab[i].ev);
+			k->host_free(kd_devs[dev].slab[i].host);
+		}
+		if (kd_devs[dev].stream)
+			k->stream_destroy(kd_devs[dev].stream);
+		memset(&kd_devs[dev], 0, sizeof(kd_devs[dev]));
+	}
+}
+
+/*
+ * Host staging through two pinned slabs, pipelined in KD_DEV_SLAB pieces on
+ * kcolld's stream. Up (device to host): the copy of piece i+1 is queued
+ * before piece i is moved from its slab into host; down: piece i+1 is moved
+ * into its slab while piece i's copy runs. Both wait for their last copy
+ * before returning, so the bytes are where they belong when the call returns.
+ */
+static int dev_stage(const struct kd_buf *b, uint8_t *host, uint64_t off, size_t n, bool up)
+{
+	const struct kcoll_gpu_kernels *k;
+	struct kd_dev_slab *s[2];
+	size_t np = (n + KD_DEV_SLAB - 1) / KD_DEV_SLAB;
+	uint8_t *dptr = b->dptr + off;
+	const char *what = "asynchronous copy";
+	void *stream;
+	int r = kd_gpu_stream(b->gpu_dev, &k, &stream);
+
+	if (r || !n)
+		return r;
+	r = slabs_get(b->gpu_dev, k, s);
 	if (r)
-		kc_warn("GPU %d: copy of %zu bytes failed: %s", b->gpu_dev, n, k->last_error());
+		return r;
+#define PIECE(i) ((i) + 1 < np ? KD_DEV_SLAB : n - (i) * (size_t)KD_DEV_SLAB)
+	if (up) {
+		r = k->copy_async(s[0]->host, dptr, PIECE(0), stream);
+		if (!r)
+			r = k->event_record(s[0]->ev, stream);
+		for (size_t i = 0; !r && i < np; i++) {
+			struct kd_dev_slab *cur = s[i % 2], *nxt = s[(i + 1) % 2];
+
+			if (i + 1 < np) {
+				what = "asynchronous copy";
+				r = k->copy_async(nxt->host, dptr + (i + 1) * KD_DEV_SLAB, PIECE(i + 1),
+						  stream);
+				if (!r)
+					r = k->event_record(nxt->ev, stream);
+			}
+			if (!r) {
+				what = "event synchronization";
+				r = k->event_sync(cur->ev);
+			}
+			if (!r)
+				memcpy(host + i * KD_DEV_SLAB, cur->host, PIECE(i));
+		}
+	} else {
+		for (size_t i = 0; !r && i < np; i++) {
+			struct kd_dev_slab *cur = s[i % 2];
+
+			if (i >= 2) {	/* its previous piece's copy must be done with it */
+				what = "event synchronization";
+				r = k->event_sync(cur->ev);
+				if (r)
+					break;
+			}
+			memcpy(cur->host, host + i * KD_DEV_SLAB, PIECE(i));
+			what = "asynchronous copy";
+			r = k->copy_async(dptr + i * KD_DEV_SLAB, cur->host, PIECE(i), stream);
+			if (!r)
+				r = k->event_record(cur->ev, stream);
+		}
+		if (!r) {	/* stream order: the last piece's event covers them all */
+			what = "event synchronization";
+			r = k->event_sync(s[(np - 1) % 2]->ev);
+		}
+	}
+#undef PIECE
+	if (r) {
+		kc_warn("GPU %d: %s of %zu bytes %s the device failed: %s; the op fails, kcolld "
+			"goes on", b->gpu_dev, what, n, up ? "from" : "to", k->last_error());
+		/* Nothing may still be copying into a slab that goes back to the pool. */
+		k->stream_sync(stream);
+	}
+	slabs_put(b->gpu_dev, s);
 	return r;
 }
 
@@ -129,7 +320,7 @@ static int dev_copy(const struct kd_buf *b, void *dst, const void *src, size_t n
 static int dev_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
 		    uint8_t *tmp, const uint8_t **p)
 {
-	int r = dev_copy(b, tmp, b->dptr + off, n);
+	int r = dev_stage(b, tmp, off, n, true);
 
 	if (!r)
 		*p = tmp;
@@ -139,7 +330,7 @@ static int dev_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, s
 static int dev_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, const uint8_t *src,
 		     size_t n)
 {
-	return dev_copy(b, b->dptr + off, src, n);
+	return dev_stage(b, (uint8_t *)src, off, n, false);
 }
 
 static int nodev_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
