@@ -134,6 +134,7 @@ int kv_rdma_create(int fd, void *base, size_t len, bool remote, struct kv_rdma *
 	ep->local.version = KCOLL_RDMA_ADDR_VERSION;
 	ep->local.nqp = 1;
 	ep->local.gid = port.gid;
+	ep->local.qgid[0] = port.gid;	/* the QP's own GID (address version 2) */
 	ep->local.mtu = port.mtu;
 	ep->local.qpn[0] = ep->qp[0]->qp_num;
 	ep->local.psn[0] = (uint32_t)(random() & 0xffffff);
