@@ -7,6 +7,7 @@
  * Neither is held while sleeping on the CQ doorbell.
  */
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <fcntl.h>
@@ -627,16 +628,38 @@ int kcoll_comm_size(const struct kcoll_comm *c)
  * allocation was freed and the address reused: the old registration goes and
  * the new allocation is registered in its place.
  */
+/* dl_iterate_phdr callback: the count of objects ever loaded, then stop. */
+static int loaded_adds(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds))
+		*(unsigned long long *)arg = info->dlpi_adds;
+	return 1;
+}
+
+/*
+ * Is the CUDA driver loaded in this process? Asked on every submission, so it
+ * must cost next to nothing. dlopen(RTLD_NOLOAD) answers it but searches the
+ * library path with system calls (it tripled small-message latency when asked
+ * per op), so it is asked again only when something was loaded since it last
+ * said no (the loader's count of loaded objects, read in memory).
+ */
 static bool cuda_loaded(void)
 {
-	static int seen;	/* once loaded, the loader keeps it (RTLD_NODELETE) */
+	static int seen;	/* once loaded, libcuda stays */
+	static unsigned long long no_at;	/* the answer was no at this count */
+	unsigned long long adds = 0;
 	void *h;
 
 	if (__atomic_load_n(&seen, __ATOMIC_RELAXED))
 		return true;
-	h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-	if (!h)
+	dl_iterate_phdr(loaded_adds, &adds);
+	if (adds && adds == __atomic_load_n(&no_at, __ATOMIC_RELAXED))
 		return false;
+	h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+	if (!h) {
+		__atomic_store_n(&no_at, adds, __ATOMIC_RELAXED);
+		return false;
+	}
 	dlclose(h);
 	__atomic_store_n(&seen, 1, __ATOMIC_RELAXED);
 	return true;
