@@ -6,7 +6,7 @@
 #      4 hosts x 1 and 2 ranks per host, bit-exact against each rank's own
 #      reference; broadcast from non-zero roots on other hosts; barrier
 #      semantics; ops in flight at once; one 256 MiB all-reduce
-#   2. KCOLL_ALGO ring, rd, rabenseifner, auto (kcollctl set algo, checked in
+#   2. KCOLL_ALGO ring, rd, rabenseifner, direct, auto (kcollctl set algo, checked in
 #      status) over an all-reduce subset on 3 and 4 hosts
 #   3. faults, with KCOLL_TIMEOUT_MS=3000: a rank killed, a rank frozen
 #      (SIGSTOP), a remote kcolld killed (the root's too) and restarted, a
@@ -278,7 +278,7 @@ echo "# correctness: $((SECONDS - t_start)) s"
 
 # ---- 2. algorithms ---------------------------------------------------------------------
 t_start=$SECONDS
-for algo in ring rd rabenseifner auto; do
+for algo in ring rd rabenseifner direct auto; do
 	if [ "$ONE" = 1 ]; then
 		skip "KCOLL_ALGO=$algo: kcollctl set algo on each host's daemon (one daemon: KCOLL_MH_ONE_DAEMON)"
 	else
@@ -561,6 +561,24 @@ print("sent; %d cut short by the daemon" % closed, flush=True)' "${net[@]}" >"$T
 		[ "${garbage:-0}" -gt "${garbage0:-0}" ]
 		ok $? "garbage: h0 counts it (status --json net.garbage: ${garbage0:-none} -> ${garbage:-none})"
 		grep -q held "$T/hold.out"; ok $? "garbage: a peer holds a half-sent message open on h0's port"
+		# A peer of another protocol version: a well-formed HELLO (kd_p_hello,
+		# user/daemon/net.h) with version 1 gets a REJECT naming both versions.
+		on 1 30 python3 -c '
+import socket, struct, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), 5)
+body = struct.pack("<II32sIIQ", 1, 2, b"\0" * 32, 1, 0, 7)
+s.sendall(struct.pack("<IHHII", 0x6b63706e, 1, 0, 16 + len(body), 0) + body)
+s.settimeout(10)
+got = b""
+while True:
+    b = s.recv(4096)
+    if not b:
+        break
+    got += b
+magic, typ, _, ln, _ = struct.unpack_from("<IHHII", got)
+print("type %d why: %s" % (typ, got[16:ln].split(b"\0")[0].decode()), flush=True)' "${net[@]}" >"$T/version.out" 2>&1
+		grep -q '^type 2 why: peer protocol version 1, this daemon speaks [0-9]' "$T/version.out"
+		ok $? "a peer HELLO of protocol version 1 gets a REJECT naming both versions ($(head -c 200 "$T/version.out" | tr '\n' ' '))"
 		cases_run check 0 "0 1 2 3" 1 contiguous
 		touch "$T/hold.stop"
 		wait "$hold"

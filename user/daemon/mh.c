@@ -7,8 +7,8 @@
  *              all-reduce and reduce-scatter, placed for all-gather, the
  *              root's for broadcast)
  *   2. hosts:  an inter-host algorithm on the accumulators, as steps that
- *              the transport (mh->xport) runs: ring, recursive doubling or
- *              Rabenseifner for all-reduce, ring reduce-scatter/all-gather,
+ *              the transport (mh->xport) runs: direct (small), ring,
+ *              recursive doubling or Rabenseifner for all-reduce, ring reduce-scatter/all-gather,
  *              scatter + ring all-gather (or direct, if small) for broadcast,
  *              dissemination for barrier
  *   3. local:  the accumulator -> every local rank's receive buffer
@@ -32,6 +32,7 @@
 #include "rdma.h"
 #include "reduce.h"
 
+#define DIRECT_MAX	(4u << 20)	/* direct: H x this in scratch; ring above */
 #define SMALL_BYTES	(64u << 10)	/* auto: recursive doubling up to here */
 #define MEDIUM_BYTES	(1u << 20)	/* auto: Rabenseifner up to here (2^k hosts) */
 #define BCAST_DIRECT	(256u << 10)	/* broadcast: root sends to all up to here */
@@ -269,6 +270,43 @@ static int allreduce_rd(struct run *x, uint64_t bytes)
 	return r ? r : fold_out(x, &f, &all);
 }
 
+static int need(uint8_t **p, size_t *have, size_t want);
+
+/*
+ * Direct: every host sends its data to every other host in one step and
+ * reduces all H inputs itself, in host order, so every host computes the
+ * same bits. One network round instead of log2 H (plus the fold's two when
+ * H is not a power of two): for small messages the round trips, each
+ * waiting for a peer's wake-ups, cost more than the (H - 1) x bytes sent.
+ */
+static int allreduce_direct(struct run *x, uint64_t bytes)
+{
+	struct kd_mh *mh = x->mh;
+	uint32_t H = mh->nhosts, h = mh->self;
+	const uint8_t *mine = x->in0 ? x->in0 : mh->acc;
+	const uint8_t *ins[KD_MAX_HOSTS];
+	struct kd_range all = { 0, bytes };
+	struct kd_step st = { .reduce = false };
+	int r = need(&mh->snap, &mh->snap_size, H * bytes);
+
+	if (r)
+		return r;
+	for (uint32_t k = 0; k < H; k++) {
+		ins[k] = k == h ? mine : mh->snap + k * bytes;
+		if (k == h)
+			continue;
+		xfer(&st.send[st.nsend], k, &all, 1);
+		st.send[st.nsend++].base = mine;
+		xfer(&st.recv[st.nrecv], k, &all, 1);
+		st.recv[st.nrecv++].dst = mh->snap + k * bytes;
+	}
+	r = step(x, &st);
+	if (r)
+		return r;
+	return kcoll_reduce_n(mh->dtype, mh->redop, mh->acc, (const void *const *)ins, H,
+			      bytes / mh->esz);
+}
+
 static int allreduce_rabenseifner(struct run *x, uint64_t bytes, size_t esz)
 {
 	struct kd_mh *mh = x->mh;
@@ -345,6 +383,8 @@ static enum kd_algo choose(const struct kd_mh *mh, uint64_t bytes)
 	enum kd_algo a = mh->algo;
 	bool pow2 = !(mh->nhosts & (mh->nhosts - 1));
 
+	if (a == KD_ALGO_DIRECT && bytes > DIRECT_MAX)
+		return KD_ALGO_RING;	/* would need H x bytes of scratch */
 	if (a != KD_ALGO_AUTO)
 		return a;
 	if (bytes <= SMALL_BYTES)
@@ -507,7 +547,8 @@ static const uint8_t *fused_input(struct kd_mh *mh, struct kd_op *op, uint64_t b
 	enum kd_algo a = op->opcode == KCOLL_OP_REDUCE_SCATTER ? KD_ALGO_RING : choose(mh, bytes);
 	bool pow2 = !(mh->nhosts & (mh->nhosts - 1));
 
-	if (op->comm->nlocal != 1 || !bytes || !(a == KD_ALGO_RING || (a == KD_ALGO_RABENSEIFNER && pow2)))
+	if (op->comm->nlocal != 1 || !bytes ||
+	    !(a == KD_ALGO_RING || a == KD_ALGO_DIRECT || (a == KD_ALGO_RABENSEIFNER && pow2)))
 		return NULL;
 	for (uint32_t rk = 0; rk < op->comm->nranks && !ct; rk++)
 		if (op->c[rk].present)
@@ -746,6 +787,9 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 			break;
 		}
 		switch (choose(mh, wbytes)) {
+		case KD_ALGO_DIRECT:
+			r = allreduce_direct(&x, wbytes);
+			break;
 		case KD_ALGO_RD:
 			r = allreduce_rd(&x, wbytes);
 			break;

@@ -100,16 +100,16 @@ static struct {
 	atomic_ulong rejected, garbage;
 } net = { .listen.fd = -1 };
 
-static const char *const algo_names[] = { "auto", "ring", "rd", "rabenseifner" };
+static const char *const algo_names[] = { "auto", "ring", "rd", "rabenseifner", "direct" };
 
 const char *kd_algo_name(enum kd_algo a)
 {
-	return (unsigned)a < 4 ? algo_names[a] : "?";
+	return (unsigned)a < sizeof(algo_names) / sizeof(algo_names[0]) ? algo_names[a] : "?";
 }
 
 int kd_algo_parse(const char *s, enum kd_algo *a)
 {
-	for (int i = 0; i < 4; i++) {
+	for (size_t i = 0; i < sizeof(algo_names) / sizeof(algo_names[0]); i++) {
 		if (!strcmp(s, algo_names[i])) {
 			*a = i;
 			return 0;
@@ -1243,8 +1243,11 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 	struct kd_mh *mh;
 	char msg[160];
 
-	if (m->version != KD_PEER_VERSION)
-		return reject(pc, "peer protocol version differs: run the same kcoll on every host");
+	if (m->version != KD_PEER_VERSION) {
+		snprintf(msg, sizeof(msg), "peer protocol version %u, this daemon speaks %u: run the same kcoll "
+			 "version on every host", m->version, KD_PEER_VERSION);
+		return reject(pc, msg);
+	}
 	if (m->kind == KD_CONN_KV) {
 		/* The KV engine answers and serves it from its own thread. */
 		epoll_ctl(kd.epfd, EPOLL_CTL_DEL, pc->fd, NULL);

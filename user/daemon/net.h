@@ -28,7 +28,10 @@
 #define KD_MAX_HOSTS		64
 #define KD_MAX_STREAMS		8
 #define KD_PEER_MAGIC		0x6b63706eU	/* "kcpn" */
-#define KD_PEER_VERSION		1
+/* Bumped whenever a peer message changes shape or meaning. 2: the C4 report
+ * grew (c4d.c), RDMA addresses carry a GID per QP, TABLE.algo may be
+ * KD_ALGO_DIRECT. */
+#define KD_PEER_VERSION		2
 #define KD_PMSG_MAX		16384
 
 enum kd_pmsg_type {
@@ -234,7 +237,7 @@ struct kd_xport_ops {
 
 extern const struct kd_xport_ops kd_xport_tcp;
 
-enum kd_algo { KD_ALGO_AUTO, KD_ALGO_RING, KD_ALGO_RD, KD_ALGO_RABENSEIFNER };
+enum kd_algo { KD_ALGO_AUTO, KD_ALGO_RING, KD_ALGO_RD, KD_ALGO_RABENSEIFNER, KD_ALGO_DIRECT };
 
 struct kd_mh_host {
 	struct kd_p_hostinfo info;

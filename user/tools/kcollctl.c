@@ -26,7 +26,7 @@ static void usage(FILE *f)
 		"  status     clients, communicators, operations in flight, counters\n"
 		"  config     every KCOLL_* knob with its value, default and meaning\n"
 		"  set KEY VALUE\n"
-		"             change a running kcolld: algo (auto, ring, rd, rabenseifner: multi-host\n"
+		"             change a running kcolld: algo (auto, ring, rd, rabenseifner, direct: multi-host\n"
 		"             all-reduce), streams (TCP streams per peer, 1..8), chunk_bytes,\n"
 		"             timeout_ms. Other keys go to kcoll.ko's /sys/kernel/kcoll/KEY\n"
 		"             (slow_ratio_pct, hang_ms, ...; docs/sysfs.md)\n"
