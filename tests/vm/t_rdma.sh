@@ -36,10 +36,8 @@ now_ms() { date +%s%3N; }
 
 [ "$(id -u)" -eq 0 ] || skip_all "needs root"
 [ -x "$RANK" ] && [ -x "$D" ] || { echo "Bail out! $B has no kcolld/mh_rank: run make"; exit 1; }
-modprobe veth 2>/dev/null
-modprobe crc32_generic 2>/dev/null
-why=$(modprobe rdma_rxe 2>&1)
-[ -d /sys/module/rdma_rxe ] || skip_all "cannot load rdma_rxe: ${why:-no such module in this kernel}"
+. "$top/scripts/vm-rxe-setup.sh"
+vm_rxe_load || skip_all "cannot load rdma_rxe: ${why:-no such module in this kernel}"
 [ -z "$why" ] || echo "# modprobe rdma_rxe: $why"
 
 T=$(mktemp -d /tmp/rdma-vm.XXXXXX)
@@ -55,12 +53,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ip link set lo up
-ip link add $IF type veth peer name ${IF}p && ip link set $IF up && ip link set ${IF}p up
-for ((i = 0; i < H; i++)); do ip addr add 10.31.0.$((i + 1))/24 dev $IF; done
+addrs=()
+for ((i = 0; i < H; i++)); do addrs+=("10.31.0.$((i + 1))"); done
 # second addresses (10.31.1.x): per-QP GIDs (KCOLL_IB_QP_ADDRS)
-for ((i = 0; i < H; i++)); do ip addr add 10.31.1.$((i + 1))/24 dev $IF; done
-rdma link add $RXE type rxe netdev $IF
+for ((i = 0; i < H; i++)); do addrs+=("10.31.1.$((i + 1))"); done
+vm_rxe_link $IF $RXE "${addrs[@]}"
 ok $? "rxe device $RXE on $IF (addresses 10.31.0.1..$H)"
 
 # The verbs layer's own calls (the KV engine's API), checked byte for byte.
