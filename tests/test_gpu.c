@@ -29,22 +29,11 @@
 #include "fake_cuda.h"
 #include "kcoll_gpu.h"
 #include "reduce_core.h"
+#include "test_util.h"
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
-/* CUDA under ASan needs the shadow gap mapped; the driver's own allocations
- * are not ours to leak-check. Used only by ASan builds. */
-const char *__asan_default_options(void);
-const char *__asan_default_options(void)
-{
-	return "protect_shadow_gap=0";
-}
-
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-	return "leak:libcuda.so\nleak:libkcoll_gpu.so\n";
-}
+TEST_CUDA_SAN_DEFAULTS
 
 static const char *const dtype_names[] = {
 	"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "u32", "i64", "u64",

@@ -40,6 +40,7 @@
 #include "kcoll_gpu.h"
 #include "rawclient.h"
 #include "reduce.h"
+#include "test_util.h"
 
 #define NR		2
 #define MAX_CASES	170
@@ -69,18 +70,7 @@ static struct shared *sh;
 static char exe_dir[PATH_MAX], dir[PATH_MAX];
 static const char *run_name;
 
-/* Under ASan with a real driver (as tests/test_gpu.c): CUDA needs the shadow gap. */
-const char *__asan_default_options(void);
-const char *__asan_default_options(void)
-{
-	return "protect_shadow_gap=0";
-}
-
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-	return "leak:libcuda.so\nleak:libkcoll_gpu.so\n";
-}
+TEST_CUDA_SAN_DEFAULTS
 
 static const int dtypes[] = { KCOLL_F32, KCOLL_F16, KCOLL_BF16, KCOLL_F64, KCOLL_I32, KCOLL_U8,
 			      KCOLL_I64 };
@@ -118,32 +108,10 @@ static void build_cases(void)
 	add(KCOLL_OP_ALLREDUCE, KCOLL_BF16, KCOLL_SUM, K_DEV, 1000003, 0);
 }
 
-static uint64_t mix(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	return x ^ (x >> 33);
-}
-
 /* Finite values (no NaN: the GPU's NaN payload may differ, docs/gpu.md). */
 static void fill(void *buf, int dtype, size_t count, int rank, int salt)
 {
-	for (size_t i = 0; i < count; i++) {
-		uint64_t h = mix(((uint64_t)salt << 40) ^ ((uint64_t)rank << 32) ^ i);
-		float f = (float)((int)(h % 2001) - 1000) / 8.0f;
-
-		switch (dtype) {
-		case KCOLL_F32: ((float *)buf)[i] = f; break;
-		case KCOLL_F64: ((double *)buf)[i] = f / 3.0; break;
-		case KCOLL_F16: ((uint16_t *)buf)[i] = kcoll_f32_to_f16(f); break;
-		case KCOLL_BF16: ((uint16_t *)buf)[i] = kcoll_f32_to_bf16(f); break;
-		case KCOLL_I32: ((int32_t *)buf)[i] = (int32_t)h; break;
-		case KCOLL_U8: ((uint8_t *)buf)[i] = (uint8_t)h; break;
-		case KCOLL_I64: ((int64_t *)buf)[i] = (int64_t)h; break;
-		}
-	}
+	fill_range(buf, dtype, count, rank, salt, 1000, 8.0, 1.0);
 }
 
 /* ---- device memory through the kernels table (cudaMalloc/cudaMemcpy or the fake) ---- */
@@ -275,41 +243,22 @@ static int wait_child(pid_t pid)
 /* ---- one rank of the collective groups ---- */
 static size_t sbytes_of(const struct tcase *t, size_t esz)
 {
-	return t->count * esz * (t->opcode == KCOLL_OP_REDUCE_SCATTER ? NR : 1);
+	return coll_send_count(t->opcode, t->count, NR) * esz;
 }
 
 static size_t rbytes_of(const struct tcase *t, size_t esz)
 {
-	return t->count * esz * (t->opcode == KCOLL_OP_ALLGATHER ? NR : 1);
+	return coll_recv_count(t->opcode, t->count, NR) * esz;
 }
 
 /* What rank 'rank' must hold after case i. */
 static void expect(const struct tcase *t, int i, int rank, uint8_t *want, uint8_t **in)
 {
 	size_t esz = kcoll_dtype_size(t->dtype);
-	const void *ins[NR];
 
 	for (int r = 0; r < NR; r++)
 		fill(in[r], t->dtype, sbytes_of(t, esz) / esz, r, i);
-	switch (t->opcode) {
-	case KCOLL_OP_ALLREDUCE:
-		for (int r = 0; r < NR; r++)
-			ins[r] = in[r];
-		kcoll_reduce_ref(t->dtype, t->op, want, ins, NR, t->count);
-		break;
-	case KCOLL_OP_REDUCE_SCATTER:
-		for (int r = 0; r < NR; r++)
-			ins[r] = in[r] + (size_t)rank * t->count * esz;
-		kcoll_reduce_ref(t->dtype, t->op, want, ins, NR, t->count);
-		break;
-	case KCOLL_OP_ALLGATHER:
-		for (int r = 0; r < NR; r++)
-			memcpy(want + (size_t)r * t->count * esz, in[r], t->count * esz);
-		break;
-	case KCOLL_OP_BROADCAST:
-		memcpy(want, in[t->root], t->count * esz);
-		break;
-	}
+	coll_expected(t->opcode, t->dtype, t->op, t->count, t->root, NR, rank, in, want);
 }
 
 static void note(int i, int rank, int rc, const char *fmt, const char *detail)
@@ -391,22 +340,9 @@ static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock, in
 			}
 		}
 submit:
-		switch (t->opcode) {
-		case KCOLL_OP_ALLREDUCE:
-			r = kcoll_allreduce(comm, send, recv, t->count, t->dtype, t->op, &req);
-			break;
-		case KCOLL_OP_REDUCE_SCATTER:
-			r = kcoll_reduce_scatter(comm, send, recv, t->count, t->dtype, t->op, &req);
-			break;
-		case KCOLL_OP_ALLGATHER:
-			r = kcoll_allgather(comm, send, recv, t->count, t->dtype, &req);
-			break;
-		default:
-			/* broadcast: one buffer, the root's holds the data */
-			r = kcoll_broadcast(comm, send, t->count, t->dtype, t->root, &req);
-			recv = send;
-			break;
-		}
+		if (t->opcode == KCOLL_OP_BROADCAST)
+			recv = send;	/* one buffer, the root's holds the data */
+		r = submit_coll(comm, t->opcode, send, recv, t->count, t->dtype, t->op, t->root, &req);
 		if (!r)
 			r = kcoll_wait(req, 60000);
 		if (r) {
