@@ -626,12 +626,24 @@ static int foreign_main(void)
 	return 0;
 }
 
+/* Connect to sock and make a one-rank communicator. */
+static int join_alone(const char *sock, struct kcoll **k, struct kcoll_comm **comm)
+{
+	struct kcoll_connect_opts o = { .size = sizeof(o), .socket_path = sock };
+	kcoll_unique_id_t id;
+	int r = kcoll_connect(&o, k);
+
+	if (!r)
+		r = kcoll_get_unique_id(*k, &id);
+	if (!r)
+		r = kcoll_comm_init_rank(*k, &id, 1, 0, comm);
+	return r;
+}
+
 /* In a child: device buffers against the kcolld without a GPU; exit status = failures. */
 static int nogpu_main(const char *sock)
 {
-	struct kcoll_connect_opts o = { .size = sizeof(o), .socket_path = sock };
 	struct kcoll_gpu_ipc h;
-	kcoll_unique_id_t id;
 	struct kcoll_comm *comm;
 	struct kcoll_req *req;
 	struct kcoll_raw rc;
@@ -648,12 +660,7 @@ static int nogpu_main(const char *sock)
 	kcoll_gpu_process(&g);
 	if (!d || kcoll_gpu_ipc_export(g, d, 65536, &h, why, sizeof(why)))
 		return 0x7f;
-	r = kcoll_connect(&o, &k);
-	if (!r)
-		r = kcoll_get_unique_id(k, &id);
-	if (!r)
-		r = kcoll_comm_init_rank(k, &id, 1, 0, &comm);
-	if (r)
+	if (join_alone(sock, &k, &comm))
 		return 0x7e;
 	r = kcoll_allreduce(comm, d, d, 1024, KCOLL_F32, KCOLL_SUM, &req);
 	if (r != -EOPNOTSUPP || !strstr(kcoll_strerror(r), "kcollctl gpu"))
@@ -683,9 +690,7 @@ static int nogpu_main(const char *sock)
  */
 static int fault_main(const char *sock)
 {
-	struct kcoll_connect_opts o = { .size = sizeof(o), .socket_path = sock };
 	size_t n = 65536;
-	kcoll_unique_id_t id;
 	struct kcoll_comm *comm;
 	struct kcoll_req *req;
 	struct kcoll *k;
@@ -698,12 +703,7 @@ static int fault_main(const char *sock)
 	d = dalloc(n * 4);
 	if (!d)
 		return 0x7f;
-	r = kcoll_connect(&o, &k);
-	if (!r)
-		r = kcoll_get_unique_id(k, &id);
-	if (!r)
-		r = kcoll_comm_init_rank(k, &id, 1, 0, &comm);
-	if (r)
+	if (join_alone(sock, &k, &comm))
 		return 0x7e;
 	for (int it = 0; it < 2; it++) {
 		for (size_t x = 0; x < n * 4; x++)
