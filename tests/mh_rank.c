@@ -81,16 +81,6 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static const char *en(int e)
-{
-	const char *n;
-
-	if (e == 0)
-		return "0";
-	n = e < 0 ? strerrorname_np(-e) : NULL;
-	return n ? n : "?";
-}
-
 static void add(const char *group, int opcode, int dtype, int op, size_t count, int inplace,
 		int mem, int root)
 {

@@ -5,8 +5,9 @@
  * rank, element) into reproducible input and a fill of any dtype from it;
  * each collective's buffer sizes, its expected result by the scalar
  * reference, the in-place operand layout (NCCL's) and one submission; the
- * buffers of the daemon tests (shared memory or heap); and the ASan/LSan
- * defaults of a program that loads CUDA.
+ * buffers of the daemon tests (shared memory or heap); errno names (also
+ * for test_faults.c); and the ASan/LSan defaults of a program that loads
+ * CUDA.
  */
 #ifndef KCOLL_TESTS_TEST_UTIL_H
 #define KCOLL_TESTS_TEST_UTIL_H
@@ -52,6 +53,17 @@ static inline void fill_range(void *buf, int dtype, size_t count, int rank, int 
 		default: ((uint64_t *)buf)[i] = h; break;
 		}
 	}
+}
+
+/* A negative errno's name ("ECONNRESET"), "0", or "?" for an unknown one. */
+static inline const char *en(int e)
+{
+	const char *n;
+
+	if (e == 0)
+		return "0";
+	n = e < 0 ? strerrorname_np(-e) : NULL;
+	return n ? n : "?";
 }
 
 /* Submit one collective; broadcast's one buffer is recv (the root's holds the data). */
