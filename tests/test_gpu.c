@@ -642,6 +642,16 @@ static int fake_setup(struct fake_env *e)
 	return 0;
 }
 
+/* The fake driver's device memory (shared memory) allocator and free. */
+static void fake_mem_fns(const struct fake_env *e, void *(**dalloc)(size_t), void (**dfree)(void *))
+{
+	void *sym = dlsym(e->dl, "kcoll_fake_cuda_alloc");
+
+	memcpy(dalloc, &sym, sizeof(sym));
+	sym = dlsym(e->dl, "kcoll_fake_cuda_free");
+	memcpy(dfree, &sym, sizeof(sym));
+}
+
 static void fake_teardown(struct fake_env *e)
 {
 	for (size_t i = 0; i < ARRAY_SIZE(sysfs_dirs); i++)
@@ -929,7 +939,6 @@ static void test_ptr_ctx(void)
 	struct kcoll_gpu *g = NULL;
 	unsigned char *mem, *again;
 	struct fake_env e;
-	void *sym;
 	int rc, rc2, host = 0;
 	long page = sysconf(_SC_PAGESIZE);
 
@@ -938,10 +947,7 @@ static void test_ptr_ctx(void)
 			tap_skip("the fake CUDA fixture did not load: %s", dlerror());
 		return;
 	}
-	sym = dlsym(e.dl, "kcoll_fake_cuda_alloc");
-	memcpy(&dalloc, &sym, sizeof(sym));
-	sym = dlsym(e.dl, "kcoll_fake_cuda_free");
-	memcpy(&dfree, &sym, sizeof(sym));
+	fake_mem_fns(&e, &dalloc, &dfree);
 	fake_open(&e, &f, 0, 1, "6.1.0", &g);
 	mem = dalloc(4 * (size_t)page);
 	rc = mem ? kcoll_gpu_ptr_query(g, mem + page + 8, &q, why, sizeof(why)) : -ENOMEM;
@@ -1281,7 +1287,7 @@ static void test_ipc(void)
 	void (*dfree)(void *);
 	struct kcoll_gpu_ipc h, bad;
 	struct kcoll_gpu *g = NULL;
-	void *sym, *base, *dptr;
+	void *base, *dptr;
 	unsigned char *mem;
 	struct fake_env e;
 	int rc, rc2, rc3, fd;
@@ -1292,10 +1298,7 @@ static void test_ipc(void)
 			tap_skip("the fake CUDA fixture did not load: %s", dlerror());
 		return;
 	}
-	sym = dlsym(e.dl, "kcoll_fake_cuda_alloc");
-	memcpy(&dalloc, &sym, sizeof(sym));
-	sym = dlsym(e.dl, "kcoll_fake_cuda_free");
-	memcpy(&dfree, &sym, sizeof(sym));
+	fake_mem_fns(&e, &dalloc, &dfree);
 	mem = dalloc ? dalloc(4 * (size_t)page) : NULL;
 	for (int i = 0; mem && i < 4 * page; i++)
 		mem[i] = (unsigned char)(i * 7 + 1);
