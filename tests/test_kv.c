@@ -843,6 +843,17 @@ static void test_death_inflight(struct kcoll *k)
 	free(other);
 }
 
+/* Close what a test opened: the imported rs, the local ls and target ts (each may be NULL). */
+static void close_segs(struct kcoll_rseg *rs, struct kcoll_seg *ls, struct kcoll_seg *ts)
+{
+	if (rs)
+		kcoll_rseg_close(rs);
+	if (ls)
+		kcoll_seg_unregister(ls);
+	if (ts)
+		kcoll_seg_unregister(ts);
+}
+
 /* ---------------------------------------------------------------------------
  * A batch whose sources overlap (allowed) adds up to more than a segment can
  * hold: kcolld would cut it into frames in memory first (24 bytes per 4 MiB
@@ -883,12 +894,7 @@ static void test_batch_total(struct kcoll *k)
 	tap_ok(r == -E2BIG, "batch total: 4 x 512 GiB (overlapping sources) -> -E2BIG (got %s)",
 	       kcoll_strerror(r));
 out:
-	if (rs)
-		kcoll_rseg_close(rs);
-	if (ls)
-		kcoll_seg_unregister(ls);
-	if (ts)
-		kcoll_seg_unregister(ts);
+	close_segs(rs, ls, ts);
 	free(buf);
 }
 
@@ -949,12 +955,7 @@ report:
 	       "idle stream: a transfer after the owner's kcolld dropped an idle stream succeeds "
 	       "(first %s, after the pause %s)", kcoll_strerror(r), kcoll_strerror(r2));
 out:
-	if (rs)
-		kcoll_rseg_close(rs);
-	if (ls)
-		kcoll_seg_unregister(ls);
-	if (ts)
-		kcoll_seg_unregister(ts);
+	close_segs(rs, ls, ts);
 	if (k2)
 		kcoll_disconnect(k2);
 	if (pid > 0) {
