@@ -23,7 +23,7 @@ $(BPF_VMLINUX):
 	@mkdir -p $(dir $@)
 	$(Q)$(BPFTOOL) btf dump file /sys/kernel/btf/vmlinux format c > $@.tmp && mv $@.tmp $@
 
-$(BPF_OBJ): bpf/flows.bpf.c bpf/flows.h $(BPF_VMLINUX)
+$(BPF_OBJ): bpf/flows.bpf.c bpf/flows.h bpf/bpf_common.h $(BPF_VMLINUX)
 	$(call msg,BPF,$<)
 	$(Q)$(BPF_CLANG) -g -O2 -target bpf -D__TARGET_ARCH_x86 -Wall -Werror \
 		-I$(BPF_OUT) -Ibpf -c -o $@ $<
@@ -38,7 +38,7 @@ $(OBJ)/bpf/kcoll_bpf.o: $(BPF_SKEL)
 # Flow steering (steer.bpf.c, loader steer.c): in the same library.
 BPF_STEER_OBJ := $(BPF_OUT)/steer.bpf.o
 BPF_STEER_SKEL := $(BPF_OUT)/steer.skel.h
-$(BPF_STEER_OBJ): bpf/steer.bpf.c bpf/steer.h $(BPF_VMLINUX)
+$(BPF_STEER_OBJ): bpf/steer.bpf.c bpf/steer.h bpf/bpf_common.h $(BPF_VMLINUX)
 	$(call msg,BPF,$<)
 	$(Q)$(BPF_CLANG) -g -O2 -target bpf -D__TARGET_ARCH_x86 -Wall -Werror \
 		-I$(BPF_OUT) -Ibpf -c -o $@ $<

@@ -12,87 +12,32 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_core_read.h>
 
+#include "bpf_common.h"
 #include "flows.h"
-
-#define TC_ACT_OK 0
-#define ETH_P_IP 0x0800
-#define ETH_HLEN 14
-#define IPPROTO_TCP 6
-#define IPPROTO_UDP 17
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, KCOLL_FLOWS_MAX);
-	__type(key, struct kcoll_flow_key);
-	__type(value, struct kcoll_flow_val);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} flows SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_LRU_HASH, KCOLL_FLOWS_MAX, struct kcoll_flow_key,
+		 struct kcoll_flow_val) flows SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, KCOLL_FLOWS_MAX);
-	__type(key, struct kcoll_flow_key);
-	__type(value, struct kcoll_tcp_val);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} tcp SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_LRU_HASH, KCOLL_FLOWS_MAX, struct kcoll_flow_key,
+		 struct kcoll_tcp_val) tcp SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
-	__type(key, struct kcoll_link_cfg_key);
-	__type(value, __u32);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} link_cfg SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_HASH, 256, struct kcoll_link_cfg_key, __u32) link_cfg SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u32);
-	__type(value, __u32);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} peer_cfg SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_HASH, 1024, __u32, __u32) peer_cfg SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, KCOLL_TRACK_SLOTS);
-	__type(key, __u32);
-	__type(value, struct kcoll_port_range);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} track_ports SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_ARRAY, KCOLL_TRACK_SLOTS, __u32,
+		 struct kcoll_port_range) track_ports SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
-	__type(key, __u64);
-	__type(value, __u32);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} track_cg SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_HASH, 64, __u64, __u32) track_cg SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, KCOLL_FLOWS_MAX);
-	__type(key, struct kcoll_flow_key);
-	__type(value, __u32);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} track_flows SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_LRU_HASH, KCOLL_FLOWS_MAX, struct kcoll_flow_key,
+		 __u32) track_flows SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct kcoll_bpf_settings);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} settings SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_ARRAY, 1, __u32, struct kcoll_bpf_settings) settings SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
-	__type(key, __u32);
-	__type(value, __u32);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} ifaces SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_HASH, 256, __u32, __u32) ifaces SEC(".maps");
 
 static __always_inline int port_tracked(__u16 a, __u16 b)
 {

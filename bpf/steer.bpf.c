@@ -18,40 +18,18 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "bpf_common.h"
 #include "steer.h"
-
-#define TC_ACT_UNSPEC (-1)	/* direct action: go on with the next filter */
-#define TC_ACT_SHOT 2
-#define ETH_P_IP 0x0800
-#define ETH_HLEN 14
-#define IPPROTO_TCP 6
-#define IPPROTO_UDP 17
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, KCOLL_STEER_MAX);
-	__type(key, struct kcoll_steer_key);
-	__type(value, struct kcoll_steer_val);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} steer_out SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_HASH, KCOLL_STEER_MAX, struct kcoll_steer_key,
+		 struct kcoll_steer_val) steer_out SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, KCOLL_STEER_MAX);
-	__type(key, struct kcoll_steer_key);
-	__type(value, struct kcoll_steer_val);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} steer_in SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_HASH, KCOLL_STEER_MAX, struct kcoll_steer_key,
+		 struct kcoll_steer_val) steer_in SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
-	__type(key, __u32);
-	__type(value, __u32);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} steer_ifs SEC(".maps");
+KCOLL_PINNED_MAP(BPF_MAP_TYPE_HASH, 64, __u32, __u32) steer_ifs SEC(".maps");
 
 struct pkt {
 	struct kcoll_steer_key key;

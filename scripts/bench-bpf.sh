@@ -124,18 +124,7 @@ def field(doc, name):
     walk(doc)
     return found[0]
 def busbw(doc):
-    found = []
-    def walk(x):
-        if isinstance(x, dict):
-            if "busbw" in x:
-                found.append(x["busbw"])
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-    walk(doc)
-    return found[0]
+    return field(doc, "busbw")
 res = []
 print("| size | busbw off (GB/s) | busbw on (GB/s) | on / off (medians) | paired on / off: median [min, max] | BPF runs per op | BPF ns per run | BPF CPU per op / op time |")
 print("|---:|---:|---:|---:|---:|---:|---:|---:|")

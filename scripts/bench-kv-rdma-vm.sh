@@ -16,6 +16,7 @@
 #   scripts/bench-kv-rdma-vm.sh --parse F   the table from a saved guest output
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/vm-rxe-setup.sh"
 dur=${BENCH_KV_SECONDS:-3}
 sizes="4096 65536 262144 1048576 4194304"
 
@@ -23,21 +24,13 @@ guest() {
 	local B=$1 T pids=() s iters
 	T=$(mktemp -d /tmp/bkv.XXXXXX)
 	ulimit -l unlimited
-	modprobe veth; modprobe crc32_generic; modprobe rdma_rxe
-	ip link set lo up
-	ip link add kvb0 type veth peer name kvb0p
-	ip link set kvb0 up; ip link set kvb0p up
-	ip addr add 10.34.0.1/24 dev kvb0; ip addr add 10.34.0.2/24 dev kvb0
-	rdma link add kvbrxe0 type rxe netdev kvb0
+	vm_rxe_load || { echo "bench-kv-rdma-vm: cannot load rdma_rxe: $why" >&2; exit 1; }
+	vm_rxe_link kvb0 kvbrxe0 10.34.0.1 10.34.0.2
 	sleep 1
 	perftest() {	# tag
 		for s in $sizes; do
 			iters=$(( (32 << 20) / s )); [ "$iters" -le 4096 ] || iters=4096; [ "$iters" -ge 8 ] || iters=8
-			timeout 120 ib_write_bw -d kvbrxe0 -x 1 -s "$s" -n "$iters" -F >"$T/srv" 2>&1 &
-			sleep 1
-			timeout 120 ib_write_bw -d kvbrxe0 -x 2 -s "$s" -n "$iters" -F 10.34.0.1 >"$T/cli" 2>&1 || true
-			wait || true
-			echo "PERFTEST $1 $s $(awk -v s="$s" '$1 == s && NF >= 4 { print $4 }' "$T/cli" | tail -1)"
+			echo "PERFTEST $1 $s $(vm_ib_write_bw kvbrxe0 10.34.0.1 "$s" "$iters" "$T")"
 		done
 	}
 	perftest before

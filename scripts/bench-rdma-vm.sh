@@ -14,6 +14,7 @@
 #   scripts/bench-rdma-vm.sh --guest B    inside the guest
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/vm-rxe-setup.sh"
 iters=${BENCH_RDMA_ITERS:-20}
 sizes="65536 262144 1048576 4194304"
 
@@ -21,20 +22,12 @@ guest() {
 	local B=$1 T pids=() s
 	T=$(mktemp -d /tmp/brd.XXXXXX)
 	ulimit -l unlimited
-	modprobe veth; modprobe crc32_generic; modprobe rdma_rxe
-	ip link set lo up
-	ip link add krdma0 type veth peer name krdma0p
-	ip link set krdma0 up; ip link set krdma0p up
-	ip addr add 10.31.0.1/24 dev krdma0; ip addr add 10.31.0.2/24 dev krdma0
-	rdma link add krxe0 type rxe netdev krdma0
+	vm_rxe_load || { echo "bench-rdma-vm: cannot load rdma_rxe: $why" >&2; exit 1; }
+	vm_rxe_link krdma0 krxe0 10.31.0.1 10.31.0.2
 	sleep 1
 	perftest() {	# tag
 		for s in $sizes; do
-			timeout 120 ib_write_bw -d krxe0 -x 1 -s "$s" -n "$iters" -F >"$T/srv" 2>&1 &
-			sleep 1
-			timeout 120 ib_write_bw -d krxe0 -x 2 -s "$s" -n "$iters" -F 10.31.0.1 >"$T/cli" 2>&1 || true
-			wait || true
-			echo "$1 $s $(awk -v s="$s" '$1 == s && NF >= 4 { print $4 }' "$T/cli" | tail -1)"
+			echo "$1 $s $(vm_ib_write_bw krxe0 10.31.0.1 "$s" "$iters" "$T")"
 		done
 	}
 	perftest PERFTEST

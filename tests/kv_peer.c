@@ -109,14 +109,6 @@ static struct kcoll *conn(void)
 	return k;
 }
 
-static void buf_free(struct kcoll *k, uint8_t *buf, int shm)
-{
-	if (shm)
-		kcoll_mem_free(k, buf);
-	else
-		free(buf);
-}
-
 /* shm: the buffer comes from kcoll_mem_alloc (kcolld receives in place). */
 static int owner(const char *dir, size_t size, int unreg, int shm)
 {
@@ -144,12 +136,10 @@ static int owner(const char *dir, size_t size, int unreg, int shm)
 	if (unreg) {
 		/* A neighbour nobody was given: it must never change. */
 		size_t nsize = 1 * MiB;
-		uint8_t *nb = shm ? NULL : malloc(nsize);
+		uint8_t *nb = buf_alloc(k, nsize, shm);
 		struct kcoll_seg *nseg = NULL;
 		uint64_t nh;
 
-		if (shm && kcoll_mem_alloc(k, nsize, (void **)&nb))
-			nb = NULL;
 		if (!nb || kcoll_seg_register(k, nb, nsize, NULL, &nseg))
 			return 2;
 		for (size_t i = 0; i < nsize; i++)
@@ -212,15 +202,6 @@ static uint32_t make_batch(struct kcoll_xfer_entry *e, uint32_t max, uint64_t sr
 	return n;
 }
 
-static uint8_t *lbuf(struct kcoll *k, size_t size, int shm)
-{
-	void *p = NULL;
-
-	if (!shm)
-		return malloc(size);
-	return kcoll_mem_alloc(k, size, &p) ? NULL : p;
-}
-
 static int initiator(const char *dir, int shm)
 {
 	struct kcoll *k = conn();
@@ -230,7 +211,7 @@ static int initiator(const char *dir, int shm)
 	struct kcoll_seg *ls, *lb;
 	struct kcoll_xfer_entry *e = calloc(KCOLL_XFER_MAX_ENTRIES, sizeof(*e));
 	size_t size, lsize = (getenv("KV_PEER_MIB") ? strtoull(getenv("KV_PEER_MIB"), NULL, 0) : 40) * MiB;
-	uint8_t *src = lbuf(k, lsize, shm), *back = lbuf(k, lsize, shm), *image;
+	uint8_t *src = buf_alloc(k, lsize, shm), *back = buf_alloc(k, lsize, shm), *image;
 	uint64_t h;
 	int r;
 
@@ -325,7 +306,7 @@ static int flood(const char *dir, int shm, int any)
 	if (file_read(dir, "desc", &d, sizeof(d), 30) || kcoll_seg_import(k, &d, &rs))
 		return 2;
 	size = kcoll_rseg_size(rs);
-	src = lbuf(k, size, shm);
+	src = buf_alloc(k, size, shm);
 	if (!src)
 		return 2;
 	memset(src, 0x5a, size);
@@ -421,7 +402,7 @@ static int part(const char *dir, uint32_t me, uint32_t parts, uint32_t rounds, i
 	if (file_read(dir, "desc", &d, sizeof(d), 30) || kcoll_seg_import(k, &d, &rs) || !e)
 		return 2;
 	slice = kcoll_rseg_size(rs) / parts;
-	src = lbuf(k, 2 * slice, shm);
+	src = buf_alloc(k, 2 * slice, shm);
 	if (!src || kcoll_seg_register(k, src, 2 * slice, NULL, &ls))
 		return 2;
 	back = src + slice;

@@ -45,14 +45,13 @@
 #include <kcoll/proto.h>
 
 #include "reduce.h"
+#include "test_util.h"
 
 #define MAX_RANKS	16
 #define MAX_CASES	256
 #define WAIT_MS		60000	/* per op: the daemon's own timeouts must come first */
 #define LOOP_COUNT	(1u << 20)
 #define BIG_COUNT	((1ul << 26) + 3)
-
-enum mem { MEM_SHM, MEM_HOST };
 
 struct tcase {
 	const char *group;
@@ -82,16 +81,6 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static const char *en(int e)
-{
-	const char *n;
-
-	if (e == 0)
-		return "0";
-	n = e < 0 ? strerrorname_np(-e) : NULL;
-	return n ? n : "?";
-}
-
 static void add(const char *group, int opcode, int dtype, int op, size_t count, int inplace,
 		int mem, int root)
 {
@@ -100,15 +89,6 @@ static void add(const char *group, int opcode, int dtype, int op, size_t count, 
 		exit(2);
 	}
 	cases[ncases++] = (struct tcase){ group, opcode, dtype, op, count, inplace, mem, root };
-}
-
-static uint64_t mix(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	return x ^ (x >> 33);
 }
 
 /*
@@ -147,55 +127,19 @@ static void fill(void *buf, int dtype, int op, size_t count, int rank, unsigned 
 
 static size_t send_count(const struct tcase *t, int n)
 {
-	return t->opcode == KCOLL_OP_REDUCE_SCATTER ? t->count * n : t->count;
+	return coll_send_count(t->opcode, t->count, n);
 }
 
 static size_t recv_count(const struct tcase *t, int n)
 {
-	return t->opcode == KCOLL_OP_ALLGATHER ? t->count * n : t->count;
+	return coll_recv_count(t->opcode, t->count, n);
 }
 
 static int expected(const struct tcase *t, int n, int rank, uint8_t *exp, uint8_t **ins)
 {
-	size_t esz = kcoll_dtype_size(t->dtype);
-	const void *in[MAX_RANKS];
-
 	for (int r = 0; r < n; r++)
 		fill(ins[r], t->dtype, t->op, send_count(t, n), r, t - cases);
-	switch (t->opcode) {
-	case KCOLL_OP_ALLREDUCE:
-		for (int r = 0; r < n; r++)
-			in[r] = ins[r];
-		return kcoll_reduce_ref(t->dtype, t->op, exp, in, n, t->count);
-	case KCOLL_OP_REDUCE_SCATTER:
-		for (int r = 0; r < n; r++)
-			in[r] = ins[r] + rank * t->count * esz;
-		return kcoll_reduce_ref(t->dtype, t->op, exp, in, n, t->count);
-	case KCOLL_OP_ALLGATHER:
-		for (int r = 0; r < n; r++)
-			memcpy(exp + r * t->count * esz, ins[r], t->count * esz);
-		return 0;
-	default:
-		memcpy(exp, ins[t->root], t->count * esz);
-		return 0;
-	}
-}
-
-static int alloc(struct kcoll *k, int mem, size_t bytes, void **p)
-{
-	bytes = bytes ? bytes : 1;
-	if (mem == MEM_SHM)
-		return kcoll_mem_alloc(k, bytes, p);
-	*p = malloc(bytes);
-	return *p ? 0 : -ENOMEM;
-}
-
-static void release(struct kcoll *k, int mem, void *p)
-{
-	if (mem == MEM_SHM)
-		kcoll_mem_free(k, p);
-	else
-		free(p);
+	return coll_expected(t->opcode, t->dtype, t->op, t->count, t->root, n, rank, ins, exp);
 }
 
 static void __attribute__((format(printf, 3, 4))) fail(struct result *res, int code, const char *fmt, ...)
@@ -270,45 +214,9 @@ static void run_case(struct kcoll *k, struct kcoll_comm *c, int n, int rank, int
 	sbuf = sraw;
 	rbuf = rraw;
 	memset(rraw, 0xA5, rbytes + pad);
-	if (t->inplace) {
-		switch (t->opcode) {
-		case KCOLL_OP_ALLREDUCE:
-		case KCOLL_OP_BROADCAST:
-			memcpy(rbuf, ins[rank], sbytes);
-			sbuf = rbuf;
-			break;
-		case KCOLL_OP_REDUCE_SCATTER:
-			release(k, t->mem, rraw);
-			rraw = NULL;
-			memcpy(sbuf, ins[rank], sbytes);
-			rbuf = sbuf + rank * t->count * esz;
-			break;
-		case KCOLL_OP_ALLGATHER:
-			memcpy(rbuf + rank * t->count * esz, ins[rank], sbytes);
-			sbuf = rbuf + rank * t->count * esz;
-			break;
-		}
-	} else {
-		memcpy(sbuf, ins[rank], sbytes);
-		if (t->opcode == KCOLL_OP_BROADCAST && rank != t->root)
-			sbuf = rbuf;
-		else if (t->opcode == KCOLL_OP_BROADCAST)
-			rbuf = sbuf;
-	}
-	switch (t->opcode) {
-	case KCOLL_OP_ALLREDUCE:
-		r = kcoll_allreduce(c, sbuf, rbuf, t->count, t->dtype, t->op, &req);
-		break;
-	case KCOLL_OP_REDUCE_SCATTER:
-		r = kcoll_reduce_scatter(c, sbuf, rbuf, t->count, t->dtype, t->op, &req);
-		break;
-	case KCOLL_OP_ALLGATHER:
-		r = kcoll_allgather(c, sbuf, rbuf, t->count, t->dtype, &req);
-		break;
-	default:
-		r = kcoll_broadcast(c, rbuf, t->count, t->dtype, t->root, &req);
-		break;
-	}
+	coll_place(k, t->mem, t->opcode, t->inplace, rank, t->root, t->count, esz, ins[rank], sbytes,
+		   &sbuf, &rbuf, &rraw);
+	r = submit_coll(c, t->opcode, sbuf, rbuf, t->count, t->dtype, t->op, t->root, &req);
 	r = wait_op(r, &req, &er);
 	if (r) {
 		fail(res, r, "operation failed: %s (err_rank %d)", en(r), er);

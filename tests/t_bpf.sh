@@ -9,20 +9,14 @@
 # sockops and pins; no root / no bpffs give a clear message. Needs root
 # (SKIP otherwise). About 5-10 s. TAP.
 set -u
-B=${KCOLL_BUILD:?run through tests/run.sh}
-top=${KCOLL_TOP:?run through tests/run.sh}
+. "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 KB="$B/bin/kcoll-bpf"
-PY=python3
-[ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+pick_python
 NET="$PY $top/tests/bpf_net.py"
-n=0 failed=0
-ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
-skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
 # within1 GOT WANT: |GOT - WANT| <= 1% of WANT, and WANT > 0
 within1() { [ "$2" -gt 0 ] && [ $(( ($1 - $2) * 100 )) -le "$2" ] && [ $(( ($2 - $1) * 100 )) -le "$2" ]; }
 
-[ "$(id -u)" -eq 0 ] || skip_all "needs root (BPF programs, network namespaces)"
-[ -x "$KB" ] || skip_all "kcoll-bpf not built (clang, bpftool or libbpf-dev missing: scripts/deps.sh)"
+need_kcoll_bpf
 command -v bpftool >/dev/null || skip_all "bpftool missing (scripts/deps.sh installs it)"
 P="kb$$"
 A="$P-a" Bn="$P-b"

@@ -10,34 +10,22 @@
 # receivers' rx_payload must match the senders' tx. Needs root (SKIP
 # otherwise). About 15-30 s. TAP.
 set -u
-B=${KCOLL_BUILD:?run through tests/run.sh}
-top=${KCOLL_TOP:?run through tests/run.sh}
-C="$top/scripts/netns-cluster.sh"
+. "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 KB="$B/bin/kcoll-bpf"
-export KCOLL_CLUSTER_PREFIX="kbc$$"
-P=$KCOLL_CLUSTER_PREFIX
+cluster_prefix "kbc$$"
 H=4 S=$((16 << 20)) ITERS=4 WARM=1 PORT=47000
-n=0 failed=0
-ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
-skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
 
-[ "$(id -u)" -eq 0 ] || skip_all "needs root (BPF programs, network namespaces)"
-[ -x "$KB" ] || skip_all "kcoll-bpf not built (clang, bpftool or libbpf-dev missing: scripts/deps.sh)"
+need_kcoll_bpf
 command -v bpftool >/dev/null || skip_all "bpftool missing (scripts/deps.sh installs it)"
-ip netns add "$P-probe" 2>/dev/null || skip_all "cannot create network namespaces here"
-ip netns del "$P-probe"
-PY=python3
-[ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+need_netns
+pick_python
 
-T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/bpfc.XXXXXX")
-export KCOLL_CLUSTER_RUNDIR="$T/run"
+cluster_tmp bpfc
 pin() { echo "/sys/fs/bpf/$P-h$1"; }
 K() { local i=$1; shift; "$KB" --pin "$(pin "$i")" --netns "$P-h$i" "$@"; }
 cleanup() {
 	for i in $(seq 0 $((H - 1))); do K "$i" detach >/dev/null 2>&1; done
-	"$C" down >/dev/null 2>&1
-	mountpoint -q "$T/bpffs" 2>/dev/null && umount "$T/bpffs"
-	rm -rf "$T"
+	cluster_cleanup
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

@@ -12,35 +12,24 @@
 # (datagrams intact, source address restored). Needs root (SKIP otherwise).
 # About 20 s. TAP.
 set -u
-B=${KCOLL_BUILD:?run through tests/run.sh}
-top=${KCOLL_TOP:?run through tests/run.sh}
-C="$top/scripts/netns-cluster.sh"
+. "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 KB="$B/bin/kcoll-bpf"
-export KCOLL_CLUSTER_PREFIX="kst$$"
-P=$KCOLL_CLUSTER_PREFIX
+cluster_prefix "kst$$"
 RATE=20000000	# each stream's sender is paced to 20 MB/s
-n=0 failed=0
-ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
-skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
 
-[ "$(id -u)" -eq 0 ] || skip_all "needs root (BPF programs, network namespaces)"
-[ -x "$KB" ] || skip_all "kcoll-bpf not built (clang, bpftool or libbpf-dev missing: scripts/deps.sh)"
-ip netns add "$P-probe" 2>/dev/null || skip_all "cannot create network namespaces here"
-ip netns del "$P-probe"
-PY=python3
-[ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+need_kcoll_bpf
+need_netns
+pick_python
 NET="$PY $top/tests/steer_net.py"
 
-T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/steer.XXXXXX")
-export KCOLL_CLUSTER_RUNDIR="$T/run"
+cluster_tmp steer
 PIDS=()
 cleanup() {
 	touch "$T/stop1" "$T/stop2"
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
 	wait 2>/dev/null
 	for i in 0 1; do K "$i" steer detach >/dev/null 2>&1; done
-	"$C" down >/dev/null 2>&1
-	rm -rf "$T"
+	cluster_cleanup
 }
 K() { local i=$1; shift; "$KB" --pin "/sys/fs/bpf/$P-h$i" --netns "$P-h$i" "$@"; }
 trap cleanup EXIT

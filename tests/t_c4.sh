@@ -24,39 +24,24 @@
 # rate below its usual one; retransmissions and srtt are shown).
 # Needs root and network namespaces (SKIP otherwise). About 110 s (210 s in CI). TAP.
 set -u
-B=${KCOLL_BUILD:?run through tests/run.sh}
-top=${KCOLL_TOP:?run through tests/run.sh}
-C="$top/scripts/netns-cluster.sh"
+. "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 RANK="$B/tests/c4_rank"
 CTL="$B/bin/kcollctl"
-export KCOLL_CLUSTER_PREFIX="c4$$"
+cluster_prefix "c4$$"
 H=4
 HANG_MS=2000
 if [ "${CI:-}" = true ]; then SOAK=${KCOLL_C4_SOAK:-120}; else SOAK=${KCOLL_C4_SOAK:-20}; fi
-n=0 failed=0
-ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
-skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
-now_ms() { date +%s%3N; }
 
-[ "$(id -u)" -eq 0 ] || skip_all "needs root (network namespaces, veth, tc)"
+need_root "network namespaces, veth, tc"
 command -v ip >/dev/null || skip_all "iproute2 (ip) is missing"
 command -v tc >/dev/null || skip_all "tc (iproute2) is missing"
 command -v python3 >/dev/null || skip_all "python3 is missing (JSON)"
-ip netns add "$KCOLL_CLUSTER_PREFIX-probe" 2>/dev/null || skip_all "cannot create network namespaces here"
-ip netns del "$KCOLL_CLUSTER_PREFIX-probe"
+need_netns
 [ -x "$RANK" ] || { echo "Bail out! $RANK missing: run make"; exit 1; }
 
-T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/c4.XXXXXX")
+cluster_tmp c4
 chmod 755 "$T"
-export KCOLL_CLUSTER_RUNDIR="$T/run"
-R=$KCOLL_CLUSTER_RUNDIR
-cleanup() {
-	jobs -p | xargs -r kill -KILL 2>/dev/null
-	"$C" down >/dev/null 2>&1
-	mountpoint -q "$T/bpffs" 2>/dev/null && umount "$T/bpffs"
-	mountpoint -q "$T/cg" 2>/dev/null && umount "$T/cg"
-	rm -rf "$T"
-}
+cleanup() { cluster_cleanup cg; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 

@@ -16,48 +16,34 @@
 #   - the stream arrived intact, the all-reduces ended well.
 # Needs root, network namespaces and the BPF build (SKIP otherwise). About 60 s. TAP.
 set -u
-B=${KCOLL_BUILD:?run through tests/run.sh}
-top=${KCOLL_TOP:?run through tests/run.sh}
-C="$top/scripts/netns-cluster.sh"
+. "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 KB="$B/bin/kcoll-bpf"
 CTL="$B/bin/kcollctl"
 RANK="$B/tests/c4_rank"
-export KCOLL_CLUSTER_PREFIX="c4s$$"
-P=$KCOLL_CLUSTER_PREFIX
+cluster_prefix "c4s$$"
 H=2 PORT=5301 RATE=20000000
-n=0 failed=0
-ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
-skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
 
-[ "$(id -u)" -eq 0 ] || skip_all "needs root (BPF programs, network namespaces)"
-[ -x "$KB" ] || skip_all "kcoll-bpf not built (clang, bpftool or libbpf-dev missing: scripts/deps.sh)"
+need_kcoll_bpf
 [ -x "$RANK" ] || { echo "Bail out! $RANK missing: run make"; exit 1; }
-ip netns add "$P-probe" 2>/dev/null || skip_all "cannot create network namespaces here"
-ip netns del "$P-probe"
-PY=python3
-[ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+need_netns
+pick_python
 NET="$PY $top/tests/steer_net.py"
 
-T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/c4s.XXXXXX")
+cluster_tmp c4s
 chmod 755 "$T"
-export KCOLL_CLUSTER_RUNDIR="$T/run"
-R=$KCOLL_CLUSTER_RUNDIR
 PIDS=()
 cleanup() {
 	touch "$T/stop1"
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
 	jobs -p | xargs -r kill -KILL 2>/dev/null
 	wait 2>/dev/null
-	"$C" down >/dev/null 2>&1
-	mountpoint -q "$T/bpffs" 2>/dev/null && umount "$T/bpffs"
-	rm -rf "$T"
+	cluster_cleanup
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 sock() { echo "$R/h$1/kcolld.sock"; }
 pin() { echo "$T/bpffs/h$1"; }
 K() { local i=$1; shift; "$KB" --pin "$(pin "$i")" --netns "$P-h$i" "$@"; }
-now_ms() { date +%s%3N; }
 
 export KCOLL_LOG_LEVEL=info
 "$C" up -H $H >"$T/up.out" 2>&1 || { cat "$T/up.out"; echo "Bail out! cluster up failed"; exit 1; }

@@ -7,27 +7,18 @@
 # after a partial up. Needs root and network namespaces (SKIP otherwise).
 # Bounded: about 10-15 s. TAP.
 set -u
-B=${KCOLL_BUILD:?run through tests/run.sh}
-top=${KCOLL_TOP:?run through tests/run.sh}
-C="$top/scripts/netns-cluster.sh"
+. "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 CAP="$B/bin/kcoll-tcpcap"
-export KCOLL_CLUSTER_PREFIX="kt$$"
-P=$KCOLL_CLUSTER_PREFIX
+cluster_prefix "kt$$"
 H=4
-n=0 failed=0
-ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
-skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
 
-[ "$(id -u)" -eq 0 ] || skip_all "needs root (network namespaces, veth, tc)"
+need_root "network namespaces, veth, tc"
 if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then skip_all "iproute2 (ip, tc) is missing"; fi
-ip netns add "$P-probe" 2>/dev/null || skip_all "cannot create network namespaces here"
-ip netns del "$P-probe"
+need_netns
 [ -x "$CAP" ] || { echo "Bail out! $CAP missing: run make"; exit 1; }
 
-T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/cluster.XXXXXX")
-export KCOLL_CLUSTER_RUNDIR="$T/run"
-cleanup() { "$C" down >/dev/null 2>&1; rm -rf "$T"; }
-trap cleanup EXIT
+cluster_tmp cluster
+trap cluster_cleanup EXIT
 trap 'exit 130' INT TERM
 
 # An ICMP echo, 1 s timeout, three tries (a first echo also waits for ARP,

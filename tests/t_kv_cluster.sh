@@ -9,31 +9,18 @@
 # write after unregister. Needs root and network namespaces (SKIP otherwise).
 # Bounded: about 10-30 s. TAP.
 set -u
-B=${KCOLL_BUILD:?run through tests/run.sh}
-top=${KCOLL_TOP:?run through tests/run.sh}
-C="$top/scripts/netns-cluster.sh"
+. "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 PEER="$B/tests/kv_peer"
-export KCOLL_CLUSTER_PREFIX="kv$$"
-P=$KCOLL_CLUSTER_PREFIX
-n=0
-ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fi; }
-skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
+cluster_prefix "kv$$"
 
-[ "$(id -u)" -eq 0 ] || skip_all "needs root (network namespaces, veth)"
+need_root "network namespaces, veth"
 command -v ip >/dev/null || skip_all "iproute2 (ip) is missing"
-ip netns add "$P-probe" 2>/dev/null || skip_all "cannot create network namespaces here"
-ip netns del "$P-probe"
+need_netns
 [ -x "$PEER" ] || { echo "Bail out! $PEER missing: run make"; exit 1; }
 
-T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/kvcluster.XXXXXX")
+cluster_tmp kvcluster
 chmod 755 "$T"
-export KCOLL_CLUSTER_RUNDIR="$T/run"
-cleanup() {
-	jobs -p | xargs -r kill -KILL 2>/dev/null
-	"$C" down >/dev/null 2>&1
-	rm -rf "$T"
-}
-trap cleanup EXIT
+trap cluster_cleanup EXIT
 trap 'exit 130' INT TERM
 
 "$C" up -H 2 >"$T/up.log" 2>&1

@@ -21,42 +21,26 @@
 # and rank faults without the daemon-to-daemon transport; the checks that
 # need one daemon per host are skipped).
 set -u
-B=${KCOLL_BUILD:?run through tests/run.sh}
-top=${KCOLL_TOP:?run through tests/run.sh}
-C="$top/scripts/netns-cluster.sh"
+. "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 RANK="$B/tests/mh_rank"
 CTL="$B/bin/kcollctl"
-export KCOLL_CLUSTER_PREFIX="km$$"
-P=$KCOLL_CLUSTER_PREFIX
+cluster_prefix "km$$"
 H=4
 TMO=3000			# KCOLL_TIMEOUT_MS of the fault runs
 BOUND=$((TMO + 1000))		# a failure must be reported within this (ms)
 TMO_CASES=15000			# ... of the case lists: a comm that cannot form fails fast
 ONE=${KCOLL_MH_ONE_DAEMON:-0}
-n=0 failed=0 dumps=0
-ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
-skip() { n=$((n + 1)); echo "ok $n # SKIP $1"; }
-skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
-now_ms() { date +%s%3N; }
+dumps=0
 
-[ "$(id -u)" -eq 0 ] || skip_all "needs root (network namespaces, veth)"
+need_root "network namespaces, veth"
 command -v ip >/dev/null || skip_all "iproute2 (ip) is missing"
 command -v python3 >/dev/null || skip_all "python3 is missing (status JSON, raw TCP peer)"
-ip netns add "$P-probe" 2>/dev/null || skip_all "cannot create network namespaces here"
-ip netns del "$P-probe"
+need_netns
 [ -x "$RANK" ] || { echo "Bail out! $RANK missing: run make"; exit 1; }
 
-T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/multihost.XXXXXX")
+cluster_tmp multihost
 chmod 755 "$T"
-export KCOLL_CLUSTER_RUNDIR="$T/run"
-R=$KCOLL_CLUSTER_RUNDIR
-cleanup() {
-	# Our own background jobs (their processes in the namespaces go with down).
-	jobs -p | xargs -r kill -KILL 2>/dev/null
-	"$C" down >/dev/null 2>&1
-	rm -rf "$T"
-}
-trap cleanup EXIT
+trap cluster_cleanup EXIT
 trap 'exit 130' INT TERM
 
 sock() { echo "$R/h$1/kcolld.sock"; }

@@ -87,6 +87,20 @@ static void ops(uint32_t self, uint64_t seq, const uint32_t think_ms[4], uint32_
 	}
 }
 
+/* One tick of time passes and the detector evaluates; returns what it did. */
+static int advance(void)
+{
+	now += TICK;
+	return kcoll_c4_evaluate(&c4, now);
+}
+
+/* One tick of healthy submissions (ops), then advance(). */
+static int step(uint32_t self, uint64_t seq, const uint32_t think_ms[4], uint32_t noise)
+{
+	ops(self, seq, think_ms, noise);
+	return advance();
+}
+
 static uint32_t count_kind(uint64_t since, uint32_t kind, int raised, struct kcoll_c4_event *last)
 {
 	struct kcoll_c4_event ev[KCOLL_C4_EVQ];
@@ -148,9 +162,7 @@ static void test_healthy_noisy(void)
 		/* 45% noise on every sample, and the links' means differ by 1.6x */
 		rx[1] = 600 + (i / 200 % 2) * 360;
 		traffic(0, rx, tx, 45);
-		ops(0, i, think, 80);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+		step(0, i, think, 80);
 	}
 	tap_ok(all_events() == 0, "noisy healthy trace (45%% rate noise, 1.6x link imbalance, 500 s): "
 	       "no event (got %u)", all_events());
@@ -168,9 +180,7 @@ static void test_comm_slow(uint32_t self, bool own_link)
 	setup(self, NULL);
 	for (i = 0; i < 40; i++) {
 		traffic(self, rx, tx, 20);
-		ops(self, i, think, 20);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+		step(self, i, think, 20);
 	}
 	kcoll_c4_plan(&c4, shared, 2, now, &pl);
 	tap_ok(pl.link[culprit == self ? (self + 1) % 4 : culprit][0] == 0 &&
@@ -185,9 +195,7 @@ static void test_comm_slow(uint32_t self, bool own_link)
 	degraded_at = i;
 	for (; i < degraded_at + 40 && !count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e); i++) {
 		traffic(self, rx, tx, 20);
-		ops(self, i, think, 20);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+		step(self, i, think, 20);
 	}
 	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e) == 1 && e.host == culprit && e.link == 1,
 	       "%s link slow: communication slow names host %u link %u (got host %u link %u)",
@@ -217,9 +225,7 @@ static void test_comm_slow(uint32_t self, bool own_link)
 	t0 = now;
 	for (int k = 0; k < 60 && !count_kind(0, KCOLL_C4_COMM_SLOW, 0, NULL); k++, i++) {
 		traffic(self, rx, tx, 20);
-		ops(self, i, think, 20);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+		step(self, i, think, 20);
 	}
 	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 0, &e) == 1 && e.host == culprit,
 	       "heal: cleared after %llu ms", (unsigned long long)((now - t0) / MS));
@@ -274,9 +280,7 @@ static uint32_t slow_run(int with_bpf, struct kcoll_c4_event *e)
 		traffic(1, rx, tx, 20);
 		if (with_bpf)
 			bpf_traffic(1, wall, 20, 150, 0);
-		ops(1, i, think, 20);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+		step(1, i, think, 20);
 	}
 	rx[1] = 60;
 	if (with_bpf == 1)
@@ -285,9 +289,7 @@ static uint32_t slow_run(int with_bpf, struct kcoll_c4_event *e)
 		traffic(1, rx, tx, 20);
 		if (with_bpf)	/* 2: retransmissions only, rate and RTT as usual */
 			bpf_traffic(1, wall, 20, with_bpf == 1 ? 25000 : 150, 3);
-		ops(1, i, think, 20);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+		step(1, i, think, 20);
 	}
 	return k;
 }
@@ -347,9 +349,7 @@ static void test_bpf_noisy_healthy(void)
 			wall[0] = wall[1] = 30;
 		traffic(0, rx, tx, 45);
 		bpf_traffic(0, wall, 45, (uint32_t)noisy(300, 80), i % 37 == 0 ? 2 : 0);
-		ops(0, i, think, 80);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+		step(0, i, think, 80);
 	}
 	tap_ok(all_events() == 0, "noisy healthy trace with noisy BPF statistics and a 10x lighter "
 	       "load (300 s): no event (got %u)", all_events());
@@ -372,52 +372,58 @@ static void test_no_choice(void)
 	setup(0, NULL);
 	for (uint32_t i = 0; i < 8; i++) {
 		traffic(0, (uint64_t[2]){ 600, 600 }, tx, 10);
-		ops(0, i, think, 10);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+		step(0, i, think, 10);
 	}
 	/* Both of host 3's links slow: tx keys keep the median up. */
 	for (uint32_t i = 8; i < 30; i++) {
 		traffic(0, rx, tx, 10);
-		ops(0, i, think, 10);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+		step(0, i, think, 10);
 	}
 	kcoll_c4_plan(&c4, shared, 2, now, &pl);
 	tap_ok(c4.culprit[3][0].slow && c4.culprit[3][1].slow && pl.link[3][0] == 0 && pl.link[3][1] == 1 &&
 	       pl.why[3][0] == KCOLL_C4_WHY_NO_CHOICE, "every link to a host degraded: keep spreading, say why");
 }
 
-static void test_noncomm_hang(bool local_culprit)
+/* The hang tests' start: hang_ms 2000, we are host 0, 20 healthy ops. */
+static void hang_start(void)
 {
+	const uint32_t think[4] = { 1, 1, 1, 1 };
 	struct kcoll_c4_params p;
-	uint32_t think[4] = { 1, 1, 1, 1 }, stuck = local_culprit ? 0 : 2;
-	struct kcoll_c4_event e = { 0 };
-	uint64_t t0;
 
 	kcoll_c4_params_default(&p);
 	p.hang_ms = 2000;
 	setup(0, &p);
-	for (uint32_t i = 0; i < 20; i++) {
-		ops(0, i, think, 10);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+	for (uint32_t i = 0; i < 20; i++)
+		step(0, i, think, 10);
+}
+
+/* Ranks 1..3 report op 20 submitted (nsub 21) and waited on since t0, but
+ * rank 'stuck', which has not submitted it and waits 5 ms longer. */
+static void report_op20(uint64_t t0, uint32_t stuck)
+{
+	for (uint32_t r = 1; r < 4; r++) {
+		struct kcoll_c4_rankrep rep = { .rank = r, .nsub = r == stuck ? 20 : 21,
+						.age_ms = (uint32_t)((now - t0) / MS) + (r == stuck ? 5 : 0),
+						.think_us = 300, .nthink = 16 };
+
+		kcoll_c4_rank_report(&c4, &rep, now);
 	}
+}
+
+static void test_noncomm_hang(bool local_culprit)
+{
+	uint32_t stuck = local_culprit ? 0 : 2;
+	struct kcoll_c4_event e = { 0 };
+	uint64_t t0;
+
+	hang_start();
 	/* Op 20: every rank but 'stuck' submits and waits. */
 	t0 = now;
 	if (!local_culprit)
 		kcoll_c4_submit(&c4, 0, 20, now);
 	for (int k = 0; k < 40; k++) {
-		for (uint32_t r = 1; r < 4; r++) {
-			uint64_t age = (now - t0) / MS;
-			struct kcoll_c4_rankrep rep = { .rank = r, .nsub = r == stuck ? 20 : 21,
-							.age_ms = (uint32_t)age + (r == stuck ? 5 : 0),
-							.think_us = 300, .nthink = 16 };
-
-			kcoll_c4_rank_report(&c4, &rep, now);
-		}
-		now += TICK;
-		if (kcoll_c4_evaluate(&c4, now) && count_kind(0, KCOLL_C4_NONCOMM_HANG, 1, &e))
+		report_op20(t0, stuck);
+		if (advance() && count_kind(0, KCOLL_C4_NONCOMM_HANG, 1, &e))
 			break;
 		if (!local_culprit)
 			kcoll_c4_wait(&c4, 2, 1, t0, 20);
@@ -438,46 +444,28 @@ static void test_noncomm_hang(bool local_culprit)
 
 		kcoll_c4_rank_report(&c4, &rep, now);
 	}
-	now += TICK;
-	kcoll_c4_evaluate(&c4, now);
+	advance();
 	tap_ok(count_kind(0, KCOLL_C4_NONCOMM_HANG, 0, NULL) == 1, "... cleared once it submits");
 }
 
 static void test_comm_hang(void)
 {
-	struct kcoll_c4_params p;
-	uint32_t think[4] = { 1, 1, 1, 1 };
 	struct kcoll_c4_event e = { 0 };
 	uint64_t t0;
 
-	kcoll_c4_params_default(&p);
-	p.hang_ms = 2000;
-	setup(0, &p);
-	for (uint32_t i = 0; i < 20; i++) {
-		ops(0, i, think, 10);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
-	}
+	hang_start();
 	t0 = now;
 	kcoll_c4_submit(&c4, 0, 20, now);
 	for (int k = 0; k < 40 && !count_kind(0, KCOLL_C4_COMM_HANG, 1, &e); k++) {
-		for (uint32_t r = 1; r < 4; r++) {
-			struct kcoll_c4_rankrep rep = { .rank = r, .nsub = 21,
-							.age_ms = (uint32_t)((now - t0) / MS),
-							.think_us = 300, .nthink = 16 };
-
-			kcoll_c4_rank_report(&c4, &rep, now);
-		}
+		report_op20(t0, 0);	/* rank 0 (ours) does not report: nobody is stuck */
 		kcoll_c4_wait(&c4, 3, 1, t0, 20);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
+		advance();
 	}
 	tap_ok(count_kind(0, KCOLL_C4_COMM_HANG, 1, &e) == 1 && e.host == 3 && e.link == 1 && e.rank == 3,
 	       "communication hang: every rank submitted, host 3's data does not come on link 1");
 	tap_ok(count_kind(0, KCOLL_C4_NONCOMM_HANG, -1, NULL) == 0, "... not blamed on a rank's submission");
 	kcoll_c4_wait(&c4, KCOLL_C4_NONE, 0, 0, 0);
-	now += TICK;
-	kcoll_c4_evaluate(&c4, now);
+	advance();
 	tap_ok(count_kind(0, KCOLL_C4_COMM_HANG, 0, NULL) == 1, "... cleared when data moves again");
 }
 
@@ -488,27 +476,18 @@ static void test_straggler(bool local)
 	uint32_t i;
 
 	setup(0, NULL);
-	for (i = 0; i < 30; i++) {
-		ops(0, i, think, 50);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
-	}
+	for (i = 0; i < 30; i++)
+		step(0, i, think, 50);
 	think[who] = 150;
-	for (; i < 80 && !count_kind(0, KCOLL_C4_NONCOMM_SLOW, 1, &e); i++) {
-		ops(0, i, think, 20);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
-	}
+	for (; i < 80 && !count_kind(0, KCOLL_C4_NONCOMM_SLOW, 1, &e); i++)
+		step(0, i, think, 20);
 	tap_ok(count_kind(0, KCOLL_C4_NONCOMM_SLOW, 1, &e) == 1 && e.rank == who,
 	       "straggler (%s rank, 150 ms late each op) named: rank %u, think %llu us vs median %llu us",
 	       local ? "our" : "a peer's", e.rank, (unsigned long long)e.value, (unsigned long long)e.ref);
 	tap_ok(count_kind(0, 0, 1, NULL) == 1, "... and nothing else");
 	think[who] = 1;
-	for (int k = 0; k < 60 && !count_kind(0, KCOLL_C4_NONCOMM_SLOW, 0, NULL); k++, i++) {
-		ops(0, i, think, 20);
-		now += TICK;
-		kcoll_c4_evaluate(&c4, now);
-	}
+	for (int k = 0; k < 60 && !count_kind(0, KCOLL_C4_NONCOMM_SLOW, 0, NULL); k++, i++)
+		step(0, i, think, 20);
 	tap_ok(count_kind(0, KCOLL_C4_NONCOMM_SLOW, 0, NULL) == 1, "... cleared once it keeps up again");
 }
 

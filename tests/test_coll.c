@@ -22,11 +22,10 @@
 #include <kcoll/tap.h>
 
 #include "reduce.h"
+#include "test_util.h"
 
 #define MAX_RANKS	8
 #define MAX_CASES	512
-
-enum mem { MEM_SHM, MEM_HOST };
 
 struct tcase {
 	const char *group;
@@ -60,86 +59,29 @@ static void add(const char *group, int opcode, int dtype, int op, size_t count, 
 
 /* Deterministic input of rank r, element i: exact-ish values that exercise
  * rounding (floats) and wrap-around (integers). */
-static uint64_t mix(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	return x ^ (x >> 33);
-}
-
 static void fill(void *buf, int dtype, size_t count, int rank, int salt)
 {
-	for (size_t i = 0; i < count; i++) {
-		uint64_t h = mix(((uint64_t)salt << 40) ^ ((uint64_t)rank << 32) ^ i);
-		double f = ((int64_t)(h % 2000001) - 1000000) / 1024.0;
-
-		switch (dtype) {
-		case KCOLL_F32: ((float *)buf)[i] = (float)f; break;
-		case KCOLL_F64: ((double *)buf)[i] = f / 3.0; break;
-		case KCOLL_F16: ((uint16_t *)buf)[i] = kcoll_f32_to_f16((float)(f / 256.0)); break;
-		case KCOLL_BF16: ((uint16_t *)buf)[i] = kcoll_f32_to_bf16((float)f); break;
-		case KCOLL_I8: case KCOLL_U8: ((uint8_t *)buf)[i] = h; break;
-		case KCOLL_I32: case KCOLL_U32: ((uint32_t *)buf)[i] = h; break;
-		default: ((uint64_t *)buf)[i] = h; break;
-		}
-	}
+	fill_range(buf, dtype, count, rank, salt, 1000000, 1024.0, 256.0);
 }
 
 static size_t send_count(const struct tcase *t, int n)
 {
-	return t->opcode == KCOLL_OP_REDUCE_SCATTER ? t->count * n : t->count;
+	return coll_send_count(t->opcode, t->count, n);
 }
 
 static size_t recv_count(const struct tcase *t, int n)
 {
-	return t->opcode == KCOLL_OP_ALLGATHER ? t->count * n : t->count;
+	return coll_recv_count(t->opcode, t->count, n);
 }
 
 /* The expected receive buffer of 'rank' into exp (recv_count elements). */
 static int expected(const struct tcase *t, int n, int rank, uint8_t *exp, uint8_t **ins)
 {
-	size_t esz = kcoll_dtype_size(t->dtype);
 	size_t sc = send_count(t, n);
-	const void *in[MAX_RANKS];
 
 	for (int r = 0; r < n; r++)
 		fill(ins[r], t->dtype, sc, r, t - cases);
-	switch (t->opcode) {
-	case KCOLL_OP_ALLREDUCE:
-		for (int r = 0; r < n; r++)
-			in[r] = ins[r];
-		return kcoll_reduce_ref(t->dtype, t->op, exp, in, n, t->count);
-	case KCOLL_OP_REDUCE_SCATTER:
-		for (int r = 0; r < n; r++)
-			in[r] = ins[r] + rank * t->count * esz;
-		return kcoll_reduce_ref(t->dtype, t->op, exp, in, n, t->count);
-	case KCOLL_OP_ALLGATHER:
-		for (int r = 0; r < n; r++)
-			memcpy(exp + r * t->count * esz, ins[r], t->count * esz);
-		return 0;
-	default:
-		memcpy(exp, ins[t->root], t->count * esz);
-		return 0;
-	}
-}
-
-static int alloc(struct kcoll *k, int mem, size_t bytes, void **p)
-{
-	bytes = bytes ? bytes : 1;
-	if (mem == MEM_SHM)
-		return kcoll_mem_alloc(k, bytes, p);
-	*p = malloc(bytes);
-	return *p ? 0 : -ENOMEM;
-}
-
-static void release(struct kcoll *k, int mem, void *p)
-{
-	if (mem == MEM_SHM)
-		kcoll_mem_free(k, p);
-	else
-		free(p);
+	return coll_expected(t->opcode, t->dtype, t->op, t->count, t->root, n, rank, ins, exp);
 }
 
 static void fail(struct result *res, int rank, int code, const char *fmt, ...)
@@ -183,47 +125,9 @@ static void run_case(struct kcoll *k, struct kcoll_comm *c, int n, int rank, int
 	sbuf = sraw + t->misalign;
 	rbuf = rraw + t->misalign;
 	memset(rraw, 0xA5, rbytes + pad);
-	/* In place per NCCL: the operand already sits where the result goes. */
-	if (t->inplace) {
-		switch (t->opcode) {
-		case KCOLL_OP_ALLREDUCE:
-		case KCOLL_OP_BROADCAST:
-			memcpy(rbuf, ins[rank], sbytes);
-			sbuf = rbuf;
-			break;
-		case KCOLL_OP_REDUCE_SCATTER:
-			/* recv = send + rank * count: send lives in the recv allocation's place */
-			release(k, t->mem, rraw);
-			rraw = NULL;
-			memcpy(sbuf, ins[rank], sbytes);
-			rbuf = sbuf + rank * t->count * esz;
-			break;
-		case KCOLL_OP_ALLGATHER:
-			memcpy(rbuf + rank * t->count * esz, ins[rank], sbytes);
-			sbuf = rbuf + rank * t->count * esz;
-			break;
-		}
-	} else {
-		memcpy(sbuf, ins[rank], sbytes);
-		if (t->opcode == KCOLL_OP_BROADCAST && rank != t->root)
-			sbuf = rbuf;
-		else if (t->opcode == KCOLL_OP_BROADCAST)
-			rbuf = sbuf;
-	}
-	switch (t->opcode) {
-	case KCOLL_OP_ALLREDUCE:
-		r = kcoll_allreduce(c, sbuf, rbuf, t->count, t->dtype, t->op, &req);
-		break;
-	case KCOLL_OP_REDUCE_SCATTER:
-		r = kcoll_reduce_scatter(c, sbuf, rbuf, t->count, t->dtype, t->op, &req);
-		break;
-	case KCOLL_OP_ALLGATHER:
-		r = kcoll_allgather(c, sbuf, rbuf, t->count, t->dtype, &req);
-		break;
-	default:
-		r = kcoll_broadcast(c, rbuf, t->count, t->dtype, t->root, &req);
-		break;
-	}
+	coll_place(k, t->mem, t->opcode, t->inplace, rank, t->root, t->count, esz, ins[rank], sbytes,
+		   &sbuf, &rbuf, &rraw);
+	r = submit_coll(c, t->opcode, sbuf, rbuf, t->count, t->dtype, t->op, t->root, &req);
 	if (!r)
 		r = kcoll_wait(req, 20000);
 	if (r) {

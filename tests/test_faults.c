@@ -36,6 +36,7 @@
 #include <kcoll/tap.h>
 
 #include "rawclient.h"
+#include "test_util.h"
 
 #define NSLOT		8
 #define NVAL		16
@@ -82,16 +83,6 @@ static int64_t now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static const char *en(int e)
-{
-	const char *n;
-
-	if (e == 0)
-		return "0";
-	n = e < 0 ? strerrorname_np(-e) : NULL;
-	return n ? n : "?";
 }
 
 static uint64_t rng = 0x6b636f6c6c2d6675ull;	/* fixed seed */

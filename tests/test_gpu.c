@@ -29,22 +29,11 @@
 #include "fake_cuda.h"
 #include "kcoll_gpu.h"
 #include "reduce_core.h"
+#include "test_util.h"
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
-/* CUDA under ASan needs the shadow gap mapped; the driver's own allocations
- * are not ours to leak-check. Used only by ASan builds. */
-const char *__asan_default_options(void);
-const char *__asan_default_options(void)
-{
-	return "protect_shadow_gap=0";
-}
-
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-	return "leak:libcuda.so\nleak:libkcoll_gpu.so\n";
-}
+TEST_CUDA_SAN_DEFAULTS
 
 static const char *const dtype_names[] = {
 	"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "u32", "i64", "u64",
@@ -653,6 +642,16 @@ static int fake_setup(struct fake_env *e)
 	return 0;
 }
 
+/* The fake driver's device memory (shared memory) allocator and free. */
+static void fake_mem_fns(const struct fake_env *e, void *(**dalloc)(size_t), void (**dfree)(void *))
+{
+	void *sym = dlsym(e->dl, "kcoll_fake_cuda_alloc");
+
+	memcpy(dalloc, &sym, sizeof(sym));
+	sym = dlsym(e->dl, "kcoll_fake_cuda_free");
+	memcpy(dfree, &sym, sizeof(sym));
+}
+
 static void fake_teardown(struct fake_env *e)
 {
 	for (size_t i = 0; i < ARRAY_SIZE(sysfs_dirs); i++)
@@ -940,7 +939,6 @@ static void test_ptr_ctx(void)
 	struct kcoll_gpu *g = NULL;
 	unsigned char *mem, *again;
 	struct fake_env e;
-	void *sym;
 	int rc, rc2, host = 0;
 	long page = sysconf(_SC_PAGESIZE);
 
@@ -949,10 +947,7 @@ static void test_ptr_ctx(void)
 			tap_skip("the fake CUDA fixture did not load: %s", dlerror());
 		return;
 	}
-	sym = dlsym(e.dl, "kcoll_fake_cuda_alloc");
-	memcpy(&dalloc, &sym, sizeof(sym));
-	sym = dlsym(e.dl, "kcoll_fake_cuda_free");
-	memcpy(&dfree, &sym, sizeof(sym));
+	fake_mem_fns(&e, &dalloc, &dfree);
 	fake_open(&e, &f, 0, 1, "6.1.0", &g);
 	mem = dalloc(4 * (size_t)page);
 	rc = mem ? kcoll_gpu_ptr_query(g, mem + page + 8, &q, why, sizeof(why)) : -ENOMEM;
@@ -1292,7 +1287,7 @@ static void test_ipc(void)
 	void (*dfree)(void *);
 	struct kcoll_gpu_ipc h, bad;
 	struct kcoll_gpu *g = NULL;
-	void *sym, *base, *dptr;
+	void *base, *dptr;
 	unsigned char *mem;
 	struct fake_env e;
 	int rc, rc2, rc3, fd;
@@ -1303,10 +1298,7 @@ static void test_ipc(void)
 			tap_skip("the fake CUDA fixture did not load: %s", dlerror());
 		return;
 	}
-	sym = dlsym(e.dl, "kcoll_fake_cuda_alloc");
-	memcpy(&dalloc, &sym, sizeof(sym));
-	sym = dlsym(e.dl, "kcoll_fake_cuda_free");
-	memcpy(&dfree, &sym, sizeof(sym));
+	fake_mem_fns(&e, &dalloc, &dfree);
 	mem = dalloc ? dalloc(4 * (size_t)page) : NULL;
 	for (int i = 0; mem && i < 4 * page; i++)
 		mem[i] = (unsigned char)(i * 7 + 1);

@@ -40,6 +40,7 @@
 #include "kcoll_gpu.h"
 #include "rawclient.h"
 #include "reduce.h"
+#include "test_util.h"
 
 #define NR		2
 #define MAX_CASES	170
@@ -69,18 +70,7 @@ static struct shared *sh;
 static char exe_dir[PATH_MAX], dir[PATH_MAX];
 static const char *run_name;
 
-/* Under ASan with a real driver (as tests/test_gpu.c): CUDA needs the shadow gap. */
-const char *__asan_default_options(void);
-const char *__asan_default_options(void)
-{
-	return "protect_shadow_gap=0";
-}
-
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-	return "leak:libcuda.so\nleak:libkcoll_gpu.so\n";
-}
+TEST_CUDA_SAN_DEFAULTS
 
 static const int dtypes[] = { KCOLL_F32, KCOLL_F16, KCOLL_BF16, KCOLL_F64, KCOLL_I32, KCOLL_U8,
 			      KCOLL_I64 };
@@ -118,32 +108,10 @@ static void build_cases(void)
 	add(KCOLL_OP_ALLREDUCE, KCOLL_BF16, KCOLL_SUM, K_DEV, 1000003, 0);
 }
 
-static uint64_t mix(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	return x ^ (x >> 33);
-}
-
 /* Finite values (no NaN: the GPU's NaN payload may differ, docs/gpu.md). */
 static void fill(void *buf, int dtype, size_t count, int rank, int salt)
 {
-	for (size_t i = 0; i < count; i++) {
-		uint64_t h = mix(((uint64_t)salt << 40) ^ ((uint64_t)rank << 32) ^ i);
-		float f = (float)((int)(h % 2001) - 1000) / 8.0f;
-
-		switch (dtype) {
-		case KCOLL_F32: ((float *)buf)[i] = f; break;
-		case KCOLL_F64: ((double *)buf)[i] = f / 3.0; break;
-		case KCOLL_F16: ((uint16_t *)buf)[i] = kcoll_f32_to_f16(f); break;
-		case KCOLL_BF16: ((uint16_t *)buf)[i] = kcoll_f32_to_bf16(f); break;
-		case KCOLL_I32: ((int32_t *)buf)[i] = (int32_t)h; break;
-		case KCOLL_U8: ((uint8_t *)buf)[i] = (uint8_t)h; break;
-		case KCOLL_I64: ((int64_t *)buf)[i] = (int64_t)h; break;
-		}
-	}
+	fill_range(buf, dtype, count, rank, salt, 1000, 8.0, 1.0);
 }
 
 /* ---- device memory through the kernels table (cudaMalloc/cudaMemcpy or the fake) ---- */
@@ -275,41 +243,22 @@ static int wait_child(pid_t pid)
 /* ---- one rank of the collective groups ---- */
 static size_t sbytes_of(const struct tcase *t, size_t esz)
 {
-	return t->count * esz * (t->opcode == KCOLL_OP_REDUCE_SCATTER ? NR : 1);
+	return coll_send_count(t->opcode, t->count, NR) * esz;
 }
 
 static size_t rbytes_of(const struct tcase *t, size_t esz)
 {
-	return t->count * esz * (t->opcode == KCOLL_OP_ALLGATHER ? NR : 1);
+	return coll_recv_count(t->opcode, t->count, NR) * esz;
 }
 
 /* What rank 'rank' must hold after case i. */
 static void expect(const struct tcase *t, int i, int rank, uint8_t *want, uint8_t **in)
 {
 	size_t esz = kcoll_dtype_size(t->dtype);
-	const void *ins[NR];
 
 	for (int r = 0; r < NR; r++)
 		fill(in[r], t->dtype, sbytes_of(t, esz) / esz, r, i);
-	switch (t->opcode) {
-	case KCOLL_OP_ALLREDUCE:
-		for (int r = 0; r < NR; r++)
-			ins[r] = in[r];
-		kcoll_reduce_ref(t->dtype, t->op, want, ins, NR, t->count);
-		break;
-	case KCOLL_OP_REDUCE_SCATTER:
-		for (int r = 0; r < NR; r++)
-			ins[r] = in[r] + (size_t)rank * t->count * esz;
-		kcoll_reduce_ref(t->dtype, t->op, want, ins, NR, t->count);
-		break;
-	case KCOLL_OP_ALLGATHER:
-		for (int r = 0; r < NR; r++)
-			memcpy(want + (size_t)r * t->count * esz, in[r], t->count * esz);
-		break;
-	case KCOLL_OP_BROADCAST:
-		memcpy(want, in[t->root], t->count * esz);
-		break;
-	}
+	coll_expected(t->opcode, t->dtype, t->op, t->count, t->root, NR, rank, in, want);
 }
 
 static void note(int i, int rank, int rc, const char *fmt, const char *detail)
@@ -391,22 +340,9 @@ static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock, in
 			}
 		}
 submit:
-		switch (t->opcode) {
-		case KCOLL_OP_ALLREDUCE:
-			r = kcoll_allreduce(comm, send, recv, t->count, t->dtype, t->op, &req);
-			break;
-		case KCOLL_OP_REDUCE_SCATTER:
-			r = kcoll_reduce_scatter(comm, send, recv, t->count, t->dtype, t->op, &req);
-			break;
-		case KCOLL_OP_ALLGATHER:
-			r = kcoll_allgather(comm, send, recv, t->count, t->dtype, &req);
-			break;
-		default:
-			/* broadcast: one buffer, the root's holds the data */
-			r = kcoll_broadcast(comm, send, t->count, t->dtype, t->root, &req);
-			recv = send;
-			break;
-		}
+		if (t->opcode == KCOLL_OP_BROADCAST)
+			recv = send;	/* one buffer, the root's holds the data */
+		r = submit_coll(comm, t->opcode, send, recv, t->count, t->dtype, t->op, t->root, &req);
 		if (!r)
 			r = kcoll_wait(req, 60000);
 		if (r) {
@@ -690,12 +626,24 @@ static int foreign_main(void)
 	return 0;
 }
 
+/* Connect to sock and make a one-rank communicator. */
+static int join_alone(const char *sock, struct kcoll **k, struct kcoll_comm **comm)
+{
+	struct kcoll_connect_opts o = { .size = sizeof(o), .socket_path = sock };
+	kcoll_unique_id_t id;
+	int r = kcoll_connect(&o, k);
+
+	if (!r)
+		r = kcoll_get_unique_id(*k, &id);
+	if (!r)
+		r = kcoll_comm_init_rank(*k, &id, 1, 0, comm);
+	return r;
+}
+
 /* In a child: device buffers against the kcolld without a GPU; exit status = failures. */
 static int nogpu_main(const char *sock)
 {
-	struct kcoll_connect_opts o = { .size = sizeof(o), .socket_path = sock };
 	struct kcoll_gpu_ipc h;
-	kcoll_unique_id_t id;
 	struct kcoll_comm *comm;
 	struct kcoll_req *req;
 	struct kcoll_raw rc;
@@ -712,12 +660,7 @@ static int nogpu_main(const char *sock)
 	kcoll_gpu_process(&g);
 	if (!d || kcoll_gpu_ipc_export(g, d, 65536, &h, why, sizeof(why)))
 		return 0x7f;
-	r = kcoll_connect(&o, &k);
-	if (!r)
-		r = kcoll_get_unique_id(k, &id);
-	if (!r)
-		r = kcoll_comm_init_rank(k, &id, 1, 0, &comm);
-	if (r)
+	if (join_alone(sock, &k, &comm))
 		return 0x7e;
 	r = kcoll_allreduce(comm, d, d, 1024, KCOLL_F32, KCOLL_SUM, &req);
 	if (r != -EOPNOTSUPP || !strstr(kcoll_strerror(r), "kcollctl gpu"))
@@ -747,9 +690,7 @@ static int nogpu_main(const char *sock)
  */
 static int fault_main(const char *sock)
 {
-	struct kcoll_connect_opts o = { .size = sizeof(o), .socket_path = sock };
 	size_t n = 65536;
-	kcoll_unique_id_t id;
 	struct kcoll_comm *comm;
 	struct kcoll_req *req;
 	struct kcoll *k;
@@ -762,12 +703,7 @@ static int fault_main(const char *sock)
 	d = dalloc(n * 4);
 	if (!d)
 		return 0x7f;
-	r = kcoll_connect(&o, &k);
-	if (!r)
-		r = kcoll_get_unique_id(k, &id);
-	if (!r)
-		r = kcoll_comm_init_rank(k, &id, 1, 0, &comm);
-	if (r)
+	if (join_alone(sock, &k, &comm))
 		return 0x7e;
 	for (int it = 0; it < 2; it++) {
 		for (size_t x = 0; x < n * 4; x++)

@@ -86,28 +86,6 @@ static struct kcoll *connect_or_die(void)
 		_exit(1);                                                            \
 	} while (0)
 
-/* Allocate n bytes the chosen way: shm = kcoll_mem_alloc (daemon maps it). */
-static uint8_t *buf_alloc(struct kcoll *k, size_t n, int shm)
-{
-	void *p = NULL;
-
-	if (shm) {
-		if (kcoll_mem_alloc(k, n, &p))
-			return NULL;
-		return p;
-	}
-	p = malloc(n);
-	return p;
-}
-
-static void buf_free(struct kcoll *k, uint8_t *p, int shm)
-{
-	if (shm)
-		kcoll_mem_free(k, p);
-	else
-		free(p);
-}
-
 /*
  * A random batch: lengths log-uniform in [1, maxblk], destinations disjoint
  * (laid out in order with random gaps, then shuffled), sources anywhere.
@@ -695,6 +673,20 @@ static void flood_child(int fd)
 	_exit(0);
 }
 
+/*
+ * The in-flight tests' start: buf (FL_SIZE, filled with fill) and its 1 MiB
+ * neighbour other (0xee, which must never change) registered, the pipe the
+ * child reports on made. Non-zero when any of it failed.
+ */
+static int inflight_setup(struct kcoll *k, uint8_t *buf, int fill, uint8_t *other, int p[2],
+			  struct kcoll_seg **seg, struct kcoll_seg **oseg)
+{
+	memset(buf, fill, FL_SIZE);
+	memset(other, 0xee, 1 << 20);
+	return pipe(p) || kcoll_seg_register(k, buf, FL_SIZE, NULL, seg) ||
+	       kcoll_seg_register(k, other, 1 << 20, NULL, oseg);
+}
+
 static void test_unregister_inflight(struct kcoll *k)
 {
 	uint8_t *dst = malloc(FL_SIZE), *other = malloc(1 << 20);
@@ -704,10 +696,7 @@ static void test_unregister_inflight(struct kcoll *k)
 	char c;
 	pid_t pid;
 
-	memset(dst, 0, FL_SIZE);
-	memset(other, 0xee, 1 << 20);
-	if (pipe(p) || kcoll_seg_register(k, dst, FL_SIZE, NULL, &seg) ||
-	    kcoll_seg_register(k, other, 1 << 20, NULL, &oseg)) {
+	if (inflight_setup(k, dst, 0, other, p, &seg, &oseg)) {
 		tap_ok(0, "unregister in flight: setup");
 		return;
 	}
@@ -765,10 +754,7 @@ static void test_death_inflight(struct kcoll *k)
 	char c;
 	pid_t pid;
 
-	memset(src, 0x11, FL_SIZE);
-	memset(other, 0xee, 1 << 20);
-	if (pipe(p) || kcoll_seg_register(k, src, FL_SIZE, NULL, &ls) ||
-	    kcoll_seg_register(k, other, 1 << 20, NULL, &oseg)) {
+	if (inflight_setup(k, src, 0x11, other, p, &ls, &oseg)) {
 		tap_ok(0, "target dies: setup");
 		return;
 	}
@@ -857,6 +843,17 @@ static void test_death_inflight(struct kcoll *k)
 	free(other);
 }
 
+/* Close what a test opened: the imported rs, the local ls and target ts (each may be NULL). */
+static void close_segs(struct kcoll_rseg *rs, struct kcoll_seg *ls, struct kcoll_seg *ts)
+{
+	if (rs)
+		kcoll_rseg_close(rs);
+	if (ls)
+		kcoll_seg_unregister(ls);
+	if (ts)
+		kcoll_seg_unregister(ts);
+}
+
 /* ---------------------------------------------------------------------------
  * A batch whose sources overlap (allowed) adds up to more than a segment can
  * hold: kcolld would cut it into frames in memory first (24 bytes per 4 MiB
@@ -897,12 +894,7 @@ static void test_batch_total(struct kcoll *k)
 	tap_ok(r == -E2BIG, "batch total: 4 x 512 GiB (overlapping sources) -> -E2BIG (got %s)",
 	       kcoll_strerror(r));
 out:
-	if (rs)
-		kcoll_rseg_close(rs);
-	if (ls)
-		kcoll_seg_unregister(ls);
-	if (ts)
-		kcoll_seg_unregister(ts);
+	close_segs(rs, ls, ts);
 	free(buf);
 }
 
@@ -963,12 +955,7 @@ report:
 	       "idle stream: a transfer after the owner's kcolld dropped an idle stream succeeds "
 	       "(first %s, after the pause %s)", kcoll_strerror(r), kcoll_strerror(r2));
 out:
-	if (rs)
-		kcoll_rseg_close(rs);
-	if (ls)
-		kcoll_seg_unregister(ls);
-	if (ts)
-		kcoll_seg_unregister(ts);
+	close_segs(rs, ls, ts);
 	if (k2)
 		kcoll_disconnect(k2);
 	if (pid > 0) {

@@ -36,10 +36,8 @@ now_ms() { date +%s%3N; }
 
 [ "$(id -u)" -eq 0 ] || skip_all "needs root"
 [ -x "$RANK" ] && [ -x "$D" ] || { echo "Bail out! $B has no kcolld/mh_rank: run make"; exit 1; }
-modprobe veth 2>/dev/null
-modprobe crc32_generic 2>/dev/null
-why=$(modprobe rdma_rxe 2>&1)
-[ -d /sys/module/rdma_rxe ] || skip_all "cannot load rdma_rxe: ${why:-no such module in this kernel}"
+. "$top/scripts/vm-rxe-setup.sh"
+vm_rxe_load || skip_all "cannot load rdma_rxe: ${why:-no such module in this kernel}"
 [ -z "$why" ] || echo "# modprobe rdma_rxe: $why"
 
 T=$(mktemp -d /tmp/rdma-vm.XXXXXX)
@@ -55,12 +53,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ip link set lo up
-ip link add $IF type veth peer name ${IF}p && ip link set $IF up && ip link set ${IF}p up
-for ((i = 0; i < H; i++)); do ip addr add 10.31.0.$((i + 1))/24 dev $IF; done
+addrs=()
+for ((i = 0; i < H; i++)); do addrs+=("10.31.0.$((i + 1))"); done
 # second addresses (10.31.1.x): per-QP GIDs (KCOLL_IB_QP_ADDRS)
-for ((i = 0; i < H; i++)); do ip addr add 10.31.1.$((i + 1))/24 dev $IF; done
-rdma link add $RXE type rxe netdev $IF
+for ((i = 0; i < H; i++)); do addrs+=("10.31.1.$((i + 1))"); done
+vm_rxe_link $IF $RXE "${addrs[@]}"
 ok $? "rxe device $RXE on $IF (addresses 10.31.0.1..$H)"
 
 # The verbs layer's own calls (the KV engine's API), checked byte for byte.
@@ -283,6 +280,16 @@ judge_fault() {	# tag label ranks...
 	[ -z "$bad" ] || { cat "$T/$tag".*.out | head -10 | sed 's/^/# /'; dump; }
 }
 
+# After a fault on the rxe device: once its port is ACTIVE again, a new
+# 2-host communicator over RDMA runs the checked case list.
+works_again() {	# tag label
+	for _ in $(seq 50); do rdma link show $RXE/1 2>/dev/null | grep -q "state ACTIVE" && break; sleep 0.2; done
+	run_ranks "$1" check 2 240
+	[ "$rc_all" -eq 0 ] && [ "$(cat "$T/$1".*.out | grep -c '^group cases=[1-9][0-9]* bad=0 ')" -eq 2 ]
+	ok $? "$2"
+	[ "$rc_all" -eq 0 ] || { cat "$T/$1".*.out | head -10 | sed 's/^/# /'; dump; }
+}
+
 fault_run kill 3 'kill -KILL ${pids[2]}' check_status
 judge_fault kill "kcolld of host 2 killed mid-transfer" 0 1
 wait "${pids[2]}" 2>/dev/null
@@ -309,11 +316,7 @@ bad=
 for ((i = 0; i < H; i++)); do kill -0 "${pids[i]}" 2>/dev/null || bad+=" h$i"; done
 [ -z "$bad" ]; ok $? "every daemon survives the link going down${bad:+ (dead:$bad)}"
 ip link set $IF up
-for _ in $(seq 50); do rdma link show $RXE/1 2>/dev/null | grep -q "state ACTIVE" && break; sleep 0.2; done
-run_ranks afterlink check 2 240
-[ "$rc_all" -eq 0 ] && [ "$(cat "$T"/afterlink.*.out | grep -c '^group cases=[1-9][0-9]* bad=0 ')" -eq 2 ]
-ok $? "link up again: a new communicator over RDMA works"
-[ "$rc_all" -eq 0 ] || { cat "$T"/afterlink.*.out | head -10 | sed 's/^/# /'; dump; }
+works_again afterlink "link up again: a new communicator over RDMA works"
 
 # 'rdma link delete' mid-transfer. rxe in 6.1 cannot revoke user contexts:
 # the kernel removes the device's uverbs node, then waits until every process
@@ -342,11 +345,7 @@ for ((i = 0; i < H; i++)); do
 done
 [ -z "$bad" ]; ok $? "every daemon alive and closed $RXE${bad:+ (got:$bad)}"
 rdma link add $RXE type rxe netdev $IF
-for _ in $(seq 50); do rdma link show $RXE/1 2>/dev/null | grep -q "state ACTIVE" && break; sleep 0.2; done
-run_ranks afterdel check 2 240
-[ "$rc_all" -eq 0 ] && [ "$(cat "$T"/afterdel.*.out | grep -c '^group cases=[1-9][0-9]* bad=0 ')" -eq 2 ]
-ok $? "$RXE added again: the daemons open it and a new communicator over RDMA works"
-[ "$rc_all" -eq 0 ] || { cat "$T"/afterdel.*.out | head -10 | sed 's/^/# /'; dump; }
+works_again afterdel "$RXE added again: the daemons open it and a new communicator over RDMA works"
 
 # Every daemon stops cleanly on SIGTERM; no sanitizer report anywhere (the
 # ASan build: tests/vm/t_rdma.sh build-asan).
