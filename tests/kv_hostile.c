@@ -280,8 +280,9 @@ err:
 }
 
 /* One WRITE (fill: the bytes) or READ of len at raddr/rkey through s's QP:
- * the completion status, or -1 if none came within 60 s. */
-static int rd_op(struct sess *s, int write, uint8_t fill, uint64_t raddr, uint32_t rkey, uint32_t len)
+ * the completion status, or -1 if none came within wait_s seconds. */
+static int rd_op_wait(struct sess *s, int write, uint8_t fill, uint64_t raddr, uint32_t rkey, uint32_t len,
+		      int wait_s)
 {
 	struct ibv_sge sge = { .addr = (uintptr_t)s->buf, .length = len, .lkey = s->mr->lkey };
 	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1,
@@ -293,7 +294,7 @@ static int rd_op(struct sess *s, int write, uint8_t fill, uint64_t raddr, uint32
 	memset(s->buf, write ? fill : 0, sizeof(s->buf));
 	if (ibv_post_send(s->qp, &wr, &bad))
 		return -2;
-	for (int i = 0; i < 60000; i++) {
+	for (int i = 0; i < wait_s * 1000; i++) {
 		int n = ibv_poll_cq(s->cq, 1, &wc);
 
 		if (n < 0)
@@ -305,9 +306,14 @@ static int rd_op(struct sess *s, int write, uint8_t fill, uint64_t raddr, uint32
 	return -1;
 }
 
+static int rd_op(struct sess *s, int write, uint8_t fill, uint64_t raddr, uint32_t rkey, uint32_t len)
+{
+	return rd_op_wait(s, write, fill, raddr, rkey, len, 60);
+}
+
 static const char *wc_str(int st)
 {
-	return st == -1 ? "no completion in 60 s" : st == -2 ? "cannot post" :
+	return st == -1 ? "no completion" : st == -2 ? "cannot post" :
 	       ibv_wc_status_str((enum ibv_wc_status)st);
 }
 
@@ -396,8 +402,20 @@ static void attacker(const struct kcoll_seg_wire *a, const struct kcoll_seg_wire
 
 	/* A unregistered under an open session. */
 	r = cmd(to, from, 'U');
-	st = rd_op(sa, 1, 0xdd, sa->base, sa->rkey, BLK);
-	check(!r && st > 0, "write_after_unregister", "(%s)", wc_str(st));
+	{
+		struct kv_resp rs = { 0 };
+		int e = io_all(sa->fd, &rs, sizeof(rs), 0);
+
+		/* The owner's last word on the stream: -EIDRM, then its end. */
+		check(!r && ((!e && rs.hdr.type == KD_P_KV_RESP && rs.status == -EIDRM) || e == -ECONNRESET),
+		      "stream_says_unregistered", "(%s)", e ? strerror(-e) : strerror(-rs.status));
+	}
+	/* The region is deregistered and the owner's QP gone: a failed
+	 * completion, or (rxe drops what reaches a destroyed QP; its retry
+	 * timer need not fire under TCG) none within 20 s. Either way
+	 * nothing lands: the parent checks A's bytes. */
+	st = rd_op_wait(sa, 1, 0xdd, sa->base, sa->rkey, BLK, 20);
+	check(st != IBV_WC_SUCCESS, "write_after_unregister", "(%s)", wc_str(st));
 	r = hello(a, a->token, a->seg_id, &fd);
 	check(r == -EIDRM, "hello_after_unregister", "-> %s", strerror(-r));
 	sess_close(sa);

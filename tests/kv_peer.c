@@ -36,7 +36,7 @@
  *                               partly), nothing changes any more and the
  *                               neighbour is intact; write DIR/checked; then
  *                               wait for a fresh initiator's batch (counter 0
- *                               reaches 2) and check it landed whole
+ *                               reaches 3) and check it landed whole
  *   kv_peer stream DIR [shm]    import, notify 0, then whole-segment batches
  *                               one at a time, batch j filling the segment
  *                               with pat_j and notifying counter 1, printing
@@ -44,7 +44,8 @@
  *                               kcolld was killed: the error must come, not
  *                               a hang) or 150 s passed
  *   kv_peer after DIR [shm]     a fresh initiator: one whole-segment batch
- *                               of 0xc3 notifying counter 0, read back
+ *                               of 0xc3 notifying counter 0, read back,
+ *                               then notify counter 0 again (done)
  *
  * init, flood, part, stream and after take "shm" after their arguments: the initiator's own
  * buffers then come from kcoll_mem_alloc (both sides mapped: what kcolld
@@ -562,6 +563,9 @@ static int after(const char *dir, int shm)
 	r = r ? r : xfer_sync(0, ls, rs, &e, 1, KCOLL_NOTIFY_NONE);
 	check(r == 0 && !memcmp(src, back, size), "after_read_back", "(%s)",
 	      r ? kcoll_strerror(r) : "compared");
+	/* Done: the victim checks its segment once counter 0 says so. */
+	r = r ? r : xfer_sync(1, ls, rs, &e, 0, 0);
+	check(r == 0, "after_done", "(notify: %s)", kcoll_strerror(r));
 	kcoll_rseg_close(rs);
 	kcoll_seg_unregister(ls);
 	buf_free(k, src, shm);
@@ -627,7 +631,8 @@ static int victim(const char *dir, size_t size, int shm)
 	      c, c + 1);
 	check(fnv(nb, nsize) == nh, "victim_neighbour_intact", "(the other segment's checksum)");
 	file_write(dir, "checked", "1", 1);
-	r = kcoll_seg_notify_wait(seg, 0, 2, 240000);
+	/* the fresh initiator's batch (notifying), its read back, its notify */
+	r = kcoll_seg_notify_wait(seg, 0, 3, 240000);
 	bad = r ? size : count_not(buf, size, 0xc3, 0xc3);
 	check(r == 0 && bad == 0, "victim_new_transfer", "(a fresh initiator's batch: %s, %zu bytes differ)",
 	      kcoll_strerror(r), bad);

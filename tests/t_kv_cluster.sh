@@ -128,7 +128,8 @@ for what in kcolld app; do
 		fi
 		wait_for 60 test "$(held)" -eq 0
 		ok $? "$what dies ($mem): host 0's kcolld drops every connection from host 1 ($(held) left)"
-		grep -c '^done ' "$d/stream.out" >"$d/killed"
+		grep -c '^done ' "$d/stream.out" >"$d/killed.tmp"	# the victim polls for it
+		mv "$d/killed.tmp" "$d/killed"
 		wait_for 60 test -e "$d/checked"
 		[ $what = kcolld ] && "$C" restart 1 >/dev/null 2>&1
 		"$C" exec 1 timeout -k 5 120 "$PEER" after "$d" $mem >"$d/after.out" 2>&1
