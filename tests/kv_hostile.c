@@ -6,9 +6,10 @@
  *   kv_hostile ADDR      ADDR: the attacker's IPv4 address (a RoCE v2 GID)
  *
  * The parent is an ordinary client of the kcolld at $KCOLL_SOCKET: it
- * allocates three 1 MiB segments with kcoll_mem_alloc (what kcolld registers
- * for RDMA), fills them with patterns, registers them and exports A and B
- * (N is given to nobody). The child is not kcolld and does not use libkcoll:
+ * allocates four 1 MiB regions with kcoll_mem_alloc (what kcolld registers
+ * for RDMA) and fills them with patterns; registers three as segments A, B
+ * and N, and 8000 bytes at offset 100 of the fourth as segment C (neither
+ * end on a page boundary); exports A, B and C (N is given to nobody). The child is not kcolld and does not use libkcoll:
  * it speaks the peer protocol over TCP (kv_wire.h) and raw libibverbs, and:
  *
  *   - says HELLO with no token, a wrong token, B's token for A, and sends a
@@ -16,15 +17,16 @@
  *   - opens an RDMA session on A with A's token (what a grantee may do) and
  *     writes its first 4 KiB: that works (so the refusals below are real)
  *   - writes past A's end, before its start, across its end, reads past its
- *     end: each a failed completion (each in a fresh session: a remote
- *     access error ends one)
+ *     end, and writes just past either end of C (inside C's pages): each a
+ *     failed completion (each in a fresh session: a remote access error
+ *     ends one)
  *   - with sessions on A and on B open, uses A's live rkey through B's QP:
  *     refused (one PD per connection), while A's own QP still writes
  *   - has the parent unregister A while its session is open, then writes
  *     again: refused; a new HELLO for A: -EIDRM
  *
  * Then the parent checks A holds its pattern except the granted 4 KiB, and
- * B and N their patterns byte for byte, and that its kcolld still answers.
+ * B, N and C's whole region their patterns byte for byte, and that its kcolld still answers.
  * Each check prints "check NAME: PASS|FAIL detail"; exit 0 when all passed.
  * Not a test_* program: run.sh does not run it alone.
  */
@@ -51,6 +53,8 @@
 
 #define SEG	(1u << 20)
 #define BLK	4096
+#define CSKIP	100	/* segment C: [CSKIP, CSKIP + CSIZE) of the fourth region */
+#define CSIZE	8000
 
 static int failed;
 static void check(int ok, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -317,17 +321,17 @@ static const char *wc_str(int st)
 	       ibv_wc_status_str((enum ibv_wc_status)st);
 }
 
-/* A bad access in a fresh session on A: it must fail, with the rkey live. */
-static void bad_access(const struct kcoll_seg_wire *a, const char *name, int write, int64_t off, uint32_t len)
+/* A bad access in a fresh session on w: it must fail, with the rkey live. */
+static void bad_access(const struct kcoll_seg_wire *w, const char *name, int write, int64_t off, uint32_t len)
 {
-	struct sess *s = sess_open(a, name);
+	struct sess *s = sess_open(w, name);
 	int st;
 
 	if (!s)
 		return;
 	st = rd_op(s, write, 0xbb, s->base + off, s->rkey, len);
-	check(st > 0, name, "(%s %u bytes at A%+lld: %s)", write ? "write" : "read", len, (long long)off,
-	      wc_str(st));
+	check(st > 0, name, "(%s %u bytes at segment %u%+lld: %s)", write ? "write" : "read", len,
+	      w->seg_id, (long long)off, wc_str(st));
 	sess_close(s);
 }
 
@@ -338,7 +342,8 @@ static int cmd(int to, int from, char c)
 	return write(to, &c, 1) == 1 && read(from, &got, 1) == 1 && got == 'y' ? 0 : -1;
 }
 
-static void attacker(const struct kcoll_seg_wire *a, const struct kcoll_seg_wire *b, int to, int from)
+static void attacker(const struct kcoll_seg_wire *a, const struct kcoll_seg_wire *b,
+		     const struct kcoll_seg_wire *c, int to, int from)
 {
 	struct kv_req rq = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = sizeof(rq) +
 				     sizeof(struct kv_rdma_hello) }, .op = KV_OP_RDMA };
@@ -389,6 +394,12 @@ static void attacker(const struct kcoll_seg_wire *a, const struct kcoll_seg_wire
 	bad_access(a, "write_across_end", 1, SEG - BLK / 2, BLK);
 	bad_access(a, "read_past_end", 0, SEG, BLK);
 
+	/* C: CSIZE bytes at CSKIP into a mapped region, neither end on a page
+	 * boundary: the region must cover exactly the segment, not its pages. */
+	bad_access(c, "write_past_unaligned_end", 1, CSIZE, 16);
+	bad_access(c, "write_before_unaligned_start", 1, -16, 16);
+	bad_access(c, "write_across_unaligned_end", 1, CSIZE - 8, 16);
+
 	/* Another connection's rkey through this QP. */
 	sa = sess_open(a, "session_a");
 	sb = sess_open(b, "session_b");
@@ -428,12 +439,12 @@ static void attacker(const struct kcoll_seg_wire *a, const struct kcoll_seg_wire
 int main(int argc, char **argv)
 {
 	struct kcoll *k;
-	uint8_t *seg[3];
-	struct kcoll_seg *s[3];
-	kcoll_seg_desc_t d[2];
-	struct kcoll_seg_wire w[2];
+	uint8_t *seg[4];
+	struct kcoll_seg *s[4];
+	kcoll_seg_desc_t d[3];
+	struct kcoll_seg_wire w[3];
 	int to[2], from[2], st, r;
-	size_t bad[3] = { 0 };
+	size_t bad[4] = { 0 };
 	pid_t pid;
 	char c;
 
@@ -446,16 +457,20 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kv_hostile: kcoll_connect: %s\n", kcoll_strerror(r));
 		return 2;
 	}
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 4; i++) {
 		if (kcoll_mem_alloc(k, SEG, (void **)&seg[i]))
 			return 2;
 		for (size_t j = 0; j < SEG; j++)
 			seg[i][j] = pat(i, j);
-		if (kcoll_seg_register(k, seg[i], SEG, NULL, &s[i]))
+		r = i == 3 ? kcoll_seg_register(k, seg[i] + CSKIP, CSIZE, NULL, &s[i]) :
+		    kcoll_seg_register(k, seg[i], SEG, NULL, &s[i]);
+		if (r) {
+			fprintf(stderr, "kv_hostile: register: %s\n", kcoll_strerror(r));
 			return 2;
+		}
 	}
-	for (int i = 0; i < 2; i++) {
-		kcoll_seg_export(s[i], &d[i]);
+	for (int i = 0; i < 3; i++) {
+		kcoll_seg_export(s[i == 2 ? 3 : i], &d[i]);
 		memcpy(&w[i], d[i].bytes, sizeof(w[i]));
 	}
 	if (pipe(to) || pipe(from))
@@ -466,7 +481,7 @@ int main(int argc, char **argv)
 		close(to[0]);
 		close(from[1]);
 		alarm(300);
-		attacker(&w[0], &w[1], to[1], from[0]);
+		attacker(&w[0], &w[1], &w[2], to[1], from[0]);
 	}
 	close(to[1]);
 	close(from[0]);
@@ -486,13 +501,15 @@ int main(int argc, char **argv)
 	}
 	waitpid(pid, &st, 0);
 	check(WIFEXITED(st) && WEXITSTATUS(st) == 0, "attacker_exit", "(status %#x)", st);
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 4; i++)
 		for (size_t j = 0; j < SEG; j++)
 			bad[i] += seg[i][j] != (i == 0 && j < BLK ? 0x77 : pat(i, j));
 	check(bad[0] == 0, "granted_segment_exact", "(A: %zu bytes differ from the pattern plus the "
 	      "granted 4 KiB)", bad[0]);
 	check(bad[1] == 0, "other_segment_intact", "(B: %zu bytes differ)", bad[1]);
 	check(bad[2] == 0, "neighbour_intact", "(N, given to nobody: %zu bytes differ)", bad[2]);
+	check(bad[3] == 0, "unaligned_segment_region_intact",
+	      "(C's whole region, C and the bytes around it: %zu bytes differ)", bad[3]);
 	{
 		struct kcoll_seg *t;
 
@@ -501,9 +518,9 @@ int main(int argc, char **argv)
 		if (!r)
 			kcoll_seg_unregister(t);
 	}
-	for (int i = 1; i < 3; i++)
+	for (int i = 1; i < 4; i++)
 		kcoll_seg_unregister(s[i]);
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 4; i++)
 		kcoll_mem_free(k, seg[i]);
 	kcoll_disconnect(k);
 	return failed;
