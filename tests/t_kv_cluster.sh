@@ -98,6 +98,7 @@ held() {	# sockets host 0's kcolld still holds to host 1
 	"$C" exec 0 ss -Htnp 2>/dev/null | grep "pid=$pid," |
 		awk '$5 ~ /^10\.(10|20)\.0\.2:/' | wc -l
 }
+none_held() { [ "$(held)" -eq 0 ]; }
 wait_for() {	# seconds cmd...: poll until cmd succeeds
 	local i
 	for ((i = 0; i < $1 * 10; i++)); do "${@:2}" && return 0; sleep 0.1; done
@@ -126,7 +127,7 @@ for what in kcolld app; do
 			[ -n "$ipid" ] && kill -KILL "$ipid"
 			wait "$st" 2>/dev/null
 		fi
-		wait_for 60 test "$(held)" -eq 0
+		wait_for 60 none_held
 		ok $? "$what dies ($mem): host 0's kcolld drops every connection from host 1 ($(held) left)"
 		grep -c '^done ' "$d/stream.out" >"$d/killed.tmp"	# the victim polls for it
 		mv "$d/killed.tmp" "$d/killed"

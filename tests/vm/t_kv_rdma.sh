@@ -171,6 +171,7 @@ tap_checks "unregister: " "$T/unreg.out"
 held() {	# TCP connections host 0's kcolld still holds (it has none of its own)
 	ss -Htnp 2>/dev/null | grep -c "pid=${pids[0]},"
 }
+none_held() { [ "$(held)" -eq 0 ]; }
 wait_for() {	# seconds cmd...: poll until cmd succeeds
 	local i
 	for ((i = 0; i < $1 * 10; i++)); do "${@:2}" && return 0; sleep 0.1; done
@@ -198,7 +199,7 @@ for what in kcolld app; do
 		[ -n "$ipid" ] && kill -KILL "$ipid"
 		wait "$st" 2>/dev/null
 	fi
-	wait_for 60 test "$(held)" -eq 0
+	wait_for 60 none_held
 	ok $? "$what dies: host 0's kcolld drops every connection from host 1 ($(held) left)"
 	grep -c '^done ' "$d/stream.out" >"$d/killed.tmp"	# the victim polls for it
 	mv "$d/killed.tmp" "$d/killed"
