@@ -529,7 +529,12 @@ static int stream(const char *dir, int shm)
 	/* Any error but a timeout: the request ended on its own. */
 	check(r != 0 && r != -ETIMEDOUT, "stream_error", "-> %s after %llu batches", kcoll_strerror(r),
 	      (unsigned long long)j);
-	return failed;	/* its kcolld is gone: nothing to release */
+	/* Its kcolld is gone: these fail, and release what this side holds. */
+	kcoll_rseg_close(rs);
+	kcoll_seg_unregister(ls);
+	buf_free(k, src, shm);
+	kcoll_disconnect(k);
+	return failed;
 }
 
 static int after(const char *dir, int shm)
