@@ -38,3 +38,14 @@ $(TBIN)/kv_peer: $(OBJ)/tests/kv_peer.o $(LIB)/libkcoll.a $(COMMON_LIB)
 
 ALL_TARGETS += $(TBIN)/kv_peer
 CHECK_TARGETS += $(TBIN)/kv_peer
+
+# A hostile peer of the KV RDMA path (tests/vm/t_kv_rdma.sh runs it on
+# Soft-RoCE): raw TCP and libibverbs, the owner side through libkcoll.
+$(OBJ)/tests/kv_hostile.o: CPPFLAGS += -Iuser/daemon -Irdma
+$(TBIN)/kv_hostile: $(OBJ)/tests/kv_hostile.o $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -libverbs
+
+ALL_TARGETS += $(TBIN)/kv_hostile
+CHECK_TARGETS += $(TBIN)/kv_hostile

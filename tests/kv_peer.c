@@ -26,7 +26,28 @@
  *                               blocks into slice I (pattern of I), each
  *                               notifying counter 0; read the slice back
  *
- * init, flood and part take "shm" after their arguments: the initiator's own
+ *   kv_peer victim DIR SIZE [shm]  the target of a fault on the initiator's
+ *                               side: register SIZE bytes (2 counters) and a
+ *                               patterned 1 MiB neighbour, write DIR/desc,
+ *                               wait for DIR/killed (the number of batches
+ *                               the initiator saw complete); then check
+ *                               counter 1 counts only whole batches (the
+ *                               buffer holds batch c's pattern, or c+1's
+ *                               partly), nothing changes any more and the
+ *                               neighbour is intact; write DIR/checked; then
+ *                               wait for a fresh initiator's batch (counter 0
+ *                               reaches 3) and check it landed whole
+ *   kv_peer stream DIR [shm]    import, notify 0, then whole-segment batches
+ *                               one at a time, batch j filling the segment
+ *                               with pat_j and notifying counter 1, printing
+ *                               "done j" after each, until one fails (its
+ *                               kcolld was killed: the error must come, not
+ *                               a hang) or 150 s passed
+ *   kv_peer after DIR [shm]     a fresh initiator: one whole-segment batch
+ *                               of 0xc3 notifying counter 0, read back,
+ *                               then notify counter 0 again (done)
+ *
+ * init, flood, part, stream and after take "shm" after their arguments: the initiator's own
  * buffers then come from kcoll_mem_alloc (both sides mapped: what kcolld
  * moves over RDMA when a device is there). KV_PEER_MIB sets init's local
  * buffer size (default 40). The unreg owner also keeps a neighbouring
@@ -440,6 +461,177 @@ static int part(const char *dir, uint32_t me, uint32_t parts, uint32_t rounds, i
 	return failed;
 }
 
+/* Batch j (from 1) of stream fills the segment with this; 0: nothing yet. */
+static uint8_t stream_pat(uint64_t j)
+{
+	return j ? (uint8_t)((j - 1) % 255 + 1) : 0;
+}
+
+#define STREAM_BLOCKS	16
+
+static int stream(const char *dir, int shm)
+{
+	struct kcoll *k = conn();
+	struct kcoll_xfer_entry e[STREAM_BLOCKS];
+	kcoll_seg_desc_t d;
+	struct kcoll_rseg *rs;
+	struct kcoll_seg *ls;
+	struct timespec t0, t1;
+	uint64_t j = 0;
+	uint8_t *src;
+	size_t size;
+	int r = 0;
+
+	if (file_read(dir, "desc", &d, sizeof(d), 30) || kcoll_seg_import(k, &d, &rs))
+		return 2;
+	size = kcoll_rseg_size(rs);
+	src = lbuf(k, size, shm);
+	if (!src || kcoll_seg_register(k, src, size, NULL, &ls))
+		return 2;
+	for (int i = 0; i < STREAM_BLOCKS; i++)
+		e[i] = (struct kcoll_xfer_entry){ i * (size / STREAM_BLOCKS), i * (size / STREAM_BLOCKS),
+						  size / STREAM_BLOCKS };
+	r = xfer_sync(1, ls, rs, e, 0, 0);	/* tell the owner we start */
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	t1 = t0;
+	while (!r && t1.tv_sec - t0.tv_sec < 150) {
+		struct kcoll_req *rq;
+
+		memset(src, stream_pat(j + 1), size);
+		r = kcoll_xfer_write(ls, rs, e, STREAM_BLOCKS, 1, &rq);
+		if (!r)
+			r = kcoll_wait(rq, 60000);
+		if (!r) {
+			printf("done %llu\n", (unsigned long long)++j);
+			fflush(stdout);
+		}
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+	}
+	/* Any error but a timeout: the request ended on its own. */
+	check(r != 0 && r != -ETIMEDOUT, "stream_error", "-> %s after %llu batches", kcoll_strerror(r),
+	      (unsigned long long)j);
+	/* Its kcolld is gone: these fail, and release what this side holds. */
+	kcoll_rseg_close(rs);
+	kcoll_seg_unregister(ls);
+	buf_free(k, src, shm);
+	kcoll_disconnect(k);
+	return failed;
+}
+
+static int after(const char *dir, int shm)
+{
+	struct kcoll *k = conn();
+	struct kcoll_xfer_entry e = { 0, 0, 0 };
+	kcoll_seg_desc_t d;
+	struct kcoll_rseg *rs;
+	struct kcoll_seg *ls;
+	uint8_t *src, *back;
+	size_t size;
+	int r;
+
+	if (file_read(dir, "desc", &d, sizeof(d), 30))
+		return 2;
+	r = kcoll_seg_import(k, &d, &rs);
+	check(r == 0, "after_import", "(%s)", kcoll_strerror(r));
+	if (r)
+		return failed;
+	size = kcoll_rseg_size(rs);
+	src = lbuf(k, 2 * size, shm);
+	if (!src || kcoll_seg_register(k, src, 2 * size, NULL, &ls))
+		return 2;
+	back = src + size;
+	memset(src, 0xc3, size);
+	memset(back, 0, size);
+	e.len = size;
+	r = xfer_sync(1, ls, rs, &e, 1, 0);
+	check(r == 0, "after_write", "(a fresh batch: %s)", kcoll_strerror(r));
+	e.local_off = size;
+	r = r ? r : xfer_sync(0, ls, rs, &e, 1, KCOLL_NOTIFY_NONE);
+	check(r == 0 && !memcmp(src, back, size), "after_read_back", "(%s)",
+	      r ? kcoll_strerror(r) : "compared");
+	/* Done: the victim checks its segment once counter 0 says so. */
+	r = r ? r : xfer_sync(1, ls, rs, &e, 0, 0);
+	check(r == 0, "after_done", "(notify: %s)", kcoll_strerror(r));
+	kcoll_rseg_close(rs);
+	kcoll_seg_unregister(ls);
+	buf_free(k, src, shm);
+	kcoll_disconnect(k);
+	return failed;
+}
+
+static size_t count_not(const uint8_t *p, size_t n, uint8_t a, uint8_t b)
+{
+	size_t bad = 0;
+
+	for (size_t i = 0; i < n; i++)
+		bad += p[i] != a && p[i] != b;
+	return bad;
+}
+
+static int victim(const char *dir, size_t size, int shm)
+{
+	struct kcoll *k = conn();
+	struct kcoll_seg_opts o = { .size = sizeof(o), .nr_notify = 2 };
+	size_t nsize = 1 * MiB, bad;
+	struct kcoll_seg *seg, *nseg;
+	uint8_t *buf, *nb;
+	kcoll_seg_desc_t d;
+	uint64_t h, h2, nh;
+	uint32_t c = 0;
+	char seen[32] = { 0 };
+	unsigned long long k_seen;
+	int r;
+
+	buf = lbuf(k, size, shm);
+	nb = lbuf(k, nsize, shm);
+	if (!buf || !nb)
+		return 2;
+	memset(buf, 0, size);
+	for (size_t i = 0; i < nsize; i++)
+		nb[i] = (uint8_t)(i * 7 + 3);
+	nh = fnv(nb, nsize);
+	if (kcoll_seg_register(k, buf, size, &o, &seg) || kcoll_seg_register(k, nb, nsize, NULL, &nseg))
+		return 2;
+	kcoll_seg_export(seg, &d);
+	file_write(dir, "desc", &d, sizeof(d));
+	r = file_read(dir, "killed", seen, sizeof(seen) - 1, 240);
+	if (r == -EIO)	/* shorter than the buffer: fine */
+		r = 0;
+	if (r) {
+		check(0, "victim_killed", "(no DIR/killed: %s)", kcoll_strerror(r));
+		return failed;
+	}
+	k_seen = strtoull(seen, NULL, 10);
+	/* The test script wrote DIR/killed once this kcolld had dropped the
+	 * initiator's connections: nothing may change from here on. */
+	h = fnv(buf, size);
+	kcoll_seg_notify_get(seg, 1, &c);
+	usleep(300000);
+	h2 = fnv(buf, size);
+	check(h == h2, "victim_quiet", "(the segment no longer changes)");
+	check(c == k_seen || c == k_seen + 1, "victim_counter",
+	      "(counter 1 = %u, the initiator saw %llu batches complete)", c, k_seen);
+	bad = count_not(buf, size, stream_pat(c), stream_pat(c + 1));
+	check(bad == 0, "victim_whole_batches",
+	      "(%zu of %zu bytes are neither batch %u's pattern nor the broken batch %u's)", bad, size,
+	      c, c + 1);
+	check(fnv(nb, nsize) == nh, "victim_neighbour_intact", "(the other segment's checksum)");
+	file_write(dir, "checked", "1", 1);
+	/* the fresh initiator's batch (notifying), its read back, its notify */
+	r = kcoll_seg_notify_wait(seg, 0, 3, 240000);
+	bad = r ? size : count_not(buf, size, 0xc3, 0xc3);
+	check(r == 0 && bad == 0, "victim_new_transfer", "(a fresh initiator's batch: %s, %zu bytes differ)",
+	      kcoll_strerror(r), bad);
+	check(fnv(nb, nsize) == nh, "victim_neighbour_still_intact", "(the other segment's checksum)");
+	kcoll_seg_notify_get(seg, 1, &c);
+	kcoll_seg_unregister(nseg);
+	kcoll_seg_unregister(seg);
+	buf_free(k, nb, shm);
+	buf_free(k, buf, shm);
+	kcoll_disconnect(k);
+	return failed;
+}
+
 int main(int argc, char **argv)
 {
 	int shm = argc >= 5 && !strcmp(argv[4], "shm");
@@ -458,7 +650,14 @@ int main(int argc, char **argv)
 	if (argc >= 6 && !strcmp(argv[1], "part"))
 		return part(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
 			    argc >= 7 && !strcmp(argv[6], "shm"));
+	if (argc >= 4 && !strcmp(argv[1], "victim"))
+		return victim(argv[2], strtoull(argv[3], NULL, 0), shm);
+	if (argc >= 3 && !strcmp(argv[1], "stream"))
+		return stream(argv[2], argc >= 4 && !strcmp(argv[3], "shm"));
+	if (argc >= 3 && !strcmp(argv[1], "after"))
+		return after(argv[2], argc >= 4 && !strcmp(argv[3], "shm"));
 	fprintf(stderr, "usage: kv_peer owner|unreg DIR SIZE [shm] | init|flood DIR [shm] | "
-		"count DIR SIZE N K | part DIR I K R [shm]\n");
+		"count DIR SIZE N K | part DIR I K R [shm] | victim DIR SIZE [shm] | "
+		"stream|after DIR [shm]\n");
 	return 2;
 }

@@ -6,7 +6,10 @@
 # kcollds, the target's checksum compared with the initiator's image, a wrong
 # token and bad input refused, the notify counter across hosts, and the
 # owner unregistering while the initiator floods it: -EIDRM, no hang, no
-# write after unregister. Needs root and network namespaces (SKIP otherwise).
+# write after unregister; the initiator's kcolld, or the initiator itself,
+# killed mid-batch: an error, no hang, the owner's kcolld drops the
+# connections, counters count whole batches only, other segments intact, a
+# fresh initiator works. Needs root and network namespaces (SKIP otherwise).
 # Bounded: about 10-30 s. TAP.
 set -u
 . "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
@@ -65,6 +68,70 @@ for mem in malloc shm; do
 	tap_checks "$T/unreg.out"
 	[ $frc -ne 124 ] && [ $frc -ne 137 ]; ok $? "$mem: the flooding initiator ends on its own (exit $frc)"
 	cat "$T"/*.out >>"$T/all.log"
+done
+
+# ---- the initiator's side dies mid-batch (docs/kv.md "Unregister and death").
+# Host 1's stream initiator writes whole-segment batches, each notifying
+# counter 1, into host 0's victim segment; once two batches are done, kill -9
+# either host 1's kcolld or the initiator process itself. Then: the
+# initiator gets an error, not a hang (kcolld killed); host 0's kcolld
+# drops every connection from host 1 and serves on; the victim's counter
+# counts only whole batches, its segment no longer changes, a neighbouring
+# segment is intact; a fresh kcolld (or process) on host 1 then writes a
+# new batch that lands whole.
+held() {	# sockets host 0's kcolld still holds to host 1
+	local pid
+	pid=$(cat "$T/run/h0/kcolld.pid" 2>/dev/null) || { echo 0; return; }
+	"$C" exec 0 ss -Htnp 2>/dev/null | grep "pid=$pid," |
+		awk '$5 ~ /^10\.(10|20)\.0\.2:/' | wc -l
+}
+none_held() { [ "$(held)" -eq 0 ]; }
+wait_for() {	# seconds cmd...: poll until cmd succeeds
+	local i
+	for ((i = 0; i < $1 * 10; i++)); do "${@:2}" && return 0; sleep 0.1; done
+	return 1
+}
+for what in kcolld app; do
+	for mem in malloc shm; do
+		d="$T/k-$what-$mem"
+		mkdir -p "$d"
+		"$C" exec 0 "$PEER" victim "$d" $((16 * 1024 * 1024)) $mem >"$d/victim.out" 2>&1 &
+		victim=$!
+		"$C" exec 1 timeout -k 5 200 "$PEER" stream "$d" $mem >"$d/stream.out" 2>&1 &
+		st=$!
+		wait_for 120 grep -q '^done 2$' "$d/stream.out"
+		ok $? "$what dies ($mem): the initiator moves whole batches first" ||
+			sed 's/^/# /' "$d/stream.out"
+		if [ $what = kcolld ]; then
+			kill -KILL "$(cat "$T/run/h1/kcolld.pid")"
+			wait "$st" 2>/dev/null
+			src=$?
+			[ $src -eq 0 ]	# not 124/137 (a hang), not a failed check or a leak
+			ok $? "$what dies ($mem): the initiator's request ends on its own (exit $src)"
+		else
+			# the process running kv_peer inside the host's namespace
+			ipid=$(pgrep -f "^$PEER stream $d")
+			[ -n "$ipid" ] && kill -KILL "$ipid"
+			wait "$st" 2>/dev/null
+		fi
+		wait_for 60 none_held
+		ok $? "$what dies ($mem): host 0's kcolld drops every connection from host 1 ($(held) left)"
+		grep -c '^done ' "$d/stream.out" >"$d/killed.tmp"	# the victim polls for it
+		mv "$d/killed.tmp" "$d/killed"
+		wait_for 60 test -e "$d/checked"
+		[ $what = kcolld ] && "$C" restart 1 >/dev/null 2>&1
+		"$C" exec 1 timeout -k 5 120 "$PEER" after "$d" $mem >"$d/after.out" 2>&1
+		arc=$?
+		wait "$victim"
+		vrc=$?
+		sed -i "s/^check \([a-z_]*\):/check $what-dies-$mem:\1:/" "$d"/*.out
+		tap_checks "$d/stream.out"
+		tap_checks "$d/victim.out"
+		tap_checks "$d/after.out"
+		[ $arc -eq 0 ] && [ $vrc -eq 0 ]
+		ok $? "$what dies ($mem): victim and fresh initiator exit 0 (victim $vrc, after $arc)"
+		cat "$d"/*.out >>"$T/all.log"
+	done
 done
 
 # Both sides mapped and no RDMA device here: TCP, and the initiator's kcolld

@@ -14,6 +14,11 @@
 #   3. the owner unregisters during a flood: the initiator gets -EIDRM or
 #      -ECONNRESET, no hang, the buffer does not change after unregister,
 #      a neighbouring segment is untouched, the next write says -EIDRM
+#   1b. a hostile peer (tests/kv_hostile.c, raw verbs): refused without the
+#      token, its bad accesses fail, nothing outside its grant changes
+#   3b. the initiator's kcolld, then the initiator process, killed mid-batch:
+#      an error not a hang, connections dropped, counters count whole
+#      batches, a neighbour intact, a fresh initiator's batch lands whole
 #   4. the owner's kcolld is killed during a flood: the initiator's requests
 #      fail (no hang) and its kcolld still serves
 # Bounded (TCG): small buffers, about 1-3 minutes. TAP.
@@ -105,6 +110,22 @@ ok $? "integrity: the batches went over RDMA (initiator: ${rb:-?} bytes over rdm
 grep -q "over RDMA ($RXE)" "$T/h1.log"; ok $? "the initiator's kcolld logs the RDMA path"
 [ $irc -eq 0 ] || dump
 
+# ---- 1b. a hostile peer (tests/kv_hostile.c: raw TCP and libibverbs, not
+# kcolld): no/wrong/another segment's token and no HELLO refused; outside
+# the granted segment, another connection's rkey, after unregister: failed
+# completions; nothing outside the granted 4 KiB changes; kcolld survives
+# (and serves the legitimate initiators of 2. and 3.)
+rs0=$(counter 0 rdma_sessions)
+on 0 timeout -k 5 240 "$B/tests/kv_hostile" 10.33.0.2 >"$T/hostile.out" 2>&1
+hrc=$?
+tap_checks "hostile peer: " "$T/hostile.out"
+[ $hrc -eq 0 ]; ok $? "hostile peer: kv_hostile exits 0 ($hrc)"
+kill -0 "${pids[0]}" && on 0 "$CTL" status >/dev/null 2>&1
+ok $? "hostile peer: the owner's kcolld survives and answers"
+rs1=$(counter 0 rdma_sessions)
+[ "${rs1:-0}" -gt "${rs0:-0}" ]
+ok $? "hostile peer: its sessions reached the RDMA setup (owner's sessions ${rs0:-?} -> ${rs1:-?})"
+
 # ---- 2. four initiators at once, counters exact
 mkdir -p "$T/c"
 on 0 "$PEER" count "$T/c" $((8 * 1024 * 1024)) 20 4 >"$T/count.out" 2>&1 &
@@ -134,11 +155,76 @@ tap_checks "unregister: " "$T/flood.out"
 tap_checks "unregister: " "$T/unreg.out"
 [ $frc -ne 124 ] && [ $frc -ne 137 ]; ok $? "unregister: the flooding initiator ends on its own (exit $frc)"
 
+# ---- 3b. the initiator's side dies mid-batch (as in t_kv_cluster.sh, over
+# RDMA): host 1's stream initiator writes whole-segment batches notifying
+# counter 1 into host 0's victim segment; after two, kill -9 host 1's kcolld
+# or the initiator itself. The initiator gets an error, not a hang (kcolld
+# killed); host 0's kcolld drops every connection (and so every RDMA
+# session: the region goes with it) and serves on; the counter counts only
+# whole batches, the segment no longer changes, a neighbour is intact; a
+# fresh kcolld or process on host 1 then writes a batch that lands whole.
+held() {	# TCP connections host 0's kcolld still holds (it has none of its own)
+	ss -Htnp 2>/dev/null | grep -c "pid=${pids[0]},"
+}
+none_held() { [ "$(held)" -eq 0 ]; }
+wait_for() {	# seconds cmd...: poll until cmd succeeds
+	local i
+	for ((i = 0; i < $1 * 10; i++)); do "${@:2}" && return 0; sleep 0.1; done
+	return 1
+}
+for what in kcolld app; do
+	d="$T/k-$what"
+	mkdir -p "$d"
+	rsb=$(counter 0 rdma_sessions)
+	on 0 "$PEER" victim "$d" $((4 * 1024 * 1024)) shm >"$d/victim.out" 2>&1 &
+	victim=$!
+	on 1 timeout -k 5 200 "$PEER" stream "$d" shm >"$d/stream.out" 2>&1 &
+	st=$!
+	wait_for 120 grep -q '^done 2$' "$d/stream.out"
+	ok $? "$what dies: the initiator moves whole batches first" || sed 's/^/# /' "$d/stream.out"
+	if [ $what = kcolld ]; then
+		kill -KILL "${pids[1]}"
+		wait "${pids[1]}" 2>/dev/null
+		wait "$st"
+		src=$?
+		[ $src -eq 0 ]	# not 124/137 (a hang), not a failed check
+		ok $? "$what dies: the initiator's request ends on its own (exit $src)"
+	else
+		ipid=$(pgrep -f "^$PEER stream $d")
+		[ -n "$ipid" ] && kill -KILL "$ipid"
+		wait "$st" 2>/dev/null
+	fi
+	wait_for 60 none_held
+	ok $? "$what dies: host 0's kcolld drops every connection from host 1 ($(held) left)"
+	grep -c '^done ' "$d/stream.out" >"$d/killed.tmp"	# the victim polls for it
+	mv "$d/killed.tmp" "$d/killed"
+	wait_for 60 test -e "$d/checked"
+	if [ $what = kcolld ]; then
+		rm -f "$(sock 1)"
+		start_daemon 1
+		ok $? "$what dies: a fresh kcolld on host 1"
+	fi
+	on 1 timeout -k 5 120 "$PEER" after "$d" shm >"$d/after.out" 2>&1
+	arc=$?
+	wait "$victim"
+	vrc=$?
+	[ $what = app ] || tap_checks "$what dies: " "$d/stream.out"	# killed: no checks
+	tap_checks "$what dies: " "$d/victim.out"
+	tap_checks "$what dies: " "$d/after.out"
+	[ $arc -eq 0 ] && [ $vrc -eq 0 ]
+	ok $? "$what dies: victim and fresh initiator exit 0 (victim $vrc, after $arc)"
+	rsa=$(counter 0 rdma_sessions)
+	[ "${rsa:-0}" -ge $((${rsb:-0} + 2)) ]
+	ok $? "$what dies: both initiators went over RDMA (owner's sessions ${rsb:-?} -> ${rsa:-?})"
+	[ $arc -eq 0 ] && [ $vrc -eq 0 ] || dump
+done
+
 # ---- 4. the owner's kcolld dies during a flood
 mkdir -p "$T/d"
 on 0 "$PEER" count "$T/d" $((8 * 1024 * 1024)) 1000000 1 >"$T/dcount.out" 2>&1 &
 owner=$!
 t0=$(date +%s)
+rb=$(counter 1 rdma_bytes)	# host 1's kcolld may be a fresh one (3b)
 on 1 timeout -k 5 180 "$PEER" flood "$T/d" shm any >"$T/dflood.out" 2>&1 &
 fl=$!
 # the flood notifies counter 0 before it starts: wait for its first write

@@ -47,6 +47,7 @@
 #include "config.h"
 #include "net.h"
 #include "kv_rdma.h"
+#include "kv_wire.h"
 
 #define KV_ROUND_BYTES		(1u << 20)
 #define KV_ROUND_IOVS		512
@@ -852,31 +853,6 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
 #define KV_FRAME_MIN		(64u << 10)
 #define KV_FRAME_ENTRIES	4096
 #define KV_MAX_STREAMS		8
-
-enum { KV_OP_WRITE = 0, KV_OP_READ = 1, KV_OP_NOTIFY = 2, KV_OP_RDMA = 3 };
-
-struct kv_fent {
-	uint64_t off, len;
-};
-
-struct kv_req {
-	struct kd_phdr hdr;
-	uint32_t op, nr, notify_id, reserved;
-	uint64_t tag;
-};
-
-struct kv_resp {
-	struct kd_phdr hdr;
-	int32_t status;
-	uint32_t reserved;
-	uint64_t tag;
-};
-
-struct kv_ack {
-	struct kd_phdr hdr;
-	int32_t status;
-	uint32_t reserved;
-};
 
 struct kv_remote {
 	struct kcoll_seg_wire w;
