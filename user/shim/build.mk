@@ -67,3 +67,15 @@ $(SHIM_SO): $(LIB)/libkcoll_mpi_ompi.so
 endif
 ALL_TARGETS += $(SHIM_SO)
 endif
+
+# The MPI anchor benchmark built against MPICH (user/shim/bench-small.sh
+# MPI=mpich): the same source as Open MPI's mpi-coll-bench.
+ifneq ($(SHIM_MPICH_CC),)
+$(BIN)/mpi-coll-bench-mpich: user/tools/mpi-allreduce-bench.c user/tools/bench_common.h $(OBJ)/user/tools/bench_common.o
+	$(call msg,MPICC,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(call SHIM_MPICC,mpich) $(filter-out -Iinclude -Iinclude/uapi -Iuser/common,$(CPPFLAGS)) \
+		$(CFLAGS) -o $@ $< $(OBJ)/user/tools/bench_common.o $(LDFLAGS)
+
+ALL_TARGETS += $(BIN)/mpi-coll-bench-mpich
+endif
