@@ -21,7 +21,7 @@ define SHIM_VARIANT
 $(OBJ)/user/shim/kcoll_mpi_$(1).o: user/shim/kcoll_mpi.c
 	$$(call msg,MPICC,$$@)
 	@mkdir -p $$(dir $$@)
-	$$(Q)$$(call SHIM_MPICC,$(1)) $$(CPPFLAGS) $$(CFLAGS) -fvisibility=hidden -MMD -MP -c -o $$@ $$<
+	$$(Q)$$(call SHIM_MPICC,$(1)) $$(CPPFLAGS) $$(CFLAGS) -fvisibility=hidden -fno-plt -MMD -MP -c -o $$@ $$<
 
 $(LIB)/libkcoll_mpi_$(1).so: $(OBJ)/user/shim/kcoll_mpi_$(1).o $(LIB)/libkcoll.a user/shim/kcoll_mpi.map
 	$$(call msg,LD,$$@)

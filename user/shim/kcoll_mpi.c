@@ -453,8 +453,9 @@ static bool kcoll_mpi_reduce_ok(int count, MPI_Datatype t, MPI_Op op, size_t nbl
 	return (size_t)count * nblocks * kcoll_dtype_size(*dtype) >= kcoll_mpi.min_bytes;
 }
 
-KCOLL_MPI_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count,
-				   MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+static __attribute__((noinline)) int kcoll_mpi_allreduce(const void *sendbuf, void *recvbuf,
+							 int count, MPI_Datatype datatype,
+							 MPI_Op op, MPI_Comm comm)
 {
 	enum kcoll_mpi_call call = KCOLL_MPI_ALLREDUCE;
 	struct kcoll_mpi_comm *c = NULL;
@@ -479,6 +480,21 @@ KCOLL_MPI_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count
 	}
 	kcoll_mpi_count(call, false, comm, 0);
 	return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+}
+
+/*
+ * The exported wrappers of all-reduce and broadcast are this small on
+ * purpose: a call below the threshold for any type (and no KCOLL_MPI_DEBUG)
+ * costs one compare and a tail jump to PMPI (shim_check overhead measures
+ * it; docs/perf.md section 5).
+ */
+KCOLL_MPI_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count,
+				   MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+{
+	if (__builtin_expect((size_t)count * KCOLL_MPI_REDUCE_ELEM_MAX < kcoll_mpi.min_bytes &&
+			     kcoll_mpi.debug == 0, 1))
+		return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+	return kcoll_mpi_allreduce(sendbuf, recvbuf, count, datatype, op, comm);
 }
 
 /*
@@ -560,8 +576,9 @@ KCOLL_MPI_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datat
 }
 
 /* The root's buffer is only read, so a failed kcoll broadcast is redone. */
-KCOLL_MPI_EXPORT int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root,
-			       MPI_Comm comm)
+static __attribute__((noinline)) int kcoll_mpi_bcast(void *buffer, int count,
+						     MPI_Datatype datatype, int root,
+						     MPI_Comm comm)
 {
 	enum kcoll_mpi_call call = KCOLL_MPI_BCAST;
 	struct kcoll_mpi_comm *c = NULL;
@@ -584,6 +601,15 @@ KCOLL_MPI_EXPORT int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, i
 	}
 	kcoll_mpi_count(call, false, comm, 0);
 	return PMPI_Bcast(buffer, count, datatype, root, comm);
+}
+
+KCOLL_MPI_EXPORT int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root,
+			       MPI_Comm comm)
+{
+	if (__builtin_expect((size_t)count * KCOLL_MPI_PLAIN_ELEM_MAX < kcoll_mpi.min_bytes &&
+			     kcoll_mpi.debug == 0, 1))
+		return PMPI_Bcast(buffer, count, datatype, root, comm);
+	return kcoll_mpi_bcast(buffer, count, datatype, root, comm);
 }
 
 /*
