@@ -30,6 +30,7 @@ unset KCOLL_MPI_MIN_BYTES KCOLL_MPI_DISABLE KCOLL_MPI_DEBUG
 cleanup() { [ "$where" = cluster ] && "$top/scripts/netns-cluster.sh" down >/dev/null 2>&1; rm -rf "$tmp"; }
 trap cleanup EXIT
 
+pre=()	# cluster: run mpirun inside host 0's namespace
 case $where in
 local)
 	: "${KCOLL_SOCKET:?start kcolld and export KCOLL_SOCKET}"
@@ -39,7 +40,7 @@ local)
 		[ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root)
 		bench="$build/bin/mpi-coll-bench" ;;
 	mpich)
-		launch=(mpirun.mpich)
+		launch=(env MPIR_CVAR_POLLS_BEFORE_YIELD=1 mpirun.mpich)
 		bench="$build/bin/mpi-coll-bench-mpich"
 		[ -x "$bench" ] || { echo "bench-small.sh: $bench not built (needs mpicc.mpich)" >&2; exit 2; } ;;
 	*) echo "bench-small.sh: MPI takes openmpi or mpich" >&2; exit 2 ;;
@@ -50,7 +51,8 @@ cluster)
 	"$top/scripts/netns-cluster.sh" up -H "$hosts" >/dev/null
 	for ((i = 0; i < hosts; i++)); do echo "10.10.0.$((i + 1)) slots=1"; done >"$tmp/hosts"
 	# shellcheck disable=SC2054  # "self,tcp" is one argument
-	launch=("$top/scripts/netns-cluster.sh" exec 0 mpirun --allow-run-as-root --hostfile "$tmp/hosts"
+	pre=("$top/scripts/netns-cluster.sh" exec 0)
+	launch=(mpirun --allow-run-as-root --hostfile "$tmp/hosts"
 		--mca plm_rsh_agent "$top/scripts/netns-rsh.sh" --mca pml ob1 --mca btl self,tcp
 		--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0
 		--mca mpi_yield_when_idle 1 -x LD_PRELOAD -x KCOLL_MPI_DISABLE)
@@ -59,13 +61,10 @@ cluster)
 esac
 
 run() { # variant np round
-	local pre= dis=0
-	case $1 in shim) pre=$shim ;; shim-off) pre=$shim dis=1 ;; esac
-	if [ "$where" = cluster ]; then
-		LD_PRELOAD=$pre KCOLL_MPI_DISABLE=$dis "${launch[@]}" -np "$2" "$bench" allreduce "${args[@]}" --json
-	else
-		env LD_PRELOAD="$pre" KCOLL_MPI_DISABLE=$dis "${launch[@]}" -np "$2" "$bench" allreduce "${args[@]}" --json
-	fi >"$tmp/$1.$2.$3.json"
+	local so= dis=0
+	case $1 in shim) so=$shim ;; shim-off) so=$shim dis=1 ;; esac
+	"${pre[@]}" env LD_PRELOAD="$so" KCOLL_MPI_DISABLE=$dis "${launch[@]}" -np "$2" "$bench" allreduce \
+		"${args[@]}" --json >"$tmp/$1.$2.$3.json"
 }
 
 for np in "${nps[@]}"; do
