@@ -166,9 +166,6 @@ static void run_task(struct kd_op *op, uint32_t task)
 		}
 		if (op->c[dst].rbuf.direct)
 			out = op->c[dst].rbuf.direct + roff;
-		else if (ins[0] == tmp)
-			out = tmp;	/* over rank 0's staged input (reduce_n allows it):
-					 * one chunk less in cache per worker */
 		r = kcoll_reduce_n(op->dtype, op->redop, out, (const void *const *)ins, nr, n);
 		if (r)
 			return kd_op_fail(op, r, KCOLL_RANK_NONE, 0);
