@@ -22,7 +22,7 @@ where=${2:-local}
 shift 2 || true
 nps=("$@"); [ ${#nps[@]} -eq 0 ] && nps=(2)
 rounds=${ROUNDS:-6}
-args=(${BENCH_ARGS:--b 8 -e 64K -f 2 -n 1000 -w 100 -c 1 -d f32 -o sum})
+read -r -a args <<<"${BENCH_ARGS:--b 8 -e 64K -f 2 -n 1000 -w 100 -c 1 -d f32 -o sum}"
 shim="$build/lib/libkcoll_mpi.so"
 py=/usr/bin/python3
 tmp=$(mktemp -d)
@@ -36,6 +36,7 @@ local)
 	: "${KCOLL_SOCKET:?start kcolld and export KCOLL_SOCKET}"
 	case ${MPI:-openmpi} in
 	openmpi)
+		# shellcheck disable=SC2054  # "self,vader" is one argument
 		launch=(mpirun --oversubscribe --mca mpi_yield_when_idle 1 --mca btl self,vader)
 		[ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root)
 		bench="$build/bin/mpi-coll-bench" ;;
@@ -50,8 +51,8 @@ cluster)
 	hosts=${nps[0]}
 	"$top/scripts/netns-cluster.sh" up -H "$hosts" >/dev/null
 	for ((i = 0; i < hosts; i++)); do echo "10.10.0.$((i + 1)) slots=1"; done >"$tmp/hosts"
-	# shellcheck disable=SC2054  # "self,tcp" is one argument
 	pre=("$top/scripts/netns-cluster.sh" exec 0)
+	# shellcheck disable=SC2054  # "self,tcp" is one argument
 	launch=(mpirun --allow-run-as-root --hostfile "$tmp/hosts"
 		--mca plm_rsh_agent "$top/scripts/netns-rsh.sh" --mca pml ob1 --mca btl self,tcp
 		--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0
@@ -61,7 +62,7 @@ cluster)
 esac
 
 run() { # variant np round
-	local so= dis=0
+	local so='' dis=0
 	case $1 in shim) so=$shim ;; shim-off) so=$shim dis=1 ;; esac
 	"${pre[@]}" env LD_PRELOAD="$so" KCOLL_MPI_DISABLE=$dis "${launch[@]}" -np "$2" "$bench" allreduce \
 		"${args[@]}" --json >"$tmp/$1.$2.$3.json"
