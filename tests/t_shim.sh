@@ -6,9 +6,10 @@
 # MPI_IN_PLACE, dup/split/create communicators, MPI_Init_thread; fractional
 # float sums within a tolerance) and the shim did route calls to kcoll; no
 # daemon, or no per-MPI shim beside the selector: same bytes and one log line;
-# Open MPI only: 200 x dup/split/free leaks no communicator and no fd, kcolld
-# killed mid-run, mpi4py on numpy arrays (Debian's mpi4py is Open MPI's).
-# SHIM_MPI=mpich (tests/t_shim_mpich.sh): the per-MPI part under MPICH.
+# 200 x dup/split/free leaks no communicator and no fd, kcolld killed mid-run,
+# mpi4py on numpy arrays (where Debian's mpi4py links the MPI under test: Open
+# MPI's only, so a SKIP under MPICH).
+# SHIM_MPI=mpich (tests/t_shim_mpich.sh): all of it under MPICH.
 # Run by tests/run.sh, which exports KCOLL_BUILD and KCOLL_SOCKET.
 # Prints TAP.
 set -u
@@ -58,8 +59,6 @@ if [ "$m" = mpich ]; then
 	export SHIM_CHECK_COMMS=world,split,created
 	ncomms=3
 fi
-# Open MPI's launcher, for the tests below that run Open MPI programs only.
-read -r -a mpi <<<"${launch[ompi]}"
 # The test program's sizes sit around 64 KiB (1000 B, 72 KiB, 1 MiB): pin the
 # threshold there rather than rely on the default (16 MiB).
 export KCOLL_MPI_MIN_BYTES=${KCOLL_MPI_MIN_BYTES:-65536}
@@ -179,11 +178,8 @@ kcoll_calls() {
 		[ "$(grep -c "cannot load .*libkcoll_mpi_$m.so" "$tmp/alone.$m.err")" -eq 2 ]
 	ok $? "$m: libkcoll_mpi.so without libkcoll_mpi_$m.so: one line per rank, plain MPI results"
 }
-if [ "$m" != ompi ]; then
-	echo "1..$n"
-	exit 0
-fi
-# Open MPI only from here (mpi-coll-bench and Debian's mpi4py are Open MPI's).
+# From here on, churn, per-call debug lines, kcolld killed and mpi4py, under
+# the MPI being tested ($m); mpi4py only where Debian's mpi4py links it.
 
 # Communicators made and freed 200 times: the daemon holds only the live ones
 # (then none), the fd count stays put. Freed communicators leave kcolld on its
@@ -204,35 +200,38 @@ done
 printf %s "$got"
 EOF
 probe="sh '$tmp/probe.sh' '$build/bin/kcollctl' '$KCOLL_SOCKET'"
-SHIM_CHECK_PROBE="$probe" LD_PRELOAD="$preload" "${mpi[@]}" -np 4 "$build/tests/shim_check_ompi" loop 200 \
+SHIM_CHECK_PROBE="$probe" LD_PRELOAD="$preload" run "$m" 4 "$check" loop 200 \
 	>"$tmp/loop" 2>"$tmp/loop.err"
-ok $? "200 x dup+split+allreduce+free at np 4 exits 0"
+rc=$?
+[ $rc -ne 0 ] && sed 's/^/# /' "$tmp/loop.err" | tail -10
+ok $rc "$m: 200 x dup+split+allreduce+free at np 4 exits 0"
 sed 's/^/# /' "$tmp/loop" | grep -E 'probe|fds'
 grep -q '^probe live: comms 3 active 3$' "$tmp/loop"
-ok $? "while live: kcolld holds exactly the 3 live communicators (dup, two split halves)"
+ok $? "$m: while live: kcolld holds exactly the 3 live communicators (dup, two split halves)"
 grep -q '^probe after: comms 0 active 0$' "$tmp/loop"
-ok $? "after 200 frees: kcolld holds no communicator of ours"
+ok $? "$m: after 200 frees: kcolld holds no communicator of ours"
 grep -q '^fds steady' "$tmp/loop"
-ok $? "fd count steady over 200 iterations on every rank"
-run ompi 4 "$build/tests/shim_check_ompi" loop 2 >"$tmp/loop.plain" 2>/dev/null
+ok $? "$m: fd count steady over 200 iterations on every rank"
+run "$m" 4 "$check" loop 2 >"$tmp/loop.plain" 2>/dev/null
 diff <(grep '^loop/' "$tmp/loop.plain") <(grep '^loop/' "$tmp/loop") >/dev/null
-ok $? "loop results identical with and without the shim"
+ok $? "$m: loop results identical with and without the shim"
 
 # KCOLL_MPI_DEBUG=2: one line per call saying where it went, as many as the
 # summaries count.
-KCOLL_MPI_DEBUG=2 LD_PRELOAD="$preload" "${mpi[@]}" -np 2 "$build/tests/shim_check_ompi" loop 3 \
+KCOLL_MPI_DEBUG=2 LD_PRELOAD="$preload" run "$m" 2 "$check" loop 3 \
 	>/dev/null 2>"$tmp/dbg2.err"
 rc=$?
 to_kcoll=$(grep -c '^kcoll_mpi: comm rank [0-9]*: MPI_Allreduce [0-9]* bytes -> kcoll$' "$tmp/dbg2.err")
 to_pmpi=$(grep -c '^kcoll_mpi: comm rank [0-9]*: MPI_Comm_dup [0-9]* bytes -> PMPI$' "$tmp/dbg2.err")
 [ $rc -eq 0 ] && [ "$to_kcoll" -gt 0 ] && [ "$to_kcoll" -eq "$(kcoll_calls "$tmp/dbg2.err" Allreduce)" ] &&
 	[ "$to_pmpi" -eq "$(kcoll_calls "$tmp/dbg2.err" Comm_dup pmpi)" ] && [ "$to_pmpi" -eq 6 ]
-ok $? "KCOLL_MPI_DEBUG=2: a line per call ($to_kcoll all-reduces -> kcoll, $to_pmpi dups -> PMPI), matching the summaries"
+ok $? "$m: KCOLL_MPI_DEBUG=2: a line per call ($to_kcoll all-reduces -> kcoll, $to_pmpi dups -> PMPI), matching the summaries"
 
 # kcolld killed in the middle of a run of large out-of-place all-reduces:
 # the ranks agree, fall back to MPI, redo the op, and the results stay right
 # (mpi-coll-bench checks every element of the first call at each size).
 bench="$build/bin/mpi-coll-bench"
+[ "$m" = mpich ] && bench="$build/bin/mpi-coll-bench-mpich"
 if [ -x "$bench" ]; then
 	kd_sock="$tmp/kd.sock"
 	"$build/bin/kcolld" -f -s "$kd_sock" -l "$tmp/kd.log" &
@@ -249,32 +248,40 @@ if [ -x "$bench" ]; then
 		kill -KILL "$kd" 2>/dev/null
 	) &
 	killer=$!
-	KCOLL_SOCKET="$kd_sock" with_shim ompi 2 "$bench" allreduce -b 4M -e 64M -f 2 -n 30 -w 2 -c 1 \
+	KCOLL_SOCKET="$kd_sock" with_shim "$m" 2 "$bench" allreduce -b 4M -e 64M -f 2 -n 30 -w 2 -c 1 \
 		>"$tmp/kill" 2>"$tmp/kill.err"
 	rc=$?
 	wait "$killer" "$kd" 2>/dev/null
 	[ $rc -ne 0 ] && sed 's/^/# /' "$tmp/kill.err" | tail -5
-	ok $rc "kcolld killed mid-run: mpi-coll-bench exits 0, no wrong element"
+	ok $rc "$m: kcolld killed mid-run: mpi-coll-bench exits 0, no wrong element"
 	grep -q 'goes back to MPI' "$tmp/kill.err" && grep -q 'fallbacks 1' "$tmp/kill.err"
-	ok $? "kcolld killed mid-run: logged, and the communicator went back to MPI"
+	ok $? "$m: kcolld killed mid-run: logged, and the communicator went back to MPI"
 else
 	echo "ok $((n + 1)) # SKIP $bench not built"
 	n=$((n + 1))
 fi
 
-# mpi4py (Debian's, for /usr/bin/python3) on numpy arrays.
-if ! /usr/bin/python3 -c 'import mpi4py, numpy' 2>/dev/null; then
+# mpi4py (Debian's, for /usr/bin/python3) on numpy arrays, where its MPI
+# module is linked against the MPI tested here (Debian builds it for Open MPI
+# only: libmpi.so.40).
+declare -A soname=([ompi]=libmpi.so.40 [mpich]=libmpich.so.12)
+mpi4py_so=$(/usr/bin/python3 -c 'import mpi4py, numpy, os; d = os.path.dirname(mpi4py.__file__)
+print(next(os.path.join(d, f) for f in os.listdir(d) if f.startswith("MPI.") and f.endswith(".so")))' 2>/dev/null)
+if [ -z "$mpi4py_so" ]; then
 	echo "ok $((n + 1)) # SKIP /usr/bin/python3 lacks mpi4py or numpy (python3-mpi4py, python3-numpy)"
+	n=$((n + 1))
+elif ! ldd "$mpi4py_so" | grep -q "${soname[$m]}"; then
+	echo "ok $((n + 1)) # SKIP $m: Debian's mpi4py ($mpi4py_so) is linked against $(ldd "$mpi4py_so" | grep -o 'libmpi[a-z]*\.so\.[0-9]*' | head -1), not ${soname[$m]}"
 	n=$((n + 1))
 else
 	for np in 2 4; do
-		with_shim ompi "$np" /usr/bin/python3 "$top/tests/shim/shim_mpi4py.py" >"$tmp/py.$np" \
+		with_shim "$m" "$np" /usr/bin/python3 "$top/tests/shim/shim_mpi4py.py" >"$tmp/py.$np" \
 			2>"$tmp/py.$np.err"
 		rc=$?
 		[ $rc -ne 0 ] && { grep -v '^ok' "$tmp/py.$np"; tail -5 "$tmp/py.$np.err"; } | sed 's/^/# /'
-		ok $rc "mpi4py np $np: $(tail -1 "$tmp/py.$np")"
+		ok $rc "$m: mpi4py np $np: $(tail -1 "$tmp/py.$np")"
 		[ "$(kcoll_calls "$tmp/py.$np.err" Allreduce)" -gt 0 ]
-		ok $? "mpi4py np $np: Allreduce went to kcoll"
+		ok $? "$m: mpi4py np $np: Allreduce went to kcoll"
 	done
 fi
 echo "1..$n"

@@ -18,6 +18,15 @@
  * more sums fractions (f32, f64), where the order of additions shows in the
  * last bits: it prints whether every element is within a relative 1e-5
  * (f32) / 1e-12 (f64) of the exact sum, not the bits.
+ *	mpirun -np 1 shim_check overhead [N]
+ *	                                the cost of the shim's pass-through
+ *	                                path: N calls each of MPI_X (through
+ *	                                the shim when preloaded) and PMPI_X
+ *	                                (never) on MPI_COMM_SELF, 8 B, in
+ *	                                alternating blocks; prints ns per call
+ *	                                (medians of the blocks) and the
+ *	                                difference. Timing only, no assertion.
+ *
  * SHIM_CHECK_THREAD=1: start with MPI_Init_thread(MPI_THREAD_FUNNELED).
  * SHIM_CHECK_COMMS=world,split,...: check only these communicators (all are
  * still made and freed); default all five.
@@ -28,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <time.h>
 
 #include <mpi.h>
 
@@ -500,6 +511,68 @@ static void loop(int iters)
 	free(buf);
 }
 
+static double now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* One call of collective c (0 allreduce, 1 reduce_scatter_block,
+ * 2 allgather, 3 bcast), through MPI_ (pmpi 0) or PMPI_ (pmpi 1). */
+static void overhead_call(int c, int pmpi, float *in, float *out)
+{
+	MPI_Comm s = MPI_COMM_SELF;
+
+	switch (c * 2 + pmpi) {
+	case 0: MPI_Allreduce(in, out, 2, MPI_FLOAT, MPI_SUM, s); break;
+	case 1: PMPI_Allreduce(in, out, 2, MPI_FLOAT, MPI_SUM, s); break;
+	case 2: MPI_Reduce_scatter_block(in, out, 2, MPI_FLOAT, MPI_SUM, s); break;
+	case 3: PMPI_Reduce_scatter_block(in, out, 2, MPI_FLOAT, MPI_SUM, s); break;
+	case 4: MPI_Allgather(in, 2, MPI_FLOAT, out, 2, MPI_FLOAT, s); break;
+	case 5: PMPI_Allgather(in, 2, MPI_FLOAT, out, 2, MPI_FLOAT, s); break;
+	case 6: MPI_Bcast(out, 2, MPI_FLOAT, 0, s); break;
+	default: PMPI_Bcast(out, 2, MPI_FLOAT, 0, s); break;
+	}
+}
+
+static void overhead(long n)
+{
+	static const char *const names[] = { "MPI_Allreduce", "MPI_Reduce_scatter_block",
+					     "MPI_Allgather", "MPI_Bcast" };
+	enum { BLOCKS = 21 };
+	float in[2] = { 1, 2 }, out[2];
+	double t[2][BLOCKS];
+
+	if (n < 1000)
+		n = 1000;
+	for (int c = 0; c < 4; c++) {
+		for (int b = 0; b < BLOCKS; b++) {
+			for (int pmpi = 0; pmpi < 2; pmpi++) {
+				int p = b % 2 ? !pmpi : pmpi;	/* alternate which goes first */
+				double t0 = now_ns();
+
+				for (long i = 0; i < n / BLOCKS; i++)
+					overhead_call(c, p, in, out);
+				t[p][b] = (now_ns() - t0) / (n / BLOCKS);
+			}
+		}
+		qsort(t[0], BLOCKS, sizeof(double), cmp_double);
+		qsort(t[1], BLOCKS, sizeof(double), cmp_double);
+		printf("overhead %s 8 B, MPI_COMM_SELF: MPI_ %.1f ns, PMPI_ %.1f ns, "
+		       "difference %.1f ns per call\n", names[c], t[0][BLOCKS / 2],
+		       t[1][BLOCKS / 2], t[0][BLOCKS / 2] - t[1][BLOCKS / 2]);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	MPI_Comm dup, split, rev, created;
@@ -515,6 +588,12 @@ int main(int argc, char **argv)
 	MPI_Comm_size(MPI_COMM_WORLD, &world_size);
 	if (world_size > 64)
 		MPI_Abort(MPI_COMM_WORLD, 2);
+	if (!strcmp(mode, "overhead")) {
+		if (world_rank == 0)
+			overhead(argc > 2 ? atol(argv[2]) : 2100000);
+		MPI_Finalize();
+		return 0;
+	}
 	if (!strcmp(mode, "loop")) {
 		loop(argc > 2 ? atoi(argv[2]) : 200);
 		MPI_Finalize();

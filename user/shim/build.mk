@@ -21,7 +21,7 @@ define SHIM_VARIANT
 $(OBJ)/user/shim/kcoll_mpi_$(1).o: user/shim/kcoll_mpi.c
 	$$(call msg,MPICC,$$@)
 	@mkdir -p $$(dir $$@)
-	$$(Q)$$(call SHIM_MPICC,$(1)) $$(CPPFLAGS) $$(CFLAGS) -fvisibility=hidden -MMD -MP -c -o $$@ $$<
+	$$(Q)$$(call SHIM_MPICC,$(1)) $$(CPPFLAGS) $$(CFLAGS) -fvisibility=hidden -fno-plt -MMD -MP -c -o $$@ $$<
 
 $(LIB)/libkcoll_mpi_$(1).so: $(OBJ)/user/shim/kcoll_mpi_$(1).o $(LIB)/libkcoll.a user/shim/kcoll_mpi.map
 	$$(call msg,LD,$$@)
@@ -66,4 +66,16 @@ $(SHIM_SO): $(LIB)/libkcoll_mpi_ompi.so
 	$(Q)cp $< $@
 endif
 ALL_TARGETS += $(SHIM_SO)
+endif
+
+# The MPI anchor benchmark built against MPICH (user/shim/bench-small.sh
+# MPI=mpich): the same source as Open MPI's mpi-coll-bench.
+ifneq ($(SHIM_MPICH_CC),)
+$(BIN)/mpi-coll-bench-mpich: user/tools/mpi-allreduce-bench.c user/tools/bench_common.h $(OBJ)/user/tools/bench_common.o
+	$(call msg,MPICC,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(call SHIM_MPICC,mpich) $(filter-out -Iinclude -Iinclude/uapi -Iuser/common,$(CPPFLAGS)) \
+		$(CFLAGS) -o $@ $< $(OBJ)/user/tools/bench_common.o $(LDFLAGS)
+
+ALL_TARGETS += $(BIN)/mpi-coll-bench-mpich
 endif

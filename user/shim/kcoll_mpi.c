@@ -43,6 +43,12 @@
 /* Measured break-even with Open MPI's shared-memory all-reduce on the 2-core
  * test VM (docs/perf.md section 5): 16 MiB. Set it lower on larger hosts. */
 #define KCOLL_MPI_DEFAULT_MIN_BYTES (16 * 1024 * 1024)
+/* Largest element kcoll moves: 8 bytes in reductions, 32 (MPI's largest
+ * predefined type without holes, long double complex) in all-gather and
+ * broadcast. Bounds the cheap "count x this < threshold" test that sends a
+ * small call to PMPI before any type is looked at (docs/shim.md). */
+#define KCOLL_MPI_REDUCE_ELEM_MAX 8
+#define KCOLL_MPI_PLAIN_ELEM_MAX 32
 
 enum kcoll_mpi_call {
 	KCOLL_MPI_ALLREDUCE,
@@ -131,8 +137,16 @@ static long long kcoll_mpi_env_ll(const char *name, long long def, long long min
 	return v;
 }
 
-static void kcoll_mpi_count(enum kcoll_mpi_call call, bool kcoll, MPI_Comm comm, size_t bytes)
+/*
+ * Counts feed only the KCOLL_MPI_DEBUG summary, so without it nothing is
+ * counted: a locked add per call is measurable on a small message
+ * (docs/perf.md section 5).
+ */
+static inline void kcoll_mpi_count(enum kcoll_mpi_call call, bool kcoll, MPI_Comm comm,
+				   size_t bytes)
 {
+	if (__builtin_expect(kcoll_mpi.debug == 0, 1))
+		return;
 	atomic_fetch_add_explicit(&kcoll_mpi.count[call][kcoll], 1, memory_order_relaxed);
 	if (kcoll_mpi.debug >= 2) {
 		int rank = -1;
@@ -422,7 +436,8 @@ static size_t kcoll_mpi_plain_size(MPI_Datatype t)
 	    PMPI_Type_get_extent(t, &lb, &extent) != MPI_SUCCESS ||
 	    PMPI_Type_get_true_extent(t, &tlb, &textent) != MPI_SUCCESS)
 		return 0;
-	if (size <= 0 || lb != 0 || tlb != 0 || extent != size || textent != size)
+	if (size <= 0 || size > KCOLL_MPI_PLAIN_ELEM_MAX || lb != 0 || tlb != 0 || extent != size ||
+	    textent != size)
 		return 0;
 	return (size_t)size;
 }
@@ -438,8 +453,9 @@ static bool kcoll_mpi_reduce_ok(int count, MPI_Datatype t, MPI_Op op, size_t nbl
 	return (size_t)count * nblocks * kcoll_dtype_size(*dtype) >= kcoll_mpi.min_bytes;
 }
 
-KCOLL_MPI_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count,
-				   MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+static __attribute__((noinline)) int kcoll_mpi_allreduce(const void *sendbuf, void *recvbuf,
+							 int count, MPI_Datatype datatype,
+							 MPI_Op op, MPI_Comm comm)
 {
 	enum kcoll_mpi_call call = KCOLL_MPI_ALLREDUCE;
 	struct kcoll_mpi_comm *c = NULL;
@@ -447,7 +463,9 @@ KCOLL_MPI_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count
 	bool inplace = sendbuf == MPI_IN_PLACE;
 	int dtype, redop, err;
 
-	if (kcoll_mpi_reduce_ok(count, datatype, op, 1, &dtype, &redop))
+	/* below the threshold for any type: straight to PMPI */
+	if ((size_t)count * KCOLL_MPI_REDUCE_ELEM_MAX >= kcoll_mpi.min_bytes &&
+	    kcoll_mpi_reduce_ok(count, datatype, op, 1, &dtype, &redop))
 		c = kcoll_mpi_comm_get(comm);
 	if (c) {
 		err = kcoll_allreduce(c->kc, inplace ? recvbuf : sendbuf, recvbuf, count, dtype,
@@ -465,6 +483,21 @@ KCOLL_MPI_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count
 }
 
 /*
+ * The exported wrappers of all-reduce and broadcast are this small on
+ * purpose: a call below the threshold for any type (and no KCOLL_MPI_DEBUG)
+ * costs one compare and a tail jump to PMPI (shim_check overhead measures
+ * it; docs/perf.md section 5).
+ */
+KCOLL_MPI_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count,
+				   MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+{
+	if (__builtin_expect((size_t)count * KCOLL_MPI_REDUCE_ELEM_MAX < kcoll_mpi.min_bytes &&
+			     kcoll_mpi.debug == 0, 1))
+		return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+	return kcoll_mpi_allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+}
+
+/*
  * MPI's in place reduce-scatter reads the whole vector from recvbuf and puts
  * this rank's block at its start; kcoll's puts it at block 'rank' of the
  * vector, so it is moved down afterwards.
@@ -478,8 +511,10 @@ KCOLL_MPI_EXPORT int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf
 	bool inplace = sendbuf == MPI_IN_PLACE;
 	int dtype, redop, size = 0, err;
 
-	PMPI_Comm_size(comm, &size);
-	if (size > 0 && kcoll_mpi_reduce_ok(recvcount, datatype, op, size, &dtype, &redop))
+	if (recvcount > 0 && !kcoll_mpi.disabled)
+		PMPI_Comm_size(comm, &size);
+	if (size > 0 && (size_t)recvcount * size * KCOLL_MPI_REDUCE_ELEM_MAX >= kcoll_mpi.min_bytes &&
+	    kcoll_mpi_reduce_ok(recvcount, datatype, op, size, &dtype, &redop))
 		c = kcoll_mpi_comm_get(comm);
 	if (c) {
 		size_t block = (size_t)recvcount * kcoll_dtype_size(dtype);
@@ -515,11 +550,15 @@ KCOLL_MPI_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datat
 	struct kcoll_mpi_comm *c = NULL;
 	struct kcoll_req *req = NULL;
 	bool inplace = sendbuf == MPI_IN_PLACE;
-	size_t rsize = kcoll_mpi_plain_size(recvtype), block = rsize * (size_t)(recvcount > 0 ? recvcount : 0);
+	size_t block = 0;
 	int size = 0, err;
 
-	PMPI_Comm_size(comm, &size);
-	if (rsize && recvcount > 0 && size > 0 && block * size >= kcoll_mpi.min_bytes &&
+	if (recvcount > 0 && !kcoll_mpi.disabled)
+		PMPI_Comm_size(comm, &size);
+	/* the type is looked at only when the call may be large enough */
+	if (size > 0 && (size_t)recvcount * size * KCOLL_MPI_PLAIN_ELEM_MAX >= kcoll_mpi.min_bytes)
+		block = kcoll_mpi_plain_size(recvtype) * (size_t)recvcount;
+	if (block && block * size >= kcoll_mpi.min_bytes &&
 	    (inplace || kcoll_mpi_plain_size(sendtype) * (size_t)(sendcount > 0 ? sendcount : 0) == block))
 		c = kcoll_mpi_comm_get(comm);
 	if (c) {
@@ -537,15 +576,19 @@ KCOLL_MPI_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datat
 }
 
 /* The root's buffer is only read, so a failed kcoll broadcast is redone. */
-KCOLL_MPI_EXPORT int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root,
-			       MPI_Comm comm)
+static __attribute__((noinline)) int kcoll_mpi_bcast(void *buffer, int count,
+						     MPI_Datatype datatype, int root,
+						     MPI_Comm comm)
 {
 	enum kcoll_mpi_call call = KCOLL_MPI_BCAST;
 	struct kcoll_mpi_comm *c = NULL;
 	struct kcoll_req *req = NULL;
-	size_t bytes = kcoll_mpi_plain_size(datatype) * (size_t)(count > 0 ? count : 0);
+	size_t bytes = 0;
 	int err;
 
+	/* the type is looked at only when the call may be large enough */
+	if (count > 0 && (size_t)count * KCOLL_MPI_PLAIN_ELEM_MAX >= kcoll_mpi.min_bytes)
+		bytes = kcoll_mpi_plain_size(datatype) * (size_t)count;
 	if (bytes && bytes >= kcoll_mpi.min_bytes)
 		c = kcoll_mpi_comm_get(comm);
 	if (c && root >= 0 && root < c->size) {
@@ -558,6 +601,15 @@ KCOLL_MPI_EXPORT int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, i
 	}
 	kcoll_mpi_count(call, false, comm, 0);
 	return PMPI_Bcast(buffer, count, datatype, root, comm);
+}
+
+KCOLL_MPI_EXPORT int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root,
+			       MPI_Comm comm)
+{
+	if (__builtin_expect((size_t)count * KCOLL_MPI_PLAIN_ELEM_MAX < kcoll_mpi.min_bytes &&
+			     kcoll_mpi.debug == 0, 1))
+		return PMPI_Bcast(buffer, count, datatype, root, comm);
+	return kcoll_mpi_bcast(buffer, count, datatype, root, comm);
 }
 
 /*
