@@ -82,7 +82,8 @@ static int kcoll_dmabuf_mmap(struct dma_buf *dmabuf, struct vm_area_struct *vma)
 	unsigned long i;
 	int ret;
 
-	if (!(vma->vm_flags & VM_SHARED))
+	/* an O_RDONLY dma-buf's shared mappings lose VM_SHARED, not VM_MAYSHARE */
+	if (!(vma->vm_flags & VM_MAYSHARE))
 		return -EINVAL;
 	if (first >= buf->npages || n > buf->npages - first)
 		return -EINVAL;
