@@ -49,6 +49,7 @@ struct kd_region {
 	uint8_t *map;		/* in the daemon */
 	bool pinned;		/* kmap: a /dev/kcoll mapping, else a memfd mmap */
 	struct kcoll_kdev_map kmap;
+	int dmabuf_fd;		/* pinned: kcoll.ko's dma-buf of kmap (zero-copy RDMA), or -1 */
 	bool dev;		/* GPU memory opened by CUDA IPC: map is a device pointer */
 	int gpu_dev;		/* kcolld's ordinal of its device */
 	void *gpu_base;		/* what cuIpcOpenMemHandle returned (closed on the last put) */

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <fcntl.h>
+#include <unistd.h>
 
 #include "kcoll_gpu.h"
 #include "kcolld.h"
@@ -395,6 +396,8 @@ void kd_region_put(struct kd_region *rg)
 			kc_warn("GPU %d: closing a device buffer's IPC mapping: %s", rg->gpu_dev,
 				strerror(-r));
 	} else if (rg->pinned) {
+		if (rg->dmabuf_fd >= 0)
+			close(rg->dmabuf_fd);
 		kcoll_kdev_unmap(&rg->kmap);
 	} else {
 		munmap(rg->map, rg->size);
@@ -475,6 +478,12 @@ int kd_region_add_pinned(struct kd_client *c, uint64_t handle, uint64_t addr, ui
 		return -EPERM;
 	}
 	rg->pinned = true;
+	/* The NIC cannot pin the PFN map itself; kcoll.ko's dma-buf of the same
+	 * pages it can (zero-copy RDMA sends, rdma/xport_rdma.c zc_span). */
+	r = kcoll_kdev_dmabuf(&kd.kdev, handle, &rg->dmabuf_fd);
+	if (r && r != -EOPNOTSUPP)
+		kc_dbg("client %u: no dma-buf of kcoll.ko handle %llu (%s): RDMA sends from it copy",
+		       c->id, (unsigned long long)handle, strerror(-r));
 	rg->map = rg->kmap.addr;
 	rg->addr = addr;
 	rg->size = size;
