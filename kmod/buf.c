@@ -12,7 +12,9 @@
  *
  * Importer VMAs are PFN maps (anonymous pages cannot be vm_insert_page'd):
  * the kernel cannot get_user_pages() them, so they cannot be handed to
- * O_DIRECT or RDMA registration; plain loads, stores and copies work.
+ * O_DIRECT or RDMA registration; plain loads, stores and copies work. A
+ * device gets the pages through a dma-buf instead (dmabuf.c), which holds a
+ * reference like an importer VMA.
  */
 #include <linux/mm.h>
 #include <linux/overflow.h>
@@ -50,13 +52,13 @@ static void kcoll_buf_free(struct kref *ref)
 	kfree(buf);
 }
 
-static void kcoll_buf_put(struct kcoll_buf *buf)
+void kcoll_buf_put(struct kcoll_buf *buf)
 {
 	kref_put(&buf->ref, kcoll_buf_free);
 }
 
 /* A reference to a live registration, or NULL. */
-static struct kcoll_buf *kcoll_buf_get(u64 handle)
+struct kcoll_buf *kcoll_buf_get(u64 handle)
 {
 	struct kcoll_buf *buf;
 
@@ -286,7 +288,7 @@ out_put_pid:
 }
 
 /* The importer is the current process: the registrant's euid, or granted. */
-static int kcoll_buf_may_map(struct kcoll_buf *buf)
+int kcoll_buf_may_map(struct kcoll_buf *buf)
 {
 	kuid_t uid = current_euid();
 	struct pid *tgid = task_tgid(current);

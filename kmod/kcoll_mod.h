@@ -17,7 +17,7 @@
 #include <linux/kcoll.h>
 
 #define KCOLL_FEATURES		(KCOLL_FEAT_RING | KCOLL_FEAT_DOORBELL | KCOLL_FEAT_BUF | \
-				 KCOLL_FEAT_GRANT | KCOLL_FEAT_PEERS)
+				 KCOLL_FEAT_GRANT | KCOLL_FEAT_PEERS | KCOLL_FEAT_DMABUF)
 #define KCOLL_MAX_GRANTS	8
 /* Handles index 4 GiB mmap slots; keep the offsets well inside 64 bits. */
 #define KCOLL_MAX_HANDLE	((1U << 20) - 1)
@@ -53,7 +53,7 @@ struct kcoll_grant {
 
 /*
  * One registration. References: the registering file's (dropped on
- * unregister or release) and one per importer VMA; the pages are unpinned
+ * unregister or release), one per importer VMA and one per dma-buf; the pages are unpinned
  * when the last one goes.
  */
 struct kcoll_buf {
@@ -95,6 +95,12 @@ int kcoll_buf_import(struct kcoll_ioc_buf_import *arg);
 int kcoll_buf_mmap(struct vm_area_struct *vma);
 void kcoll_buf_release_all(struct kcoll_file *kf);
 void kcoll_buf_exit(void);
+struct kcoll_buf *kcoll_buf_get(u64 handle);
+void kcoll_buf_put(struct kcoll_buf *buf);
+int kcoll_buf_may_map(struct kcoll_buf *buf);
+
+/* dmabuf.c */
+int kcoll_buf_dmabuf(struct kcoll_ioc_buf_dmabuf *arg, struct file **filep);
 
 /* sysfs.c */
 int kcoll_sysfs_init(const char *algo);

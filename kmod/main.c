@@ -10,6 +10,7 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/compat.h>
+#include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
@@ -55,6 +56,7 @@ union kcoll_ioc_args {
 	struct kcoll_ioc_buf_grant buf_grant;
 	struct kcoll_ioc_buf_import buf_import;
 	struct kcoll_ioc_peer_report peer_report;
+	struct kcoll_ioc_buf_dmabuf buf_dmabuf;
 };
 
 static int kcoll_ioc_query(struct kcoll_file *kf, union kcoll_ioc_args *a)
@@ -111,12 +113,20 @@ static int kcoll_ioc_peer_report(struct kcoll_file *kf, union kcoll_ioc_args *a)
 	return kcoll_peer_report(&a->peer_report);
 }
 
+static int kcoll_ioc_buf_dmabuf(union kcoll_ioc_args *a, int **fd, struct file **file)
+{
+	*fd = &a->buf_dmabuf.fd;
+	return kcoll_buf_dmabuf(&a->buf_dmabuf, file);
+}
+
 struct kcoll_ioctl_op {
 	size_t size;		/* this module's sizeof */
 	size_t min_size;	/* the first ABI version's sizeof */
 	u32 flags;		/* flags this module knows */
 	bool has_output;
 	int (*fn)(struct kcoll_file *kf, union kcoll_ioc_args *a);
+	/* instead of fn: returns a file for the fd in the reply */
+	int (*fn_fd)(union kcoll_ioc_args *a, int **fd, struct file **file);
 };
 
 #define KCOLL_OP(_nr, _struct, _min, _flags, _out, _fn)			\
@@ -148,6 +158,11 @@ static const struct kcoll_ioctl_op kcoll_ioctl_ops[] = {
 		 0, true, kcoll_ioc_buf_import),
 	KCOLL_OP(KCOLL_IOC_PEER_REPORT, kcoll_ioc_peer_report,
 		 sizeof(struct kcoll_ioc_peer_report), 0, false, kcoll_ioc_peer_report),
+	[_IOC_NR(KCOLL_IOC_BUF_DMABUF) - KCOLL_IOC_FIRST_NR] = {
+		.size = sizeof(struct kcoll_ioc_buf_dmabuf),
+		.min_size = sizeof(struct kcoll_ioc_buf_dmabuf),
+		.has_output = true, .fn_fd = kcoll_ioc_buf_dmabuf,
+	},
 };
 
 /*
@@ -159,7 +174,9 @@ static long kcoll_ioctl(struct file *file, unsigned int cmd, unsigned long uarg)
 	struct kcoll_file *kf = file->private_data;
 	void __user *up = (void __user *)uarg;
 	const struct kcoll_ioctl_op *op;
+	struct file *newfile = NULL;
 	union kcoll_ioc_args args;
+	int *newfd = NULL;
 	unsigned int nr = _IOC_NR(cmd);
 	u32 usize;
 	int ret;
@@ -181,15 +198,22 @@ static long kcoll_ioctl(struct file *file, unsigned int cmd, unsigned long uarg)
 	if (args.head.flags & ~op->flags)
 		return -EOPNOTSUPP;
 
-	ret = op->fn(kf, &args);
+	ret = op->fn_fd ? op->fn_fd(&args, &newfd, &newfile) : op->fn(kf, &args);
 	if (ret)
 		return ret;
 	if (op->has_output && copy_to_user(up, &args, min_t(size_t, usize, op->size))) {
 		/* a handle the caller never learns would stay pinned until close */
 		if (nr == _IOC_NR(KCOLL_IOC_BUF_REGISTER))
 			kcoll_buf_unregister(kf, args.buf_register.handle);
+		/* nor may an fd it never learns stay open */
+		if (newfile) {
+			put_unused_fd(*newfd);
+			fput(newfile);
+		}
 		return -EFAULT;
 	}
+	if (newfile)
+		fd_install(*newfd, newfile);
 	return 0;
 }
 

@@ -174,6 +174,13 @@ int kcoll_rdma_mr_get_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct 
  * (kcolld's zero-copy sends from application memory use this).
  */
 int kcoll_rdma_mr_get_local(int dev, void *addr, size_t len, struct ibv_mr **mr);
+/*
+ * Both: local access only, through a dma-buf (kcoll.ko's export of a
+ * registration). A device that refuses dma-buf registrations (no
+ * reg_user_mr_dmabuf, e.g. rdma_rxe in Linux 6.1) is logged once and not
+ * asked again: -EOPNOTSUPP from then on.
+ */
+int kcoll_rdma_mr_get_local_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct ibv_mr **mr);
 void kcoll_rdma_mr_invalidate(void *addr, size_t len);
 /* How many registrations the cache holds (status, tests). */
 size_t kcoll_rdma_mr_count(void);

@@ -32,6 +32,7 @@ struct dev {
 	char path[IBV_SYSFS_PATH_MAX];	/* its uverbs node in sysfs */
 	bool gone;			/* that node vanished: the device is being removed */
 	int eps;			/* endpoints on it */
+	bool dmabuf_refused;		/* ibv_reg_dmabuf_mr is not supported: asked once */
 };
 
 struct mrc {
@@ -677,6 +678,11 @@ int kcoll_rdma_mr_get_local(int dev, void *addr, size_t len, struct ibv_mr **out
 	return mr_get(dev, addr, len, -1, 0, out);
 }
 
+int kcoll_rdma_mr_get_local_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct ibv_mr **out)
+{
+	return mr_get(dev, addr, len, dmabuf_fd, 0, out);
+}
+
 static int mr_get(int dev, void *addr, size_t len, int dmabuf_fd, int access, struct ibv_mr **out)
 {
 	uintptr_t lo = (uintptr_t)addr, hi = lo + len;
@@ -700,12 +706,24 @@ static int mr_get(int dev, void *addr, size_t len, int dmabuf_fd, int access, st
 		r = -ENOSPC;
 		goto out;
 	}
+	if (dmabuf_fd >= 0 && rd.dev[dev].dmabuf_refused) {
+		r = -EOPNOTSUPP;
+		goto out;
+	}
 	if (dmabuf_fd >= 0)	/* the NIC maps the exporter's pages: iova = addr */
 		mr = ibv_reg_dmabuf_mr(rd.dev[dev].pd, 0, len, (uint64_t)lo, dmabuf_fd, access);
 	else
 		mr = ibv_reg_mr(rd.dev[dev].pd, addr, len, access);
 	if (!mr) {
 		r = -errno;
+		if (dmabuf_fd >= 0 && (r == -EOPNOTSUPP || r == -EPROTONOSUPPORT || r == -ENOSYS)) {
+			rd.dev[dev].dmabuf_refused = true;
+			kc_info("RDMA device %s refuses dma-buf memory regions (ibv_reg_dmabuf_mr: %s): "
+				"buffers reachable only through a dma-buf (kcoll.ko registrations, GPU "
+				"memory) are sent through the copy path; a NIC whose driver implements "
+				"reg_user_mr_dmabuf sends from them directly", rd.dev[dev].name, strerror(-r));
+			r = -EOPNOTSUPP;
+		}
 		goto out;
 	}
 	rd.mr[rd.nmr++] = (struct mrc){ dev, lo, hi, mr, access };

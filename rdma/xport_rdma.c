@@ -558,6 +558,7 @@ static int consume(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct
 static void zc_span(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct cursor *c)
 {
 	const uint8_t *b = c->base, *lo = NULL;
+	struct kd_region *kr = NULL;
 	size_t len = 0;
 	int r;
 
@@ -573,20 +574,34 @@ static void zc_span(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struc
 	} else {
 		for (uint32_t rk = 0; !lo && rk < op->comm->nranks; rk++) {
 			const struct kd_contrib *ct = &op->c[rk];
-			const struct kd_region *rg[2] = { ct->sbuf.rg, ct->rbuf.rg };
+			struct kd_region *rg[2] = { ct->sbuf.rg, ct->rbuf.rg };
 
 			for (int i = 0; ct->present && i < 2; i++)
-				if (rg[i] && !rg[i]->pinned && b >= rg[i]->map && b < rg[i]->map + rg[i]->size) {
+				if (rg[i] && b >= rg[i]->map && b < rg[i]->map + rg[i]->size) {
+					kr = rg[i]->pinned ? rg[i] : NULL;
 					lo = rg[i]->map;
 					len = rg[i]->size;
 					break;
 				}
 		}
 	}
-	if (!lo)
+	if (kr) {
+		/* A kcoll.ko region: ibv_reg_mr cannot pin its PFN map, the NIC
+		 * takes kcoll.ko's dma-buf of the same pages (iova = the map). */
+		int fd = kd_region_dmabuf(kr);
+
+		if (fd < 0)
+			return;
+		lo = kr->kmap.map_base;
+		len = kr->kmap.map_len;
+		r = kcoll_rdma_mr_get_local_fd(rs->peer[c->host].ep->port.dev, (void *)lo, len, fd,
+					       &c->zmr);
+	} else if (lo) {
+		/* Local access only: no peer can use this registration's rkey. */
+		r = kcoll_rdma_mr_get_local(rs->peer[c->host].ep->port.dev, (void *)lo, len, &c->zmr);
+	} else {
 		return;
-	/* Local access only: no peer can use this registration's rkey. */
-	r = kcoll_rdma_mr_get_local(rs->peer[c->host].ep->port.dev, (void *)lo, len, &c->zmr);
+	}
 	if (r) {
 		kc_dbg("comm %s: cannot register %zu bytes for zero-copy sends (%s): copying", op->comm->name,
 		       len, strerror(-r));

@@ -34,6 +34,7 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -518,7 +519,8 @@ static float big_val(int rank, size_t i)
 	return (float)((i * 7 + (size_t)rank * 13) % 2001) - 1000.0f;
 }
 
-static int mode_big(const kcoll_unique_id_t *id, int n, int rank, size_t count)
+/* reg: a malloc'ed buffer made zero-copy through kcoll.ko (kcoll_mem_register) */
+static int mode_big(const kcoll_unique_id_t *id, int n, int rank, size_t count, bool reg)
 {
 	struct kcoll_req *req = NULL;
 	struct kcoll_comm *c;
@@ -530,9 +532,15 @@ static int mode_big(const kcoll_unique_id_t *id, int n, int rank, size_t count)
 
 	if (setup(id, n, rank, &k, &c))
 		return 2;
-	r = kcoll_mem_alloc(k, count * sizeof(float), (void **)&buf);
+	if (reg) {
+		buf = aligned_alloc(4096, (count * sizeof(float) + 4095) & ~(size_t)4095);
+		r = buf ? kcoll_mem_register(k, buf, count * sizeof(float)) : -ENOMEM;
+	} else {
+		r = kcoll_mem_alloc(k, count * sizeof(float), (void **)&buf);
+	}
 	if (r) {
-		printf("# rank %d: kcoll_mem_alloc %zu MiB: %s\n", rank, count * 4 >> 20, en(r));
+		printf("# rank %d: %s %zu MiB: %s\n", rank, reg ? "kcoll_mem_register" : "kcoll_mem_alloc",
+		       count * 4 >> 20, en(r));
 		return 2;
 	}
 	for (size_t i = 0; i < count; i++)
@@ -558,7 +566,12 @@ static int mode_big(const kcoll_unique_id_t *id, int n, int rank, size_t count)
 		       first);
 	printf("group cases=1 bad=%d name=in-place f32 all-reduce of %zu elements (%zu MiB)\n", !!bad,
 	       count, count * 4 >> 20);
-	kcoll_mem_free(k, buf);
+	if (reg) {
+		kcoll_mem_deregister(k, buf);
+		free(buf);
+	} else {
+		kcoll_mem_free(k, buf);
+	}
 	kcoll_comm_destroy(c);
 	kcoll_disconnect(k);
 	return bad ? 1 : 0;
@@ -771,7 +784,7 @@ static int usage(void)
 	fprintf(stderr,
 		"usage: mh_rank id [--corrupt-token]\n"
 		"       mh_rank coll|algo|check|init ID NRANKS RANK\n"
-		"       mh_rank big ID NRANKS RANK [COUNT]\n"
+		"       mh_rank big|bigreg ID NRANKS RANK [COUNT]   (bigreg: malloc + kcoll_mem_register)\n"
 		"       mh_rank remap ID NRANKS RANK [ROUNDS [COUNT]]\n"
 		"       mh_rank loop ID NRANKS RANK DIR [NEXT]\n");
 	return 2;
@@ -799,8 +812,9 @@ int main(int argc, char **argv)
 	alarm(170);
 	if (!strcmp(mode, "coll") || !strcmp(mode, "algo") || !strcmp(mode, "check"))
 		return mode_cases(&id, n, rank, mode);
-	if (!strcmp(mode, "big"))
-		return mode_big(&id, n, rank, argc > 5 ? strtoul(argv[5], NULL, 0) : BIG_COUNT);
+	if (!strcmp(mode, "big") || !strcmp(mode, "bigreg"))
+		return mode_big(&id, n, rank, argc > 5 ? strtoul(argv[5], NULL, 0) : BIG_COUNT,
+				!strcmp(mode, "bigreg"));
 	if (!strcmp(mode, "remap"))
 		return mode_remap(&id, n, rank, argc > 5 ? strtol(argv[5], NULL, 0) : 12,
 				  argc > 6 ? strtoul(argv[6], NULL, 0) : 262147);

@@ -88,6 +88,14 @@ KCOLL_ASSERT_OFF(kcoll_ioc_peer_report, latency_us, 16);
 KCOLL_ASSERT_OFF(kcoll_ioc_peer_report, bw_mbps, 20);
 KCOLL_ASSERT_SIZE(kcoll_ioc_peer_report, 24);
 
+KCOLL_ASSERT_HEAD(kcoll_ioc_buf_dmabuf);
+KCOLL_ASSERT_OFF(kcoll_ioc_buf_dmabuf, handle, 8);
+KCOLL_ASSERT_OFF(kcoll_ioc_buf_dmabuf, dmabuf_size, 16);
+KCOLL_ASSERT_OFF(kcoll_ioc_buf_dmabuf, len, 24);
+KCOLL_ASSERT_OFF(kcoll_ioc_buf_dmabuf, fd, 32);
+KCOLL_ASSERT_OFF(kcoll_ioc_buf_dmabuf, page_offset, 36);
+KCOLL_ASSERT_SIZE(kcoll_ioc_buf_dmabuf, 40);
+
 KCOLL_ASSERT_IOC(KCOLL_IOC_QUERY, 0x40, kcoll_ioc_query);
 KCOLL_ASSERT_IOC(KCOLL_IOC_RING_CREATE, 0x41, kcoll_ioc_ring_create);
 KCOLL_ASSERT_IOC(KCOLL_IOC_WAIT, 0x42, kcoll_ioc_wait);
@@ -97,6 +105,7 @@ KCOLL_ASSERT_IOC(KCOLL_IOC_BUF_UNREGISTER, 0x45, kcoll_ioc_buf_unregister);
 KCOLL_ASSERT_IOC(KCOLL_IOC_BUF_GRANT, 0x46, kcoll_ioc_buf_grant);
 KCOLL_ASSERT_IOC(KCOLL_IOC_BUF_IMPORT, 0x47, kcoll_ioc_buf_import);
 KCOLL_ASSERT_IOC(KCOLL_IOC_PEER_REPORT, 0x48, kcoll_ioc_peer_report);
+KCOLL_ASSERT_IOC(KCOLL_IOC_BUF_DMABUF, 0x49, kcoll_ioc_buf_dmabuf);
 
 /* mmap offsets: the ring at 0, handle h >= 1 in its own 4 GiB slot */
 _Static_assert(KCOLL_MMAP_OFF_RING == 0, "ring mmap offset");
@@ -105,7 +114,7 @@ _Static_assert(sizeof(KCOLL_MMAP_OFF_BUF(1)) == 8, "buffer offsets are 64-bit");
 
 /* Feature bits are distinct single bits. */
 _Static_assert((KCOLL_FEAT_RING | KCOLL_FEAT_DOORBELL | KCOLL_FEAT_BUF | KCOLL_FEAT_GRANT |
-		KCOLL_FEAT_PEERS) == 0x1f, "feature bits");
+		KCOLL_FEAT_PEERS | KCOLL_FEAT_DMABUF) == 0x3f, "feature bits");
 
 _Static_assert(KCOLL_DOORBELL_SQ == 0 && KCOLL_DOORBELL_CQ == 1 && KCOLL_NR_DOORBELLS == 2,
 	       "doorbell numbers");

@@ -286,7 +286,7 @@ static void query_short(struct ctx *c)
 	memset(&q, 0, sizeof(q));
 	q.size = sizeof(q);
 	ret = xioctl(c->fd, KCOLL_IOC_QUERY, &q);
-	tap_ok(ret == 0 && q.features == 0x1f && q.page_size == (uint32_t)getpagesize() &&
+	tap_ok(ret == 0 && q.features == 0x3f && q.page_size == (uint32_t)getpagesize() &&
 	       q.max_ring_entries == KCOLL_RING_MAX_ENTRIES && q.max_grants > 0 &&
 	       q.max_buf_bytes > 0 && q.max_pinned_bytes >= q.max_buf_bytes &&
 	       (long long)q.features == sysfs_read("features"),
@@ -299,8 +299,8 @@ static void unknown_ioctls(struct ctx *c)
 	struct kcoll_ioc_query q = { .size = sizeof(q) };
 	int ret;
 
-	ret = xioctl(c->fd, _IOWR('k', 0x49, struct kcoll_ioc_query), &q);
-	tap_ok(ret == -ENOTTY, "unknown ioctl number 0x49 -> -ENOTTY (got %d)", ret);
+	ret = xioctl(c->fd, _IOWR('k', 0x4a, struct kcoll_ioc_query), &q);
+	tap_ok(ret == -ENOTTY, "unknown ioctl number 0x4a -> -ENOTTY (got %d)", ret);
 	ret = xioctl(c->fd, _IOWR('k', 0x3f, struct kcoll_ioc_query), &q);
 	tap_ok(ret == -ENOTTY, "unknown ioctl number 0x3f -> -ENOTTY (got %d)", ret);
 	ret = xioctl(c->fd, _IOR('k', 0x40, struct kcoll_ioc_query), &q);

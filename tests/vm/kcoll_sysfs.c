@@ -106,7 +106,7 @@ static void access_tests(void)
 		ret = sysfs_write(ro[i], "0");
 		tap_ok(ret == -EACCES, "%s is read-only, even for root (%d)", ro[i], ret);
 	}
-	tap_ok(sysfs_read("features") == 0x1f, "features reads 0x1f");
+	tap_ok(sysfs_read("features") == 0x3f, "features reads 0x3f");
 }
 
 static int report(int fd, uint32_t peer, uint32_t state, uint32_t lat, uint32_t bw)

@@ -47,7 +47,7 @@ else
 fi
 
 if insmod "$ko"; then
-	for t in kcoll_ioctl kcoll_ring kcoll_buf kcoll_sysfs kcoll_kdev kcoll_ioctl32 kcoll_kdev32; do
+	for t in kcoll_ioctl kcoll_ring kcoll_buf kcoll_dmabuf kcoll_sysfs kcoll_kdev kcoll_ioctl32 kcoll_kdev32; do
 		run_one "$t" "$bin/$t"
 	done
 	# The foundation's daemon integration tests again, now with the module:
@@ -59,6 +59,8 @@ if insmod "$ko"; then
 		"$here/../run.sh" "${KCOLL_VM_BUILD:-build}" test_coll test_kmod_path test_faults
 		run_one "t_tunables.sh" bash "$here/t_tunables.sh"
 	run_one "t_c4.sh" bash "$here/t_c4.sh"
+	# zero-copy RDMA from kcoll.ko regions through its dma-buf (refused on rxe)
+	per_test_timeout=420 run_one "t_rdma_kmod.sh" bash "$here/t_rdma_kmod.sh" "${KCOLL_VM_BUILD:-build}"
 	run_one "t_module.sh unload" bash "$here/t_module.sh" unload "$ko" "$bin"
 else
 	echo "Bail out! insmod $ko failed"; fail=$((fail + 1))

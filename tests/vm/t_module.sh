@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Loading and unloading kcoll.ko (guest only, as root). Prints TAP.
 #   t_module.sh params KO        bad parameters are refused with a clear message
-#   t_module.sh unload KO BIN    rmmod refused while a file or mapping is in use,
+#   t_module.sh unload KO BIN    rmmod refused while a file, mapping or dma-buf is in use,
 #                                clean afterwards; reload works
 set -u
 mode=$1 ko=$2 bin=${3:-}
@@ -83,6 +83,18 @@ unload() {
 	loaded && [ "$refcnt" = 1 ] && grep -q "in use" <<<"$out"
 	t $? "rmmod refused while a file is open (refcnt $refcnt: $out)"
 	exec 3>&-
+
+	out=$(mktemp)
+	"$bin/kcoll_dmabuf" --hold >"$out" &
+	holder=$!
+	wait_for_line "$out" ready 100
+	t $? "a process exports a dma-buf and closes /dev/kcoll"
+	rmmod kcoll 2>/dev/null
+	loaded && [ "$(cat /sys/kernel/kcoll/pinned_pages)" = 1 ]
+	t $? "rmmod refused while only a dma-buf remains (its page stays pinned)"
+	kill -KILL "$holder"
+	wait "$holder" 2>/dev/null
+	rm -f "$out"
 
 	out=$(mktemp)
 	"$bin/kcoll_ring" --hold >"$out" &

@@ -126,6 +126,23 @@ int kcoll_kdev_unmap(struct kcoll_kdev_map *m)
 	return err;
 }
 
+int kcoll_kdev_dmabuf(struct kcoll_kdev *kd, uint64_t handle, int *fd)
+{
+	struct kcoll_ioc_buf_dmabuf d;
+	int err;
+
+	*fd = -1;
+	if (!kcoll_kdev_has(kd, KCOLL_FEAT_DMABUF))
+		return -EOPNOTSUPP;
+	memset(&d, 0, sizeof(d));
+	d.handle = handle;
+	err = kdev_ioctl(kd->fd, KCOLL_IOC_BUF_DMABUF, &d, sizeof(d));
+	if (err)
+		return err;
+	*fd = d.fd;
+	return 0;
+}
+
 int kcoll_kdev_register(struct kcoll_kdev *kd, void *addr, uint64_t len, uint32_t flags,
 			uint64_t *handle)
 {

@@ -57,6 +57,11 @@ int kcoll_kdev_query(struct kcoll_kdev *kd, struct kcoll_ioc_query *q);
 int kcoll_kdev_map(struct kcoll_kdev *kd, uint64_t handle, int prot, struct kcoll_kdev_map *m);
 /* Unmap; pages a dead client left pinned are released by the last unmap. */
 int kcoll_kdev_unmap(struct kcoll_kdev_map *m);
+/* kcolld side: the pages of handle as a dma-buf (*fd, close-on-exec; -1 on
+ * error) for ibv_reg_dmabuf_mr. Its offset 0 is the mapping's first page
+ * (kcoll_kdev_map's map_base). -EOPNOTSUPP: the module has no
+ * KCOLL_FEAT_DMABUF; -ENOENT, -EACCES as for kcoll_kdev_map. */
+int kcoll_kdev_dmabuf(struct kcoll_kdev *kd, uint64_t handle, int *fd);
 
 /* Client side: pin [addr, addr+len) (must be writable) and get a handle. */
 int kcoll_kdev_register(struct kcoll_kdev *kd, void *addr, uint64_t len, uint32_t flags,

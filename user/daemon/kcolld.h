@@ -49,6 +49,8 @@ struct kd_region {
 	uint8_t *map;		/* in the daemon */
 	bool pinned;		/* kmap: a /dev/kcoll mapping, else a memfd mmap */
 	struct kcoll_kdev_map kmap;
+	uint64_t khandle;	/* pinned: the client's kcoll.ko handle */
+	atomic_int dmabuf_fd;	/* pinned: kd_region_dmabuf's fd, -1 not yet, -2 unavailable */
 	bool dev;		/* GPU memory opened by CUDA IPC: map is a device pointer */
 	int gpu_dev;		/* kcolld's ordinal of its device */
 	void *gpu_base;		/* what cuIpcOpenMemHandle returned (closed on the last put) */
@@ -247,6 +249,8 @@ void kd_client_post(struct kd_client *c, uint64_t user_data, int res, uint64_t a
 		    uint32_t err_rank, uint32_t flags);
 int kd_region_add(struct kd_client *c, int fd, uint64_t addr, uint64_t size);
 int kd_region_add_pinned(struct kd_client *c, uint64_t handle, uint64_t addr, uint64_t size);
+/* A pinned region's pages as kcoll.ko's dma-buf: the fd (kept by the region) or -errno. */
+int kd_region_dmabuf(struct kd_region *rg);
 int kd_region_del(struct kd_client *c, uint64_t addr);
 /* mem.c: resolve [addr, addr+len) of c: mapped if inside a region (ref taken). */
 void kd_buf_resolve(struct kd_client *c, uint64_t addr, uint64_t len, struct kd_buf *b);

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <fcntl.h>
+#include <unistd.h>
 
 #include "kcoll_gpu.h"
 #include "kcolld.h"
@@ -395,6 +396,8 @@ void kd_region_put(struct kd_region *rg)
 			kc_warn("GPU %d: closing a device buffer's IPC mapping: %s", rg->gpu_dev,
 				strerror(-r));
 	} else if (rg->pinned) {
+		if (atomic_load(&rg->dmabuf_fd) >= 0)
+			close(atomic_load(&rg->dmabuf_fd));
 		kcoll_kdev_unmap(&rg->kmap);
 	} else {
 		munmap(rg->map, rg->size);
@@ -475,11 +478,42 @@ int kd_region_add_pinned(struct kd_client *c, uint64_t handle, uint64_t addr, ui
 		return -EPERM;
 	}
 	rg->pinned = true;
+	rg->khandle = handle;
+	atomic_init(&rg->dmabuf_fd, -1);
 	rg->map = rg->kmap.addr;
 	rg->addr = addr;
 	rg->size = size;
 	atomic_init(&rg->refs, 1);
 	return region_insert(c, rg);
+}
+
+/*
+ * kcoll.ko's dma-buf of a pinned region's pages (offset 0 = kmap.map_base),
+ * asked for on first use and kept with the region: the NIC cannot pin the
+ * PFN map itself, it can take the dma-buf (zero-copy RDMA sends,
+ * rdma/xport_rdma.c zc_span). Returns the fd (the region owns it) or -errno.
+ */
+int kd_region_dmabuf(struct kd_region *rg)
+{
+	int fd = atomic_load(&rg->dmabuf_fd), want = -1, r;
+
+	if (!rg->pinned)
+		return -EINVAL;
+	if (fd != -1)
+		return fd >= 0 ? fd : -EOPNOTSUPP;
+	r = kcoll_kdev_dmabuf(&kd.kdev, rg->khandle, &fd);
+	if (r) {
+		kc_dbg("no dma-buf of kcoll.ko handle %llu (%s): RDMA sends from it copy",
+		       (unsigned long long)rg->khandle, strerror(-r));
+		fd = -2;
+	}
+	/* another thread may have raced us here: keep the first */
+	if (!atomic_compare_exchange_strong(&rg->dmabuf_fd, &want, fd)) {
+		if (fd >= 0)
+			close(fd);
+		fd = want;
+	}
+	return fd >= 0 ? fd : (r ? r : -EOPNOTSUPP);
 }
 
 int kd_region_add_dev(struct kd_client *c, const struct kcoll_msg_mem_reg_dev *m, char *why,

@@ -214,6 +214,7 @@ struct kcoll_ring_hdr {
 #define KCOLL_FEAT_BUF		(1ULL << 2)	/* BUF_REGISTER / UNREGISTER / IMPORT + mmap */
 #define KCOLL_FEAT_GRANT	(1ULL << 3)	/* BUF_GRANT by uid or pid */
 #define KCOLL_FEAT_PEERS	(1ULL << 4)	/* PEER_REPORT + /sys/kernel/kcoll/peers */
+#define KCOLL_FEAT_DMABUF	(1ULL << 5)	/* BUF_DMABUF: a registration as a dma-buf */
 
 /*
  * mmap offsets. The ring sits at 0 (length <= ring_size). Registered buffer
@@ -345,6 +346,28 @@ struct kcoll_ioc_buf_import {
 	__u32 reserved;			/* must be zero */
 };
 
+/*
+ * Export a registered buffer's pinned pages as a dma-buf, so a device (an
+ * RDMA NIC through ibv_reg_dmabuf_mr) reads and writes the registrant's
+ * memory directly. Same permission check as KCOLL_IOC_BUF_IMPORT. The new fd
+ * (close-on-exec) covers the page-rounded range; the buffer starts
+ * page_offset bytes into it. mmap(MAP_SHARED) of the fd shows the bytes.
+ * The dma-buf holds the registration: its pages stay pinned until the fd,
+ * its mappings and every device attachment are gone, even after the
+ * registration ended or its owner died. A KCOLL_BUF_F_READONLY registration
+ * gives an O_RDONLY dma-buf that devices may only read (DMA_TO_DEVICE).
+ * -ENOENT: no such registration; -EACCES: not the owner's uid nor granted.
+ */
+struct kcoll_ioc_buf_dmabuf {
+	__u32 size;
+	__u32 flags;			/* none defined: 0 */
+	__aligned_u64 handle;
+	__aligned_u64 dmabuf_size;	/* out: page-rounded length */
+	__aligned_u64 len;		/* out: registered length */
+	__s32 fd;			/* out: the dma-buf */
+	__u32 page_offset;		/* out: buffer start within the first page */
+};
+
 /* Link health kcolld reports (CAP_NET_ADMIN); shown in /sys/kernel/kcoll/peers. */
 enum kcoll_peer_state {
 	KCOLL_PEER_UNKNOWN = 0,		/* forget the peer */
@@ -376,6 +399,7 @@ struct kcoll_ioc_peer_report {
 #define KCOLL_IOC_BUF_GRANT	_IOWR(KCOLL_IOC_MAGIC, 0x46, struct kcoll_ioc_buf_grant)
 #define KCOLL_IOC_BUF_IMPORT	_IOWR(KCOLL_IOC_MAGIC, 0x47, struct kcoll_ioc_buf_import)
 #define KCOLL_IOC_PEER_REPORT	_IOWR(KCOLL_IOC_MAGIC, 0x48, struct kcoll_ioc_peer_report)
+#define KCOLL_IOC_BUF_DMABUF	_IOWR(KCOLL_IOC_MAGIC, 0x49, struct kcoll_ioc_buf_dmabuf)
 
 /* END kcoll.ko device ABI
  * ===========================================================================
