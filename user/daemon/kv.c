@@ -1092,13 +1092,27 @@ static int local_io(struct kv_stream *st, const struct kv_frame *f, uint8_t *buf
 	return r;
 }
 
-/* Send n iovecs whole (IOV_MAX at a time); 0, -ETIMEDOUT or -ECONNRESET. */
-static int send_iovs(int fd, struct iovec *iov, size_t n)
+/*
+ * Send or receive n iovecs whole (IOV_MAX at a time; consumes the array):
+ * one system call for a frame of many blocks rather than one per block.
+ * 0, -ETIMEDOUT or -ECONNRESET.
+ */
+static int io_iovs(int fd, struct iovec *iov, size_t n, bool out)
 {
-	while (n) {
-		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n < 1024 ? n : 1024 };
-		ssize_t k = sendmsg(fd, &mh, MSG_NOSIGNAL | (n > 1024 ? MSG_MORE : 0));
+	for (;;) {
+		struct msghdr mh = { 0 };
+		ssize_t k;
 
+		while (n && !iov->iov_len) {	/* recvmsg would read 0 as "closed" */
+			iov++;
+			n--;
+		}
+		if (!n)
+			return 0;
+		mh.msg_iov = iov;
+		mh.msg_iovlen = n < 1024 ? n : 1024;
+		k = out ? sendmsg(fd, &mh, MSG_NOSIGNAL | (n > 1024 ? MSG_MORE : 0)) :
+		    recvmsg(fd, &mh, MSG_WAITALL);
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k <= 0)
@@ -1113,7 +1127,6 @@ static int send_iovs(int fd, struct iovec *iov, size_t n)
 			iov->iov_len -= k;
 		}
 	}
-	return 0;
 }
 
 /* A write frame straight from the mapped local segment, under its reader
@@ -1134,7 +1147,7 @@ static int frame_send_mapped(struct kv_stream *st, const struct kv_frame *f, str
 
 		st->iov[n++] = (struct iovec){ l->buf.direct + p->src, p->len };
 	}
-	r = send_iovs(st->fd, st->iov, n);
+	r = io_iovs(st->fd, st->iov, n, true);
 	unlock_sides(l, l);
 	return r;
 }
@@ -1186,6 +1199,25 @@ static int frame_send(struct kv_stream *st, uint32_t fi, uint8_t *buf, struct kv
 	return 0;
 }
 
+/* A read frame's payload straight into the mapped local segment, under its
+ * reader lock (seg_kill shuts this stream down rather than wait). */
+static int frame_recv_mapped(struct kv_stream *st, const struct kv_frame *f)
+{
+	struct kv_side *l = st->local;
+	int r = lock_sides(l, l);
+
+	if (r)
+		return r;
+	for (uint32_t i = 0; i < f->n; i++) {
+		const struct kv_piece *p = &st->sp[f->first + i];
+
+		st->iov[i] = (struct iovec){ l->buf.direct + p->dst, p->len };
+	}
+	r = io_iovs(st->fd, st->iov, f->n, false);
+	unlock_sides(l, l);
+	return r;
+}
+
 static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 {
 	const struct kv_frame *f = &st->frames[fi];
@@ -1200,7 +1232,9 @@ static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 		return rs.status > 0 ? -EPROTO : rs.status;
 	if (rs.tag != fi || rs.hdr.len != sizeof(rs) + (!st->write ? f->bytes : 0))
 		return -EPROTO;
-	if (!st->write) {
+	if (!st->write && st->local->buf.direct) {
+		r = frame_recv_mapped(st, f);
+	} else if (!st->write) {
 		r = io_full(st->fd, buf, f->bytes, false);
 		if (!r)
 			r = local_io(st, f, buf);
@@ -1233,32 +1267,35 @@ static int last_word(int fd, int err)
 static void *stream_run(void *arg)
 {
 	struct kv_stream *st = arg;
-	uint8_t *sbuf = malloc(KV_FRAME_BYTES), *rbuf = malloc(KV_FRAME_BYTES);
+	/* A mapped local segment is sent from and received into in place;
+	 * other memory needs a frame buffer (a write's frame is staged before
+	 * it is sent, a read's answer received before it is copied out). */
+	bool mapped = st->local->buf.direct;
+	uint8_t *buf = mapped ? NULL : malloc(KV_FRAME_BYTES);
 	struct kv_fent *fe = malloc(KV_FRAME_ENTRIES * sizeof(*fe));
 	uint32_t prev = UINT32_MAX;
 	int r;
 
 	st->iov = malloc((KV_FRAME_ENTRIES + 2) * sizeof(*st->iov));
-	r = sbuf && rbuf && fe && st->iov ? 0 : -ENOMEM;
+	r = (mapped || buf) && fe && st->iov ? 0 : -ENOMEM;
 
 	for (uint32_t fi = st->first; fi < st->nframes && !r; fi += st->step) {
 		if (atomic_load(&st->c->stop) || atomic_load(&st->c->dead)) {
 			r = -ECANCELED;
 			break;
 		}
-		r = frame_send(st, fi, sbuf, fe);
+		r = frame_send(st, fi, buf, fe);
 		if (!r && prev != UINT32_MAX)
-			r = frame_recv(st, prev, rbuf);
+			r = frame_recv(st, prev, buf);
 		prev = fi;
 	}
 	if (!r && prev != UINT32_MAX)
-		r = frame_recv(st, prev, rbuf);
+		r = frame_recv(st, prev, buf);
 	if (r == -ECONNRESET)
 		r = atomic_load(&st->local->seg->dead) ? -EIDRM : last_word(st->fd, r);
 	st->err = r;
 	free(st->iov);
-	free(sbuf);
-	free(rbuf);
+	free(buf);
 	free(fe);
 	return NULL;
 }
@@ -1703,7 +1740,8 @@ out:
  * -1: the connection failed (the frame may be partly written: the
  * initiator gets an error for the batch).
  */
-static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr)
+static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr,
+		       struct iovec *iov)
 {
 	struct kv_side side = { .seg = cn->seg };
 	int r = 0;
@@ -1712,10 +1750,9 @@ static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr
 		return 0;
 	kd_buf_resolve(cn->seg->owner, cn->seg->addr, cn->seg->size, &side.buf);
 	if (side.buf.direct) {
-		r = 1;
-		for (uint32_t i = 0; i < nr && r == 1; i++)
-			if (io_full(cn->fd, side.buf.direct + fe[i].off, fe[i].len, false))
-				r = -1;
+		for (uint32_t i = 0; i < nr; i++)
+			iov[i] = (struct iovec){ side.buf.direct + fe[i].off, fe[i].len };
+		r = io_iovs(cn->fd, iov, nr, false) ? -1 : 1;
 	}
 	kd_buf_release(&side.buf);
 	unlock_sides(&side, &side);
@@ -1847,8 +1884,9 @@ static void *kv_serve(void *arg)
 	struct kd_seg *s = cn->seg;
 	uint8_t *buf = malloc(KV_FRAME_BYTES);
 	struct kv_fent *fe = malloc(KV_FRAME_ENTRIES * sizeof(*fe));
+	struct iovec *iov = malloc(KV_FRAME_ENTRIES * sizeof(*iov));
 
-	while (buf && fe) {
+	while (buf && fe && iov) {
 		struct kv_req rq;
 		struct kv_resp rs = { 0 };
 		uint64_t bytes = 0;
@@ -1877,7 +1915,7 @@ static void *kv_serve(void *arg)
 		    rq.hdr.len != sizeof(rq) + rq.nr * sizeof(*fe) + (rq.op == KV_OP_WRITE ? bytes : 0))
 			break;	/* not our protocol: drop the connection */
 		if (rq.op == KV_OP_WRITE && !status) {
-			int got = recv_direct(cn, fe, rq.nr);
+			int got = recv_direct(cn, fe, rq.nr, iov);
 
 			if (got < 0)
 				break;
@@ -1901,6 +1939,7 @@ answer:
 	}
 	free(buf);
 	free(fe);
+	free(iov);
 	pthread_mutex_lock(&s->conns_lock);
 	for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
 		if (*pp == cn) {
