@@ -878,11 +878,33 @@ struct kv_ack {
 	uint32_t reserved;
 };
 
+struct kv_stream;
+struct kv_remote;
+
+struct kv_worker {
+	struct kv_remote *rm;
+	int idx;
+};
+
 struct kv_remote {
 	struct kcoll_seg_wire w;
 	pthread_mutex_t lock;		/* one batch at a time uses the streams */
 	int nstreams;
 	int fd[KV_MAX_STREAMS];
+	/* The threads of streams 1.. (stream 0 runs on the batch's ring
+	 * thread), started by the first batch that needs them and kept until
+	 * the import goes: a batch hands each its stream (job) and waits until
+	 * all are back (pending 0), rather than creating and joining threads
+	 * (and their buffers) per batch. */
+	pthread_mutex_t wlock;
+	pthread_cond_t go, done;
+	pthread_t tid[KV_MAX_STREAMS];
+	struct kv_worker wk[KV_MAX_STREAMS];
+	bool started[KV_MAX_STREAMS], quit;
+	struct kv_stream *job[KV_MAX_STREAMS];
+	int pending;
+	struct kv_fent *fe[KV_MAX_STREAMS];	/* per stream, kept with the import */
+	struct iovec *iov[KV_MAX_STREAMS];
 	/* RDMA (kv_rdma.h): set up over fd[0] on the first batch whose local
 	 * segment is mapped; fd[0] then carries only notify answers. */
 	struct kv_rdma *rd;
@@ -937,6 +959,9 @@ static int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 	for (int i = 0; i < KV_MAX_STREAMS; i++)
 		rm->fd[i] = -1;
 	pthread_mutex_init(&rm->lock, NULL);
+	pthread_mutex_init(&rm->wlock, NULL);
+	pthread_cond_init(&rm->go, NULL);
+	pthread_cond_init(&rm->done, NULL);
 	s->rm = rm;
 	s->size = w->size;
 	s->nr_notify = w->nr_notify;
@@ -965,8 +990,21 @@ static void rdma_drop(struct kv_remote *rm)
 
 static void remote_free(struct kv_remote *rm)
 {
+	pthread_mutex_lock(&rm->wlock);
+	rm->quit = true;
+	pthread_cond_broadcast(&rm->go);
+	pthread_mutex_unlock(&rm->wlock);
+	for (int i = 0; i < KV_MAX_STREAMS; i++) {
+		if (rm->started[i])
+			pthread_join(rm->tid[i], NULL);
+		free(rm->fe[i]);
+		free(rm->iov[i]);
+	}
 	rdma_drop(rm);
 	remote_close_streams(rm);
+	pthread_cond_destroy(&rm->go);
+	pthread_cond_destroy(&rm->done);
+	pthread_mutex_destroy(&rm->wlock);
 	pthread_mutex_destroy(&rm->lock);
 	free(rm);
 }
@@ -1048,8 +1086,8 @@ struct kv_stream {
 	int fd;
 	int err;
 	uint64_t moved;
-	pthread_t tid;
 	struct iovec *iov;		/* KV_FRAME_ENTRIES + 2: a frame sent from the mapping */
+	struct kv_fent *fe;		/* KV_FRAME_ENTRIES: a frame's entries */
 	struct kv_conn node;		/* in the local segment's conns while the batch runs */
 };
 
@@ -1272,12 +1310,9 @@ static void *stream_run(void *arg)
 	 * it is sent, a read's answer received before it is copied out). */
 	bool mapped = st->local->buf.direct;
 	uint8_t *buf = mapped ? NULL : malloc(KV_FRAME_BYTES);
-	struct kv_fent *fe = malloc(KV_FRAME_ENTRIES * sizeof(*fe));
+	struct kv_fent *fe = st->fe;
 	uint32_t prev = UINT32_MAX;
-	int r;
-
-	st->iov = malloc((KV_FRAME_ENTRIES + 2) * sizeof(*st->iov));
-	r = (mapped || buf) && fe && st->iov ? 0 : -ENOMEM;
+	int r = mapped || buf ? 0 : -ENOMEM;
 
 	for (uint32_t fi = st->first; fi < st->nframes && !r; fi += st->step) {
 		if (atomic_load(&st->c->stop) || atomic_load(&st->c->dead)) {
@@ -1294,9 +1329,33 @@ static void *stream_run(void *arg)
 	if (r == -ECONNRESET)
 		r = atomic_load(&st->local->seg->dead) ? -EIDRM : last_word(st->fd, r);
 	st->err = r;
-	free(st->iov);
 	free(buf);
-	free(fe);
+	return NULL;
+}
+
+/* A stream thread of an import: runs the stream each batch hands it. */
+static void *stream_worker(void *arg)
+{
+	struct kv_remote *rm = ((struct kv_worker *)arg)->rm;
+	int i = ((struct kv_worker *)arg)->idx;
+
+	pthread_mutex_lock(&rm->wlock);
+	for (;;) {
+		struct kv_stream *st;
+
+		while (!rm->job[i] && !rm->quit)
+			pthread_cond_wait(&rm->go, &rm->wlock);
+		if (!rm->job[i])
+			break;	/* quit, nothing handed over */
+		st = rm->job[i];
+		pthread_mutex_unlock(&rm->wlock);
+		stream_run(st);
+		pthread_mutex_lock(&rm->wlock);
+		rm->job[i] = NULL;
+		if (!--rm->pending)
+			pthread_cond_signal(&rm->done);
+	}
+	pthread_mutex_unlock(&rm->wlock);
 	return NULL;
 }
 
@@ -1578,6 +1637,20 @@ static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, b
 	return r;
 }
 
+/* The entry and iovec arrays of streams 0..used-1, kept with the import. */
+static int stream_bufs(struct kv_remote *rm, uint32_t used)
+{
+	for (uint32_t s = 0; s < used; s++) {
+		if (!rm->fe[s])
+			rm->fe[s] = malloc(KV_FRAME_ENTRIES * sizeof(*rm->fe[s]));
+		if (!rm->iov[s])
+			rm->iov[s] = malloc((KV_FRAME_ENTRIES + 2) * sizeof(*rm->iov[s]));
+		if (!rm->fe[s] || !rm->iov[s])
+			return -ENOMEM;
+	}
+	return 0;
+}
+
 static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
 		      struct kv_side *local, struct kd_seg *rs, uint32_t notify_id, uint64_t *moved)
 {
@@ -1642,23 +1715,42 @@ static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n,
 	if (r)
 		goto out_unlock;
 	used = nfr < (uint32_t)rm->nstreams ? nfr : (uint32_t)rm->nstreams;
+	r = stream_bufs(rm, used);
+	if (r)
+		goto out_unlock;
 	for (uint32_t s = 0; s < used; s++) {
 		st[s] = (struct kv_stream){ .c = c, .local = local, .sp = sp, .frames = fr,
 					    .nframes = nfr, .first = s, .step = used, .write = write,
-					    .fd = rm->fd[s] };
+					    .fd = rm->fd[s], .iov = rm->iov[s], .fe = rm->fe[s] };
 		st[s].node = (struct kv_conn){ .fd = rm->fd[s], .how = SHUT_RDWR, .seg = local->seg };
 		pthread_mutex_lock(&local->seg->conns_lock);
 		st[s].node.next = local->seg->conns;
 		local->seg->conns = &st[s].node;
 		pthread_mutex_unlock(&local->seg->conns_lock);
-		if (s && pthread_create(&st[s].tid, NULL, stream_run, &st[s]))
-			st[s].err = -EAGAIN, st[s].tid = 0;
 	}
+	/* Streams 1.. on the import's threads (started on first use), 0 here. */
+	pthread_mutex_lock(&rm->wlock);
+	for (uint32_t s = 1; s < used; s++) {
+		if (!rm->started[s]) {
+			rm->wk[s] = (struct kv_worker){ rm, (int)s };
+			rm->started[s] = !pthread_create(&rm->tid[s], NULL, stream_worker, &rm->wk[s]);
+		}
+		if (rm->started[s]) {
+			rm->job[s] = &st[s];
+			rm->pending++;
+		} else {
+			st[s].err = -EAGAIN;
+		}
+	}
+	pthread_cond_broadcast(&rm->go);
+	pthread_mutex_unlock(&rm->wlock);
 	if (used)
 		stream_run(&st[0]);
+	pthread_mutex_lock(&rm->wlock);
+	while (rm->pending)
+		pthread_cond_wait(&rm->done, &rm->wlock);
+	pthread_mutex_unlock(&rm->wlock);
 	for (uint32_t s = 0; s < used; s++) {
-		if (s && st[s].tid)
-			pthread_join(st[s].tid, NULL);
 		if (st[s].err && !r)
 			r = st[s].err;
 		*moved += st[s].moved;
