@@ -7,13 +7,24 @@
 #      target on host 0 and initiator on host 1, beside iperf3 with as many
 #      parallel streams as kcolld uses (KCOLL_KV_STREAMS, default 4) between
 #      the same namespaces, measured right before and after.
-#   scripts/bench-kv.sh [BUILD]     (root for part 2; run under flock
-#                                    /tmp/kcoll-heavy.lock on shared machines)
+#   scripts/bench-kv.sh [BUILD [BASE]]  (root for part 2; run under flock
+#                                        /tmp/kcoll-heavy.lock on shared machines)
+# KV_BENCH_ROUNDS=N (default 1) repeats part 2 N times, each round iperf3 then
+# kcoll, with a last iperf3 after the last round: a round's ceiling is the
+# higher of the iperf3 readings around it, and the table gives the median
+# over rounds (the load of a shared machine moves between readings). With a
+# second build dir BASE, every round also runs BASE's kcolld and kvbench
+# (daemons restarted for each), in alternating order: an A/B of two builds in
+# one run. KV_BENCH_PARTS=net skips part 1.
 # Prints the tables and writes docs/perf/kv-<date>.json.
 set -u
 B=${1:-build}
+BASE=${2:-}
+ROUNDS=${KV_BENCH_ROUNDS:-1}
+PARTS=${KV_BENCH_PARTS:-local,net}
 top=$(cd "$(dirname "$0")/.." && pwd)
-BIN="$top/$B/bin"
+bdir() { case $1 in /*) echo "$1" ;; *) echo "$top/$1" ;; esac; }
+BIN="$(bdir "$B")/bin"
 C="$top/scripts/netns-cluster.sh"
 DUR=${KV_BENCH_DURATION:-2}
 STREAMS=${KCOLL_KV_STREAMS:-4}
@@ -31,6 +42,9 @@ cleanup() {
 trap cleanup EXIT
 
 echo "# 1. same host (kcolld with its default settings)"
+case ,$PARTS, in *,local,*) ;; *) echo "(skipped: KV_BENCH_PARTS=$PARTS)"; echo '{"rows":[]}' |
+	tee "$T/local-shm.json" "$T/local-shm-4k.json" >"$T/local-malloc.json" ;; esac
+case ,$PARTS, in *,local,*)
 "$BIN/kcolld" -f -s "$T/kcolld.sock" -l "$T/kcolld.log" &
 dpid=$!
 for _ in $(seq 100); do [ -S "$T/kcolld.sock" ] && break; sleep 0.05; done
@@ -40,6 +54,7 @@ export KCOLL_SOCKET="$T/kcolld.sock"
 "$BIN/kcoll-kvbench" -d "$DUR" -b 4K,64K,256K,1M,4M -B 64 -M malloc --json >"$T/local-malloc.json"
 kill "$dpid"; wait "$dpid" 2>/dev/null; dpid=
 unset KCOLL_SOCKET
+;; esac
 
 echo "# 2. across namespaces"
 "$C" up -H 2 >"$T/up.log" 2>&1 || { cat "$T/up.log"; exit 1; }
@@ -51,23 +66,44 @@ iperf() {	# -> GB/s host1 -> host0 with $STREAMS streams
 		python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9)'
 	wait
 }
-ip_before=$(iperf)
-"$C" exec 0 "$BIN/kcoll-kvbench" -m target -D "$T/desc" -s 256M 2>/dev/null &
-tgt=$!
-"$C" exec 1 "$BIN/kcoll-kvbench" -m initiator -D "$T/desc" -d "$DUR" -b 4K,64K,256K,1M,4M -B 64 \
-	--json >"$T/net.json"
-"$C" exec 1 "$BIN/kcoll-kvbench" -m initiator -D "$T/desc" -d "$DUR" -b 4K -B 1024 \
-	--json >"$T/net-4k.json"
-kill "$tgt"; wait "$tgt" 2>/dev/null
-ip_after=$(iperf)
+kvrun() {	# BUILD TAG: restart both kcollds from BUILD, kvbench target/initiator
+	local bin; bin="$(bdir "$1")/bin"
+	KCOLL_BUILD="$(bdir "$1")" "$C" restart 0 >/dev/null && KCOLL_BUILD="$(bdir "$1")" "$C" restart 1 >/dev/null ||
+		{ echo "bench-kv: cannot start $1's kcolld" >&2; exit 1; }
+	rm -f "$T/desc"
+	"$C" exec 0 "$bin/kcoll-kvbench" -m target -D "$T/desc" -s 256M 2>/dev/null &
+	tgt=$!
+	"$C" exec 1 "$bin/kcoll-kvbench" -m initiator -D "$T/desc" -d "$DUR" -b 4K,64K,256K,1M,4M -B 64 \
+		--json >"$T/$2.json"
+	"$C" exec 1 "$bin/kcoll-kvbench" -m initiator -D "$T/desc" -d "$DUR" -b 4K -B 1024 \
+		--json >"$T/$2-4k.json"
+	kill "$tgt"; wait "$tgt" 2>/dev/null
+}
+case ,$PARTS, in *,net,*) ;; *) ROUNDS=0 ;; esac
+for ((r = 0; r < ROUNDS; r++)); do
+	echo "iperf3 $(iperf)" >>"$T/iperf"
+	if [ -n "$BASE" ] && ((r % 2)); then kvrun "$B" "net$r"; kvrun "$BASE" "base$r"
+	elif [ -n "$BASE" ]; then kvrun "$BASE" "base$r"; kvrun "$B" "net$r"
+	else kvrun "$B" "net$r"; fi
+done
+((ROUNDS)) && echo "iperf3 $(iperf)" >>"$T/iperf"
+ip_before=$(awk 'NR == 1 { print $2 }' "$T/iperf" 2>/dev/null)
+ip_after=$(awk 'END { print $2 }' "$T/iperf" 2>/dev/null)
 
-python3 - "$T" "$ip_before" "$ip_after" "$out" "$STREAMS" <<'PY'
-import json, sys
-d, before, after, out, streams = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+python3 - "$T" "$out" "$STREAMS" "$ROUNDS" "$B" "$BASE" <<'PY'
+import json, os, statistics, sys
+d, out, streams, rounds, build, base = sys.argv[1:7]
+rounds = int(rounds)
 load = lambda n: json.load(open(f"{d}/{n}.json"))
-res = {n: load(n) for n in ("local-shm", "local-shm-4k", "local-malloc", "net", "net-4k")}
-res["iperf3_GBps"] = [before, after]
+ips = [float(l.split()[1]) for l in open(f"{d}/iperf")] if rounds else []
+res = {n: load(n) for n in ("local-shm", "local-shm-4k", "local-malloc")}
+res["iperf3_GBps"] = ips	# before round 0, between rounds, after the last
 res["iperf3_streams"] = int(streams)
+res["builds"] = {"net": build, "base": base or None}
+for k in ("net", "base") if base else ("net",):
+    res[f"{k}_rounds"] = [load(f"{k}{r}")["rows"] + load(f"{k}{r}-4k")["rows"] for r in range(rounds)]
+if rounds:
+    res["net"], res["net-4k"] = load("net0"), load("net0-4k")	# round 0 as before
 json.dump(res, open(out, "w"), indent=1)
 def table(title, rows, anchor=None, aname="memcpy"):
     print(f"\n{title}\n| block | batch | GB/s | {aname} GB/s | ratio | avg us | p50 us | p99 us | p99.9 us |")
@@ -76,12 +112,31 @@ def table(title, rows, anchor=None, aname="memcpy"):
         a = r.get("memcpy_GBps", anchor)
         print(f"| {r['block']} | {r['batch']} | {r['GBps']:.2f} | {a:.2f} | {r['GBps']/a:.2f} | "
               f"{r['avg_us']:.0f} | {r['p50_us']:.0f} | {r['p99_us']:.0f} | {r['p999_us']:.0f} |")
-table("same host, kcoll_mem_alloc buffers (zero copy in kcolld) vs memcpy",
-      res["local-shm"]["rows"] + res["local-shm-4k"]["rows"])
-table("same host, malloc buffers (process_vm_readv + process_vm_writev) vs memcpy",
-      res["local-malloc"]["rows"])
-ceil = max(before, after)
-table(f"across namespaces (TCP, {streams} streams) vs iperf3 -P {streams} (before {before:.2f}, after {after:.2f} GB/s; the larger is the ceiling)",
-      res["net"]["rows"] + res["net-4k"]["rows"], ceil, "iperf3")
+if res["local-shm"]["rows"]:
+    table("same host, kcoll_mem_alloc buffers (zero copy in kcolld) vs memcpy",
+          res["local-shm"]["rows"] + res["local-shm-4k"]["rows"])
+    table("same host, malloc buffers (process_vm_readv + process_vm_writev) vs memcpy",
+          res["local-malloc"]["rows"])
+if rounds == 1 and not base:
+    before, after = ips
+    table(f"across namespaces (TCP, {streams} streams) vs iperf3 -P {streams} (before {before:.2f}, after {after:.2f} GB/s; the larger is the ceiling)",
+          res["net_rounds"][0], max(before, after), "iperf3")
+elif rounds:
+    ceil = [max(ips[r], ips[r + 1]) for r in range(rounds)]
+    keys = ("base", "net") if base else ("net",)
+    name = {"net": build, "base": base}
+    print(f"\nacross namespaces (TCP, {streams} streams) vs iperf3 -P {streams}, {rounds} rounds; "
+          f"iperf3 GB/s: {', '.join(f'{x:.2f}' for x in ips)}; a round's ceiling is the higher reading "
+          f"around it; medians over rounds (per-round ratios in brackets)")
+    hdr = "| block | batch | " + " | ".join(f"{name[k]} GB/s | {name[k]} ratio" for k in keys) + " |"
+    print(hdr + "\n" + "|---" * (2 + 2 * len(keys)) + "|")
+    for i, r0 in enumerate(res["net_rounds"][0]):
+        cells = []
+        for k in keys:
+            g = [res[f"{k}_rounds"][r][i]["GBps"] for r in range(rounds)]
+            q = [g[r] / ceil[r] for r in range(rounds)]
+            cells.append(f"{statistics.median(g):.2f} | {statistics.median(q):.2f} "
+                         f"[{' '.join(f'{x:.2f}' for x in q)}]")
+        print(f"| {r0['block']} | {r0['batch']} | " + " | ".join(cells) + " |")
 print(f"\nraw results: {out}")
 PY

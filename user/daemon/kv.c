@@ -854,11 +854,33 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
 #define KV_FRAME_ENTRIES	4096
 #define KV_MAX_STREAMS		8
 
+struct kv_stream;
+struct kv_remote;
+
+struct kv_worker {
+	struct kv_remote *rm;
+	int idx;
+};
+
 struct kv_remote {
 	struct kcoll_seg_wire w;
 	pthread_mutex_t lock;		/* one batch at a time uses the streams */
 	int nstreams;
 	int fd[KV_MAX_STREAMS];
+	/* The threads of streams 1.. (stream 0 runs on the batch's ring
+	 * thread), started by the first batch that needs them and kept until
+	 * the import goes: a batch hands each its stream (job) and waits until
+	 * all are back (pending 0), rather than creating and joining threads
+	 * (and their buffers) per batch. */
+	pthread_mutex_t wlock;
+	pthread_cond_t go, done;
+	pthread_t tid[KV_MAX_STREAMS];
+	struct kv_worker wk[KV_MAX_STREAMS];
+	bool started[KV_MAX_STREAMS], quit;
+	struct kv_stream *job[KV_MAX_STREAMS];
+	int pending;
+	struct kv_fent *fe[KV_MAX_STREAMS];	/* per stream, kept with the import */
+	struct iovec *iov[KV_MAX_STREAMS];
 	/* RDMA (kv_rdma.h): set up over fd[0] on the first batch whose local
 	 * segment is mapped; fd[0] then carries only notify answers. */
 	struct kv_rdma *rd;
@@ -913,6 +935,9 @@ static int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 	for (int i = 0; i < KV_MAX_STREAMS; i++)
 		rm->fd[i] = -1;
 	pthread_mutex_init(&rm->lock, NULL);
+	pthread_mutex_init(&rm->wlock, NULL);
+	pthread_cond_init(&rm->go, NULL);
+	pthread_cond_init(&rm->done, NULL);
 	s->rm = rm;
 	s->size = w->size;
 	s->nr_notify = w->nr_notify;
@@ -941,8 +966,21 @@ static void rdma_drop(struct kv_remote *rm)
 
 static void remote_free(struct kv_remote *rm)
 {
+	pthread_mutex_lock(&rm->wlock);
+	rm->quit = true;
+	pthread_cond_broadcast(&rm->go);
+	pthread_mutex_unlock(&rm->wlock);
+	for (int i = 0; i < KV_MAX_STREAMS; i++) {
+		if (rm->started[i])
+			pthread_join(rm->tid[i], NULL);
+		free(rm->fe[i]);
+		free(rm->iov[i]);
+	}
 	rdma_drop(rm);
 	remote_close_streams(rm);
+	pthread_cond_destroy(&rm->go);
+	pthread_cond_destroy(&rm->done);
+	pthread_mutex_destroy(&rm->wlock);
 	pthread_mutex_destroy(&rm->lock);
 	free(rm);
 }
@@ -1024,8 +1062,8 @@ struct kv_stream {
 	int fd;
 	int err;
 	uint64_t moved;
-	pthread_t tid;
 	struct iovec *iov;		/* KV_FRAME_ENTRIES + 2: a frame sent from the mapping */
+	struct kv_fent *fe;		/* KV_FRAME_ENTRIES: a frame's entries */
 	struct kv_conn node;		/* in the local segment's conns while the batch runs */
 };
 
@@ -1068,13 +1106,27 @@ static int local_io(struct kv_stream *st, const struct kv_frame *f, uint8_t *buf
 	return r;
 }
 
-/* Send n iovecs whole (IOV_MAX at a time); 0, -ETIMEDOUT or -ECONNRESET. */
-static int send_iovs(int fd, struct iovec *iov, size_t n)
+/*
+ * Send or receive n iovecs whole (IOV_MAX at a time; consumes the array):
+ * one system call for a frame of many blocks rather than one per block.
+ * 0, -ETIMEDOUT or -ECONNRESET.
+ */
+static int io_iovs(int fd, struct iovec *iov, size_t n, bool out)
 {
-	while (n) {
-		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n < 1024 ? n : 1024 };
-		ssize_t k = sendmsg(fd, &mh, MSG_NOSIGNAL | (n > 1024 ? MSG_MORE : 0));
+	for (;;) {
+		struct msghdr mh = { 0 };
+		ssize_t k;
 
+		while (n && !iov->iov_len) {	/* recvmsg would read 0 as "closed" */
+			iov++;
+			n--;
+		}
+		if (!n)
+			return 0;
+		mh.msg_iov = iov;
+		mh.msg_iovlen = n < 1024 ? n : 1024;
+		k = out ? sendmsg(fd, &mh, MSG_NOSIGNAL | (n > 1024 ? MSG_MORE : 0)) :
+		    recvmsg(fd, &mh, MSG_WAITALL);
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k <= 0)
@@ -1089,7 +1141,6 @@ static int send_iovs(int fd, struct iovec *iov, size_t n)
 			iov->iov_len -= k;
 		}
 	}
-	return 0;
 }
 
 /* A write frame straight from the mapped local segment, under its reader
@@ -1110,7 +1161,7 @@ static int frame_send_mapped(struct kv_stream *st, const struct kv_frame *f, str
 
 		st->iov[n++] = (struct iovec){ l->buf.direct + p->src, p->len };
 	}
-	r = send_iovs(st->fd, st->iov, n);
+	r = io_iovs(st->fd, st->iov, n, true);
 	unlock_sides(l, l);
 	return r;
 }
@@ -1162,6 +1213,25 @@ static int frame_send(struct kv_stream *st, uint32_t fi, uint8_t *buf, struct kv
 	return 0;
 }
 
+/* A read frame's payload straight into the mapped local segment, under its
+ * reader lock (seg_kill shuts this stream down rather than wait). */
+static int frame_recv_mapped(struct kv_stream *st, const struct kv_frame *f)
+{
+	struct kv_side *l = st->local;
+	int r = lock_sides(l, l);
+
+	if (r)
+		return r;
+	for (uint32_t i = 0; i < f->n; i++) {
+		const struct kv_piece *p = &st->sp[f->first + i];
+
+		st->iov[i] = (struct iovec){ l->buf.direct + p->dst, p->len };
+	}
+	r = io_iovs(st->fd, st->iov, f->n, false);
+	unlock_sides(l, l);
+	return r;
+}
+
 static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 {
 	const struct kv_frame *f = &st->frames[fi];
@@ -1176,7 +1246,9 @@ static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 		return rs.status > 0 ? -EPROTO : rs.status;
 	if (rs.tag != fi || rs.hdr.len != sizeof(rs) + (!st->write ? f->bytes : 0))
 		return -EPROTO;
-	if (!st->write) {
+	if (!st->write && st->local->buf.direct) {
+		r = frame_recv_mapped(st, f);
+	} else if (!st->write) {
 		r = io_full(st->fd, buf, f->bytes, false);
 		if (!r)
 			r = local_io(st, f, buf);
@@ -1209,33 +1281,57 @@ static int last_word(int fd, int err)
 static void *stream_run(void *arg)
 {
 	struct kv_stream *st = arg;
-	uint8_t *sbuf = malloc(KV_FRAME_BYTES), *rbuf = malloc(KV_FRAME_BYTES);
-	struct kv_fent *fe = malloc(KV_FRAME_ENTRIES * sizeof(*fe));
+	/* A mapped local segment is sent from and received into in place;
+	 * other memory needs a frame buffer (a write's frame is staged before
+	 * it is sent, a read's answer received before it is copied out). */
+	bool mapped = st->local->buf.direct;
+	uint8_t *buf = mapped ? NULL : malloc(KV_FRAME_BYTES);
+	struct kv_fent *fe = st->fe;
 	uint32_t prev = UINT32_MAX;
-	int r;
-
-	st->iov = malloc((KV_FRAME_ENTRIES + 2) * sizeof(*st->iov));
-	r = sbuf && rbuf && fe && st->iov ? 0 : -ENOMEM;
+	int r = mapped || buf ? 0 : -ENOMEM;
 
 	for (uint32_t fi = st->first; fi < st->nframes && !r; fi += st->step) {
 		if (atomic_load(&st->c->stop) || atomic_load(&st->c->dead)) {
 			r = -ECANCELED;
 			break;
 		}
-		r = frame_send(st, fi, sbuf, fe);
+		r = frame_send(st, fi, buf, fe);
 		if (!r && prev != UINT32_MAX)
-			r = frame_recv(st, prev, rbuf);
+			r = frame_recv(st, prev, buf);
 		prev = fi;
 	}
 	if (!r && prev != UINT32_MAX)
-		r = frame_recv(st, prev, rbuf);
+		r = frame_recv(st, prev, buf);
 	if (r == -ECONNRESET)
 		r = atomic_load(&st->local->seg->dead) ? -EIDRM : last_word(st->fd, r);
 	st->err = r;
-	free(st->iov);
-	free(sbuf);
-	free(rbuf);
-	free(fe);
+	free(buf);
+	return NULL;
+}
+
+/* A stream thread of an import: runs the stream each batch hands it. */
+static void *stream_worker(void *arg)
+{
+	struct kv_remote *rm = ((struct kv_worker *)arg)->rm;
+	int i = ((struct kv_worker *)arg)->idx;
+
+	pthread_mutex_lock(&rm->wlock);
+	for (;;) {
+		struct kv_stream *st;
+
+		while (!rm->job[i] && !rm->quit)
+			pthread_cond_wait(&rm->go, &rm->wlock);
+		if (!rm->job[i])
+			break;	/* quit, nothing handed over */
+		st = rm->job[i];
+		pthread_mutex_unlock(&rm->wlock);
+		stream_run(st);
+		pthread_mutex_lock(&rm->wlock);
+		rm->job[i] = NULL;
+		if (!--rm->pending)
+			pthread_cond_signal(&rm->done);
+	}
+	pthread_mutex_unlock(&rm->wlock);
 	return NULL;
 }
 
@@ -1517,6 +1613,20 @@ static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, b
 	return r;
 }
 
+/* The entry and iovec arrays of streams 0..used-1, kept with the import. */
+static int stream_bufs(struct kv_remote *rm, uint32_t used)
+{
+	for (uint32_t s = 0; s < used; s++) {
+		if (!rm->fe[s])
+			rm->fe[s] = malloc(KV_FRAME_ENTRIES * sizeof(*rm->fe[s]));
+		if (!rm->iov[s])
+			rm->iov[s] = malloc((KV_FRAME_ENTRIES + 2) * sizeof(*rm->iov[s]));
+		if (!rm->fe[s] || !rm->iov[s])
+			return -ENOMEM;
+	}
+	return 0;
+}
+
 static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
 		      struct kv_side *local, struct kd_seg *rs, uint32_t notify_id, uint64_t *moved)
 {
@@ -1581,23 +1691,42 @@ static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n,
 	if (r)
 		goto out_unlock;
 	used = nfr < (uint32_t)rm->nstreams ? nfr : (uint32_t)rm->nstreams;
+	r = stream_bufs(rm, used);
+	if (r)
+		goto out_unlock;
 	for (uint32_t s = 0; s < used; s++) {
 		st[s] = (struct kv_stream){ .c = c, .local = local, .sp = sp, .frames = fr,
 					    .nframes = nfr, .first = s, .step = used, .write = write,
-					    .fd = rm->fd[s] };
+					    .fd = rm->fd[s], .iov = rm->iov[s], .fe = rm->fe[s] };
 		st[s].node = (struct kv_conn){ .fd = rm->fd[s], .how = SHUT_RDWR, .seg = local->seg };
 		pthread_mutex_lock(&local->seg->conns_lock);
 		st[s].node.next = local->seg->conns;
 		local->seg->conns = &st[s].node;
 		pthread_mutex_unlock(&local->seg->conns_lock);
-		if (s && pthread_create(&st[s].tid, NULL, stream_run, &st[s]))
-			st[s].err = -EAGAIN, st[s].tid = 0;
 	}
+	/* Streams 1.. on the import's threads (started on first use), 0 here. */
+	pthread_mutex_lock(&rm->wlock);
+	for (uint32_t s = 1; s < used; s++) {
+		if (!rm->started[s]) {
+			rm->wk[s] = (struct kv_worker){ rm, (int)s };
+			rm->started[s] = !pthread_create(&rm->tid[s], NULL, stream_worker, &rm->wk[s]);
+		}
+		if (rm->started[s]) {
+			rm->job[s] = &st[s];
+			rm->pending++;
+		} else {
+			st[s].err = -EAGAIN;
+		}
+	}
+	pthread_cond_broadcast(&rm->go);
+	pthread_mutex_unlock(&rm->wlock);
 	if (used)
 		stream_run(&st[0]);
+	pthread_mutex_lock(&rm->wlock);
+	while (rm->pending)
+		pthread_cond_wait(&rm->done, &rm->wlock);
+	pthread_mutex_unlock(&rm->wlock);
 	for (uint32_t s = 0; s < used; s++) {
-		if (s && st[s].tid)
-			pthread_join(st[s].tid, NULL);
 		if (st[s].err && !r)
 			r = st[s].err;
 		*moved += st[s].moved;
@@ -1679,7 +1808,8 @@ out:
  * -1: the connection failed (the frame may be partly written: the
  * initiator gets an error for the batch).
  */
-static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr)
+static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr,
+		       struct iovec *iov)
 {
 	struct kv_side side = { .seg = cn->seg };
 	int r = 0;
@@ -1688,10 +1818,9 @@ static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr
 		return 0;
 	kd_buf_resolve(cn->seg->owner, cn->seg->addr, cn->seg->size, &side.buf);
 	if (side.buf.direct) {
-		r = 1;
-		for (uint32_t i = 0; i < nr && r == 1; i++)
-			if (io_full(cn->fd, side.buf.direct + fe[i].off, fe[i].len, false))
-				r = -1;
+		for (uint32_t i = 0; i < nr; i++)
+			iov[i] = (struct iovec){ side.buf.direct + fe[i].off, fe[i].len };
+		r = io_iovs(cn->fd, iov, nr, false) ? -1 : 1;
 	}
 	kd_buf_release(&side.buf);
 	unlock_sides(&side, &side);
@@ -1823,8 +1952,9 @@ static void *kv_serve(void *arg)
 	struct kd_seg *s = cn->seg;
 	uint8_t *buf = malloc(KV_FRAME_BYTES);
 	struct kv_fent *fe = malloc(KV_FRAME_ENTRIES * sizeof(*fe));
+	struct iovec *iov = malloc(KV_FRAME_ENTRIES * sizeof(*iov));
 
-	while (buf && fe) {
+	while (buf && fe && iov) {
 		struct kv_req rq;
 		struct kv_resp rs = { 0 };
 		uint64_t bytes = 0;
@@ -1853,7 +1983,7 @@ static void *kv_serve(void *arg)
 		    rq.hdr.len != sizeof(rq) + rq.nr * sizeof(*fe) + (rq.op == KV_OP_WRITE ? bytes : 0))
 			break;	/* not our protocol: drop the connection */
 		if (rq.op == KV_OP_WRITE && !status) {
-			int got = recv_direct(cn, fe, rq.nr);
+			int got = recv_direct(cn, fe, rq.nr, iov);
 
 			if (got < 0)
 				break;
@@ -1877,6 +2007,7 @@ answer:
 	}
 	free(buf);
 	free(fe);
+	free(iov);
 	pthread_mutex_lock(&s->conns_lock);
 	for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
 		if (*pp == cn) {
