@@ -485,7 +485,7 @@ static int stream(const char *dir, int shm)
 	if (file_read(dir, "desc", &d, sizeof(d), 30) || kcoll_seg_import(k, &d, &rs))
 		return 2;
 	size = kcoll_rseg_size(rs);
-	src = lbuf(k, size, shm);
+	src = buf_alloc(k, size, shm);
 	if (!src || kcoll_seg_register(k, src, size, NULL, &ls))
 		return 2;
 	for (int i = 0; i < STREAM_BLOCKS; i++)
@@ -536,7 +536,7 @@ static int after(const char *dir, int shm)
 	if (r)
 		return failed;
 	size = kcoll_rseg_size(rs);
-	src = lbuf(k, 2 * size, shm);
+	src = buf_alloc(k, 2 * size, shm);
 	if (!src || kcoll_seg_register(k, src, 2 * size, NULL, &ls))
 		return 2;
 	back = src + size;
@@ -582,8 +582,8 @@ static int victim(const char *dir, size_t size, int shm)
 	unsigned long long k_seen;
 	int r;
 
-	buf = lbuf(k, size, shm);
-	nb = lbuf(k, nsize, shm);
+	buf = buf_alloc(k, size, shm);
+	nb = buf_alloc(k, nsize, shm);
 	if (!buf || !nb)
 		return 2;
 	memset(buf, 0, size);
