@@ -50,26 +50,13 @@
 
 #include "kv_rdma.h"
 #include "kv_wire.h"
+#include "peer_check.h"
 
 #define SEG	(1u << 20)
 #define BLK	4096
 #define CSKIP	100	/* segment C: [CSKIP, CSKIP + CSIZE) of the fourth region */
 #define CSIZE	8000
 
-static int failed;
-static void check(int ok, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void check(int ok, const char *name, const char *fmt, ...)
-{
-	va_list ap;
-
-	printf("check %s: %s ", name, ok ? "PASS" : "FAIL");
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-	failed |= !ok;
-}
 
 static uint8_t pat(int seg, size_t i)
 {

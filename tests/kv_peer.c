@@ -68,23 +68,10 @@
 #include <kcoll/proto.h>
 
 #include "kv_util.h"
+#include "peer_check.h"
 
 #define MiB	(1024 * 1024ULL)
 
-static int failed;
-static void check(int ok, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void check(int ok, const char *name, const char *fmt, ...)
-{
-	va_list ap;
-
-	printf("check %s: %s ", name, ok ? "PASS" : "FAIL");
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-	failed |= !ok;
-}
 
 static int file_write(const char *dir, const char *name, const void *p, size_t n)
 {

@@ -15,24 +15,7 @@
 
 static long long pinned0, registered0;
 
-static int reg(int fd, void *addr, uint64_t len, uint32_t flags, uint64_t *handle)
-{
-	struct kcoll_ioc_buf_register r = {
-		.size = sizeof(r), .flags = flags, .addr = (uintptr_t)addr, .len = len,
-	};
-	int ret = xioctl(fd, KCOLL_IOC_BUF_REGISTER, &r);
 
-	if (!ret)
-		*handle = r.handle;
-	return ret;
-}
-
-static int unreg(int fd, uint64_t handle)
-{
-	struct kcoll_ioc_buf_unregister u = { .size = sizeof(u), .handle = handle };
-
-	return xioctl(fd, KCOLL_IOC_BUF_UNREGISTER, &u);
-}
 
 static int import(int fd, uint64_t handle, struct kcoll_ioc_buf_import *imp)
 {
@@ -65,10 +48,6 @@ static char *map_buf(int fd, uint64_t handle, int prot, struct kcoll_ioc_buf_imp
 	return p == MAP_FAILED ? NULL : p + imp->page_offset;
 }
 
-static int counters_at(long long pinned, long long registered)
-{
-	return sysfs_read("pinned_pages") == pinned && sysfs_read("registered_bytes") == registered;
-}
 
 static void same_process(void)
 {
@@ -80,15 +59,15 @@ static void same_process(void)
 
 	memset(mem, 0, 4 * PAGE);
 	/* 2 pages + 200 bytes starting 100 bytes in: 3 pages pinned */
-	ret = reg(owner, mem + 100, 2 * PAGE + 200, 0, &h);
+	ret = buf_reg(owner, mem + 100, 2 * PAGE + 200, 0, &h);
 	tap_ok(ret == 0 && h >= 1, "register an unaligned 8392-byte range -> handle %llu",
 	       (unsigned long long)h);
-	tap_ok(counters_at(pinned0 + 3, registered0 + 2 * PAGE + 200),
+	tap_ok(pins_at(pinned0 + 3, registered0 + 2 * PAGE + 200),
 	       "sysfs pinned_pages +3, registered_bytes +8392 (%lld, %lld)",
 	       sysfs_read("pinned_pages"), sysfs_read("registered_bytes"));
-	ret = reg(owner, mem + 100, 2 * PAGE + 200, 0, &h2);
+	ret = buf_reg(owner, mem + 100, 2 * PAGE + 200, 0, &h2);
 	tap_ok(ret == 0 && h2 != h, "the same range registered twice gets a second handle");
-	unreg(owner, h2);
+	buf_unreg(owner, h2);
 
 	p = map_buf(daemon, h, PROT_READ | PROT_WRITE, &imp);
 	if (!tap_ok(p != NULL, "import + mmap through another fd (%s)", p ? "ok" : strerror(errno)))
@@ -104,13 +83,13 @@ static void same_process(void)
 	tap_ok(mem[100] == 0x3c && mem[100 + 2 * PAGE + 199] == 0x3c && mem[99] == 0,
 	       "mapping's writes are visible to the owner");
 
-	ret = unreg(owner, h);
-	tap_ok(ret == 0 && counters_at(pinned0 + 3, registered0),
+	ret = buf_unreg(owner, h);
+	tap_ok(ret == 0 && pins_at(pinned0 + 3, registered0),
 	       "unregister while mapped: registered_bytes drops, pages stay pinned");
 	tap_ok(import(daemon, h, &imp) == -ENOENT, "an unregistered handle cannot be imported");
 	p[0] = 1;
 	munmap(p - 100, 3 * PAGE);
-	tap_ok(counters_at(pinned0, registered0), "munmap of the last mapping unpins");
+	tap_ok(pins_at(pinned0, registered0), "munmap of the last mapping unpins");
 	close(owner);
 	close(daemon);
 	free(mem);
@@ -124,7 +103,7 @@ static void mapping_rules(void)
 	uint64_t h, hro;
 
 	memset(mem, 0x11, 4 * PAGE);
-	reg(owner, mem, 4 * PAGE, 0, &h);
+	buf_reg(owner, mem, 4 * PAGE, 0, &h);
 	import(daemon, h, &imp);
 	p = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, daemon, (off_t)(imp.mmap_offset + 2 * PAGE));
 	tap_ok(p != MAP_FAILED && p[0] == 0x11, "map only the third page (offset + 2 pages)");
@@ -146,15 +125,15 @@ static void mapping_rules(void)
 
 	/* split a mapping: each half keeps the buffer alive on its own */
 	p = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, daemon, (off_t)imp.mmap_offset);
-	unreg(owner, h);
+	buf_unreg(owner, h);
 	munmap(p + PAGE, PAGE);
 	tap_ok(sysfs_read("pinned_pages") == pinned0 + 4, "a split mapping still holds the pins");
 	munmap(p, PAGE);
 	munmap(p + 2 * PAGE, 2 * PAGE);
-	tap_ok(counters_at(pinned0, registered0), "unmapping both pieces unpins");
+	tap_ok(pins_at(pinned0, registered0), "unmapping both pieces unpins");
 
 	/* read-only registrations */
-	ret = reg(owner, mem, PAGE, KCOLL_BUF_F_READONLY, &hro);
+	ret = buf_reg(owner, mem, PAGE, KCOLL_BUF_F_READONLY, &hro);
 	import(daemon, hro, &imp);
 	tap_ok(ret == 0 && imp.buf_flags == KCOLL_BUF_F_READONLY, "import reports KCOLL_BUF_F_READONLY");
 	p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, daemon, (off_t)imp.mmap_offset);
@@ -180,8 +159,8 @@ static void mapping_rules(void)
 		tap_ok(reap(pid) == 0, "a fork of the importer does not inherit the mapping");
 		munmap(p, PAGE);
 	}
-	unreg(owner, hro);
-	tap_ok(counters_at(pinned0, registered0), "counters back after the read-only tests");
+	buf_unreg(owner, hro);
+	tap_ok(pins_at(pinned0, registered0), "counters back after the read-only tests");
 	close(owner);
 	close(daemon);
 	free(mem);
@@ -274,8 +253,8 @@ static int nobody_memlock(void)
 		if (drop_to_nobody() || setrlimit(RLIMIT_MEMLOCK, &rl))
 			_exit(100);
 		fd = open(KCOLL_DEV_PATH, O_RDWR);
-		r1 = reg(fd, big, 1 << 20, 0, &h);
-		r2 = reg(fd, big, 32 * 1024, 0, &h);
+		r1 = buf_reg(fd, big, 1 << 20, 0, &h);
+		r2 = buf_reg(fd, big, 32 * 1024, 0, &h);
 		_exit(r1 == -ENOMEM && r2 == 0 ? 0 : 1);
 	}
 	return reap(pid);
@@ -289,7 +268,7 @@ static void permissions(void)
 	uint64_t h;
 
 	memset(mem, 0x5e, PAGE);
-	reg(owner, mem, PAGE, 0, &h);
+	buf_reg(owner, mem, PAGE, 0, &h);
 
 	st = nobody_probe(h);
 	tap_ok(st == 0, "uid 65534 can neither import nor mmap root's buffer (status %d)", st);
@@ -318,7 +297,7 @@ static void permissions(void)
 	tap_ok(nobody_memlock() == 0,
 	       "uid 65534 with RLIMIT_MEMLOCK 64 KiB: 1 MiB -> -ENOMEM, 32 KiB works");
 	close(owner);
-	tap_ok(counters_at(pinned0, registered0), "counters back after the permission tests");
+	tap_ok(pins_at(pinned0, registered0), "counters back after the permission tests");
 	free(mem);
 }
 
@@ -341,7 +320,7 @@ static void owner_death(void)
 		uint64_t hh;
 
 		memset(mem, 0x6b, 256 * PAGE);
-		if (reg(fd, mem, 256 * PAGE, 0, &hh))
+		if (buf_reg(fd, mem, 256 * PAGE, 0, &hh))
 			_exit(1);
 		chan_send(c.up[1], hh);
 		for (;;)
@@ -351,13 +330,13 @@ static void owner_death(void)
 		tap_ok(0, "owner child registered a buffer");
 		return;
 	}
-	tap_ok(counters_at(pinned0 + 256, registered0 + 256 * PAGE),
+	tap_ok(pins_at(pinned0 + 256, registered0 + 256 * PAGE),
 	       "owner child pinned 256 pages (1 MiB)");
 	p = map_buf(daemon, h, PROT_READ | PROT_WRITE, &imp);
 	tap_ok(p && imp.owner_pid == (uint32_t)pid, "daemon maps it; import names the owner's pid");
 	kill(pid, SIGKILL);
 	reap(pid);
-	tap_ok(counters_at(pinned0 + 256, registered0),
+	tap_ok(pins_at(pinned0 + 256, registered0),
 	       "owner killed: registration gone, pages stay pinned while the daemon maps them");
 	tap_ok(import(daemon, h, &imp) == -ENOENT, "the dead owner's handle cannot be imported");
 	for (i = 0, ok = p != NULL; p && i < 256 * PAGE; i += 512)
@@ -367,7 +346,7 @@ static void owner_death(void)
 	tap_ok(ok, "the daemon's mapping still reads the dead owner's data and can be written");
 	if (p)
 		munmap(p, 256 * PAGE);
-	tap_ok(counters_at(pinned0, registered0), "daemon unmaps: no pin left (%lld pages)",
+	tap_ok(pins_at(pinned0, registered0), "daemon unmaps: no pin left (%lld pages)",
 	       sysfs_read("pinned_pages"));
 
 	/* owner dies with no importer: everything goes at once */
@@ -378,17 +357,17 @@ static void owner_death(void)
 		uint64_t hh;
 
 		memset(mem, 1, 16 * PAGE);
-		reg(fd, mem, 16 * PAGE, 0, &hh);
-		reg(fd, mem, 8 * PAGE, 0, &hh);
+		buf_reg(fd, mem, 16 * PAGE, 0, &hh);
+		buf_reg(fd, mem, 8 * PAGE, 0, &hh);
 		chan_send(c.up[1], hh);
 		for (;;)
 			pause();
 	}
 	chan_recv(c.up[0], &h);
-	ok = counters_at(pinned0 + 24, registered0 + 24 * PAGE);
+	ok = pins_at(pinned0 + 24, registered0 + 24 * PAGE);
 	kill(pid, SIGKILL);
 	reap(pid);
-	tap_ok(ok && counters_at(pinned0, registered0),
+	tap_ok(ok && pins_at(pinned0, registered0),
 	       "owner with two registrations killed, nothing mapped: all unpinned");
 	close(daemon);
 }
@@ -403,7 +382,7 @@ static void importer_death(void)
 	pid_t pid;
 
 	memset(mem, 2, 8 * PAGE);
-	reg(owner, mem, 8 * PAGE, 0, &h);
+	buf_reg(owner, mem, 8 * PAGE, 0, &h);
 	chan_init(&c);
 	pid = fork();
 	if (pid == 0) {
@@ -417,12 +396,12 @@ static void importer_death(void)
 			pause();
 	}
 	chan_recv(c.up[0], &v);
-	ret = unreg(owner, h);
-	tap_ok(v == 1 && ret == 0 && counters_at(pinned0 + 8, registered0),
+	ret = buf_unreg(owner, h);
+	tap_ok(v == 1 && ret == 0 && pins_at(pinned0 + 8, registered0),
 	       "importer child maps, owner unregisters: pins held by the child's mapping");
 	kill(pid, SIGKILL);
 	reap(pid);
-	tap_ok(counters_at(pinned0, registered0), "importer killed: its mapping's pins are released");
+	tap_ok(pins_at(pinned0, registered0), "importer killed: its mapping's pins are released");
 	close(owner);
 	free(mem);
 }
@@ -438,19 +417,19 @@ static void module_limits(void)
 	xioctl(fd, KCOLL_IOC_QUERY, &q);
 	tap_ok(q.max_buf_bytes == 1 << 20 && q.max_pinned_bytes == 2 << 20,
 	       "QUERY reports max_buf 1 MiB, max_pinned 2 MiB");
-	ret = reg(fd, mem, (1 << 20) + 1, 0, &h1);
+	ret = buf_reg(fd, mem, (1 << 20) + 1, 0, &h1);
 	tap_ok(ret == -EINVAL, "a registration above max_buf_mb -> -EINVAL (%d)", ret);
-	ret = reg(fd, mem, 1 << 20, 0, &h1);
-	ret |= reg(fd, mem + (1 << 20), 1 << 20, 0, &h2);
+	ret = buf_reg(fd, mem, 1 << 20, 0, &h1);
+	ret |= buf_reg(fd, mem + (1 << 20), 1 << 20, 0, &h2);
 	tap_ok(ret == 0, "two 1 MiB registrations fit in max_pinned_mb=2");
-	ret = reg(fd, mem + (2 << 20), PAGE, 0, &h3);
+	ret = buf_reg(fd, mem + (2 << 20), PAGE, 0, &h3);
 	tap_ok(ret == -ENOSPC && sysfs_read("pinned_pages") == 512,
 	       "one more page -> -ENOSPC, nothing more pinned (%d)", ret);
-	unreg(fd, h1);
-	ret = reg(fd, mem + (2 << 20), PAGE, 0, &h3);
+	buf_unreg(fd, h1);
+	ret = buf_reg(fd, mem + (2 << 20), PAGE, 0, &h3);
 	tap_ok(ret == 0, "after an unregister the page fits (%d)", ret);
 	close(fd);
-	tap_ok(counters_at(0, 0), "all unpinned on close");
+	tap_ok(pins_at(0, 0), "all unpinned on close");
 	free(mem);
 }
 

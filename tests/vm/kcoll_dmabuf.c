@@ -17,24 +17,7 @@
 
 static long long pinned0, registered0;
 
-static int reg(int fd, void *addr, uint64_t len, uint32_t flags, uint64_t *handle)
-{
-	struct kcoll_ioc_buf_register r = {
-		.size = sizeof(r), .flags = flags, .addr = (uintptr_t)addr, .len = len,
-	};
-	int ret = xioctl(fd, KCOLL_IOC_BUF_REGISTER, &r);
 
-	if (!ret)
-		*handle = r.handle;
-	return ret;
-}
-
-static int unreg(int fd, uint64_t handle)
-{
-	struct kcoll_ioc_buf_unregister u = { .size = sizeof(u), .handle = handle };
-
-	return xioctl(fd, KCOLL_IOC_BUF_UNREGISTER, &u);
-}
 
 /* Export handle through fd; 0 (d filled) or -errno. */
 static int export(int fd, uint64_t handle, struct kcoll_ioc_buf_dmabuf *d)
@@ -46,17 +29,13 @@ static int export(int fd, uint64_t handle, struct kcoll_ioc_buf_dmabuf *d)
 	return xioctl(fd, KCOLL_IOC_BUF_DMABUF, d);
 }
 
-static int counters_at(long long pinned, long long registered)
-{
-	return sysfs_read("pinned_pages") == pinned && sysfs_read("registered_bytes") == registered;
-}
 
 /* The release of a file may run a little after close() returns: poll for 10 s. */
 static int counters_reach(long long pinned, long long registered)
 {
 	double end = now_ms() + 10000;
 
-	while (!counters_at(pinned, registered)) {
+	while (!pins_at(pinned, registered)) {
 		if (now_ms() > end)
 			return 0;
 		usleep(10000);
@@ -107,7 +86,7 @@ static void basics(void)
 	tap_ok(ret == 0 && (q.features & KCOLL_FEAT_DMABUF), "QUERY reports KCOLL_FEAT_DMABUF");
 	memset(mem, 0x3c, 4 * PAGE);
 	/* 2 pages + 200 bytes starting 100 bytes in: 3 pages */
-	ret = reg(fd, mem + 100, 2 * PAGE + 200, 0, &h);
+	ret = buf_reg(fd, mem + 100, 2 * PAGE + 200, 0, &h);
 	ret = ret ? ret : export(fd, h, &d);
 	tap_ok(ret == 0 && d.fd >= 0 && d.dmabuf_size == 3 * PAGE && d.len == 2 * PAGE + 200 &&
 	       d.page_offset == 100, "export: fd %d, dmabuf_size %llu, len %llu, page_offset %u",
@@ -119,7 +98,7 @@ static void basics(void)
 	tap_ok((fcntl(d.fd, F_GETFD) & FD_CLOEXEC) && (fcntl(d.fd, F_GETFL) & O_ACCMODE) == O_RDWR,
 	       "the dma-buf fd is close-on-exec and read-write");
 	tap_ok(fdinfo_is_kcoll(d.fd), "fdinfo names exporter kcoll");
-	tap_ok(counters_at(pinned0 + 3, registered0 + 2 * PAGE + 200),
+	tap_ok(pins_at(pinned0 + 3, registered0 + 2 * PAGE + 200),
 	       "export pins nothing more (pinned_pages %lld)", sysfs_read("pinned_pages"));
 	p = mmap(NULL, 3 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE, d.fd, 0);
 	tap_ok(p == MAP_FAILED && errno == EINVAL, "MAP_PRIVATE of the dma-buf -> EINVAL");
@@ -130,7 +109,7 @@ static void basics(void)
 	tap_ok(p != MAP_FAILED && p[7] == 0x5a, "a mapping of the third page alone shows it");
 	if (p != MAP_FAILED)
 		munmap(p, PAGE);
-	tap_ok(unreg(fd, h) == 0 && counters_at(pinned0 + 3, registered0),
+	tap_ok(buf_unreg(fd, h) == 0 && pins_at(pinned0 + 3, registered0),
 	       "unregister: registered_bytes drops, the dma-buf keeps the pages pinned");
 	tap_ok(export(fd, h, &again) == -ENOENT, "an ended registration cannot be exported");
 	close(d.fd);
@@ -160,7 +139,7 @@ static void both_ways(void)
 
 		for (i = 0; i < 64 * PAGE; i++)
 			mem[i] = (unsigned char)(i * 7 + 1);
-		if (reg(fd, mem, 64 * PAGE, 0, &hh))
+		if (buf_reg(fd, mem, 64 * PAGE, 0, &hh))
 			_exit(1);
 		chan_send(c.up[1], hh);
 		/* the daemon wrote through its mapping: check, report */
@@ -196,11 +175,11 @@ static void both_ways(void)
 	/* the registrant dies: the dma-buf still holds its pages */
 	kill(pid, SIGKILL);
 	reap(pid);
-	tap_ok(counters_at(pinned0 + 64, registered0),
+	tap_ok(pins_at(pinned0 + 64, registered0),
 	       "registrant killed: registration gone, 64 pages stay pinned for the dma-buf");
 	if (!ret)
 		close(d.fd);
-	tap_ok(counters_at(pinned0 + 64, registered0), "closing the fd keeps them: still mapped");
+	tap_ok(pins_at(pinned0 + 64, registered0), "closing the fd keeps them: still mapped");
 	for (i = 0, ok = p != NULL; p && i < 64 * PAGE; i++)
 		ok &= (unsigned char)p[i] == (unsigned char)(i * 13 + 5);
 	tap_ok(ok, "the mapping still reads the dead registrant's memory");
@@ -236,10 +215,10 @@ static void permissions(void)
 	uint64_t h, hro;
 
 	memset(mem, 0x44, 2 * PAGE);
-	reg(owner, mem, 2 * PAGE, 0, &h);
+	buf_reg(owner, mem, 2 * PAGE, 0, &h);
 	ret = nobody_export(h);
 	tap_ok(ret == EACCES, "another uid without a grant -> EACCES (%d)", ret);
-	tap_ok(counters_at(pinned0 + 2, registered0 + 2 * PAGE), "the refusal pinned nothing");
+	tap_ok(pins_at(pinned0 + 2, registered0 + 2 * PAGE), "the refusal pinned nothing");
 	tap_ok(export(owner, 0, &d) == -ENOENT && export(owner, h + 1000, &d) == -ENOENT,
 	       "handle 0 or an unknown handle -> ENOENT");
 	ret = xioctl(owner, KCOLL_IOC_BUF_GRANT, &(struct kcoll_ioc_buf_grant){
@@ -271,7 +250,7 @@ static void permissions(void)
 		big.d.flags = 1;
 		tap_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -EOPNOTSUPP,
 		       "unknown flags -> EOPNOTSUPP");
-		tap_ok(nr_fds() == fds && counters_at(pinned0 + 2, registered0 + 2 * PAGE),
+		tap_ok(nr_fds() == fds && pins_at(pinned0 + 2, registered0 + 2 * PAGE),
 		       "no fd and no pin left by the refusals");
 		big.d.size = sizeof(big);
 		big.d.flags = 0;
@@ -301,7 +280,7 @@ static void permissions(void)
 	}
 
 	/* read-only registration: an O_RDONLY dma-buf */
-	reg(owner, mem, PAGE, KCOLL_BUF_F_READONLY, &hro);
+	buf_reg(owner, mem, PAGE, KCOLL_BUF_F_READONLY, &hro);
 	ret = export(owner, hro, &d);
 	tap_ok(ret == 0 && (fcntl(d.fd, F_GETFL) & O_ACCMODE) == O_RDONLY,
 	       "a read-only registration exports an O_RDONLY dma-buf");
@@ -329,7 +308,7 @@ static int hold(void)
 	uint64_t h;
 
 	memset(mem, 1, PAGE);
-	if (reg(fd, mem, PAGE, 0, &h) || export(fd, h, &d)) {
+	if (buf_reg(fd, mem, PAGE, 0, &h) || export(fd, h, &d)) {
 		printf("failed: %s\n", strerror(errno));
 		return 1;
 	}

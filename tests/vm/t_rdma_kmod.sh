@@ -11,6 +11,7 @@
 #   t_rdma_kmod.sh BUILD_DIR
 set -u
 B=${1:?usage: t_rdma_kmod.sh BUILD_DIR}
+top=$(cd "$(dirname "$0")/../.." && pwd)
 RANK="$B/tests/mh_rank"
 D="$B/bin/kcolld"
 TMO=20000
@@ -21,10 +22,8 @@ skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
 [ "$(id -u)" -eq 0 ] || skip_all "needs root"
 [ -x "$RANK" ] && [ -x "$D" ] || { echo "Bail out! $B has no kcolld/mh_rank: run make"; exit 1; }
 [ -c /dev/kcoll ] || { echo "Bail out! kcoll.ko is not loaded"; exit 1; }
-modprobe veth 2>/dev/null
-modprobe crc32_generic 2>/dev/null
-why=$(modprobe rdma_rxe 2>&1)
-[ -d /sys/module/rdma_rxe ] || skip_all "cannot load rdma_rxe: ${why:-no such module in this kernel}"
+. "$top/scripts/vm-rxe-setup.sh"
+vm_rxe_load || skip_all "cannot load rdma_rxe: ${why:-no such module in this kernel}"
 
 T=$(mktemp -d /tmp/rdma-kmod.XXXXXX)
 IF=kdmab0
@@ -40,10 +39,7 @@ cleanup() {
 trap cleanup EXIT
 
 pinned0=$(cat /sys/kernel/kcoll/pinned_pages)
-ip link set lo up
-ip link add $IF type veth peer name ${IF}p && ip link set $IF up && ip link set ${IF}p up
-ip addr add 10.33.0.1/24 dev $IF && ip addr add 10.33.0.2/24 dev $IF
-rdma link add $RXE type rxe netdev $IF
+vm_rxe_link $IF $RXE 10.33.0.1 10.33.0.2
 ok $? "rxe device $RXE on $IF (10.33.0.1, 10.33.0.2)"
 
 sock() { echo "$T/h$1.sock"; }

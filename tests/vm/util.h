@@ -129,4 +129,30 @@ static inline int chan_recv(int fd, uint64_t *v)
 	return read(fd, v, sizeof(*v)) == sizeof(*v) ? 0 : -1;
 }
 
+/* KCOLL_IOC_BUF_REGISTER of [addr, addr + len); 0 (*handle set) or -errno. */
+static inline int buf_reg(int fd, void *addr, uint64_t len, uint32_t flags, uint64_t *handle)
+{
+	struct kcoll_ioc_buf_register r = {
+		.size = sizeof(r), .flags = flags, .addr = (uintptr_t)addr, .len = len,
+	};
+	int ret = xioctl(fd, KCOLL_IOC_BUF_REGISTER, &r);
+
+	if (!ret)
+		*handle = r.handle;
+	return ret;
+}
+
+static inline int buf_unreg(int fd, uint64_t handle)
+{
+	struct kcoll_ioc_buf_unregister u = { .size = sizeof(u), .handle = handle };
+
+	return xioctl(fd, KCOLL_IOC_BUF_UNREGISTER, &u);
+}
+
+/* The module's pin counters (sysfs) are exactly these. */
+static inline int pins_at(long long pinned, long long registered)
+{
+	return sysfs_read("pinned_pages") == pinned && sysfs_read("registered_bytes") == registered;
+}
+
 #endif /* KCOLL_VM_UTIL_H */
