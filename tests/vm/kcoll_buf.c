@@ -15,8 +15,6 @@
 
 static long long pinned0, registered0;
 
-
-
 static int import(int fd, uint64_t handle, struct kcoll_ioc_buf_import *imp)
 {
 	memset(imp, 0, sizeof(*imp));
@@ -47,7 +45,6 @@ static char *map_buf(int fd, uint64_t handle, int prot, struct kcoll_ioc_buf_imp
 	p = mmap(NULL, imp->map_len, prot, MAP_SHARED, fd, (off_t)imp->mmap_offset);
 	return p == MAP_FAILED ? NULL : p + imp->page_offset;
 }
-
 
 static void same_process(void)
 {

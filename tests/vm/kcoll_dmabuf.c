@@ -17,8 +17,6 @@
 
 static long long pinned0, registered0;
 
-
-
 /* Export handle through fd; 0 (d filled) or -errno. */
 static int export(int fd, uint64_t handle, struct kcoll_ioc_buf_dmabuf *d)
 {
@@ -28,7 +26,6 @@ static int export(int fd, uint64_t handle, struct kcoll_ioc_buf_dmabuf *d)
 	d->fd = -1;
 	return xioctl(fd, KCOLL_IOC_BUF_DMABUF, d);
 }
-
 
 /* The release of a file may run a little after close() returns: poll for 10 s. */
 static int counters_reach(long long pinned, long long registered)
