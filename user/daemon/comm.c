@@ -371,7 +371,7 @@ void kd_comm_submitted(struct kd_comm *comm, uint64_t seq, uint64_t bits[4])
 void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 {
 	struct kd_op *failed = NULL;
-	bool forming, lowered = false;
+	bool forming;
 	int op_err = err == -ECANCELED ? -ECONNRESET : err;
 	uint64_t from = 0;
 
@@ -384,7 +384,7 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 		 * every peer (they learn from_seq with the abort). */
 		from = comm->mh ? comm->exec_seq : 0;
 		if (comm->limit_seq > from) {
-			lowered = true;	/* the peers hear of every drop */
+			/* the peers hear of it below */
 			comm->state = KD_COMM_ABORTED;
 			comm->limit_seq = from;
 			comm->abort_err = op_err;
@@ -409,9 +409,14 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 	post_list(failed, err == -ECANCELED ? (int)rank : -1);
 	if (comm->mh) {
 		kd_mh_wake(comm->mh);
-		if (lowered)
-			kd_net_abort_peers(comm, op_err, rank, err == -ECANCELED ? KD_ABORT_F_LEFT : 0,
-					   from);
+		/*
+		 * Tell the peers even when the comm already ended earlier
+		 * (another host left first, so nothing was lowered here): a
+		 * peer still finishing an op that this host did its part in
+		 * must take our connections closing next for a goodbye from
+		 * op `from` on, not for a death that fails the op it runs.
+		 */
+		kd_net_abort_peers(comm, op_err, rank, err == -ECANCELED ? KD_ABORT_F_LEFT : 0, from);
 	}
 }
 
