@@ -674,6 +674,62 @@ static int mode_init(const kcoll_unique_id_t *id, int n, int rank)
 	return 0;
 }
 
+/*
+ * Peers leaving while the last rank still has an op to run that they did
+ * their part in: two all-reduces, then a broadcast from rank 0 that every
+ * rank but the last gets at once (the root's daemon sends to every host);
+ * the last rank submits it 1.5 s late. Ranks 0 .. n-2 then leave, each one
+ * 0.5 s after the one before, so each later leaver has already heard that
+ * the communicator ends after this op. The last rank's broadcast must still
+ * complete with the root's data: the leavers' connections closing are
+ * goodbyes, not deaths.
+ */
+static int mode_leave(const kcoll_unique_id_t *id, int n, int rank)
+{
+	enum { COUNT = 16384 };
+	static int32_t buf[COUNT];
+	struct kcoll_req *req = NULL;
+	struct kcoll_comm *c;
+	struct kcoll *k;
+	int r = 0, er = -1, bad = 0;
+
+	if (setup(id, n, rank, &k, &c))
+		return 2;
+	for (int i = 0; i < 2 && !r; i++) {
+		int32_t v = rank;
+
+		r = wait_op(kcoll_allreduce(c, &v, &v, 1, KCOLL_I32, KCOLL_SUM, &req), &req, &er);
+	}
+	if (r) {
+		printf("# rank %d: warm-up all-reduce: %s (err_rank %d)\n", rank, en(r), er);
+		bad = 1;
+		goto out;
+	}
+	for (int i = 0; i < COUNT; i++)
+		buf[i] = rank == 0 ? i * 7 + 1 : -1;
+	if (rank == n - 1)
+		usleep(1500 * 1000);
+	r = wait_op(kcoll_broadcast(c, buf, COUNT, KCOLL_I32, 0, &req), &req, &er);
+	for (int i = 0; !r && i < COUNT; i++)
+		if (buf[i] != i * 7 + 1) {
+			printf("# rank %d: broadcast element %d is %d, not %d\n", rank, i, buf[i], i * 7 + 1);
+			bad = 1;
+			break;
+		}
+	if (r) {
+		printf("# rank %d: broadcast: %s (err_rank %d)\n", rank, en(r), er);
+		bad = 1;
+	}
+	if (rank < n - 1)
+		usleep((useconds_t)rank * 500 * 1000);
+out:
+	printf("group cases=1 bad=%d name=ranks leave one by one while the last one still has to run an op they "
+	       "did their part in (a broadcast it submits 1.5 s late): it completes with the root's data\n", bad);
+	kcoll_comm_destroy(c);
+	kcoll_disconnect(k);
+	return bad;
+}
+
 /* DIR/NAME.RANK holding our pid, complete when it appears. */
 static void write_pid(const char *dir, const char *name, int rank)
 {
@@ -783,7 +839,7 @@ static int usage(void)
 {
 	fprintf(stderr,
 		"usage: mh_rank id [--corrupt-token]\n"
-		"       mh_rank coll|algo|check|init ID NRANKS RANK\n"
+		"       mh_rank coll|algo|check|init|leave ID NRANKS RANK\n"
 		"       mh_rank big|bigreg ID NRANKS RANK [COUNT]   (bigreg: malloc + kcoll_mem_register)\n"
 		"       mh_rank remap ID NRANKS RANK [ROUNDS [COUNT]]\n"
 		"       mh_rank loop ID NRANKS RANK DIR [NEXT]\n");
@@ -820,6 +876,8 @@ int main(int argc, char **argv)
 				  argc > 6 ? strtoul(argv[6], NULL, 0) : 262147);
 	if (!strcmp(mode, "init"))
 		return mode_init(&id, n, rank);
+	if (!strcmp(mode, "leave"))
+		return mode_leave(&id, n, rank);
 	if (!strcmp(mode, "loop") && argc > 5)
 		return mode_loop(&id, n, rank, argv[5], argc > 6 ? argv[6] : NULL);
 	return usage();

@@ -8,6 +8,8 @@
 #      semantics; ops in flight at once; one 256 MiB all-reduce
 #   2. KCOLL_ALGO ring, rd, rabenseifner, direct, auto (kcollctl set algo, checked in
 #      status) over an all-reduce subset on 3 and 4 hosts
+#   2b. ranks on two hosts leave one after the other while the third host's
+#      rank has yet to run an op they did their part in: it must complete
 #   3. faults, with KCOLL_TIMEOUT_MS=3000: a rank killed, a rank frozen
 #      (SIGSTOP), a remote kcolld killed (the root's too) and restarted, a
 #      wrong-token id, an id from before a restart, garbage on the daemon's
@@ -279,6 +281,13 @@ for algo in ring rd rabenseifner direct auto; do
 	cases_run algo 2 "0 1 2 3" 2 rr
 done
 echo "# algorithms: $((SECONDS - t_start)) s"
+
+# ---- 2b. hosts leaving, one by one, while a peer still finishes the last op -----------
+if [ "$ONE" = 1 ]; then
+	skip "peers leaving during a late op: needs one daemon per host (KCOLL_MH_ONE_DAEMON)"
+else
+	cases_run leave 0 "0 1 2" 1 contiguous
+fi
 
 # ---- 3. faults ---------------------------------------------------------------------------
 
