@@ -384,7 +384,6 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 		 * every peer (they learn from_seq with the abort). */
 		from = comm->mh ? comm->exec_seq : 0;
 		if (comm->limit_seq > from) {
-			/* the peers hear of it below */
 			comm->state = KD_COMM_ABORTED;
 			comm->limit_seq = from;
 			comm->abort_err = op_err;
