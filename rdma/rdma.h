@@ -181,6 +181,8 @@ int kcoll_rdma_mr_get_local(int dev, void *addr, size_t len, struct ibv_mr **mr)
  * asked again: -EOPNOTSUPP from then on.
  */
 int kcoll_rdma_mr_get_local_fd(int dev, void *addr, size_t len, int dmabuf_fd, struct ibv_mr **mr);
+/* The device already refused a dma-buf registration: no use exporting one for it. */
+bool kcoll_rdma_dmabuf_refused(int dev);
 void kcoll_rdma_mr_invalidate(void *addr, size_t len);
 /* How many registrations the cache holds (status, tests). */
 size_t kcoll_rdma_mr_count(void);

@@ -683,6 +683,18 @@ int kcoll_rdma_mr_get_local_fd(int dev, void *addr, size_t len, int dmabuf_fd, s
 	return mr_get(dev, addr, len, dmabuf_fd, 0, out);
 }
 
+bool kcoll_rdma_dmabuf_refused(int dev)
+{
+	bool refused;
+
+	if (dev < 0 || dev >= rd.ndev)
+		return false;
+	pthread_mutex_lock(&rd.lock);
+	refused = rd.dev[dev].dmabuf_refused;
+	pthread_mutex_unlock(&rd.lock);
+	return refused;
+}
+
 static int mr_get(int dev, void *addr, size_t len, int dmabuf_fd, int access, struct ibv_mr **out)
 {
 	uintptr_t lo = (uintptr_t)addr, hi = lo + len;

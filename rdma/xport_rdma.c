@@ -587,15 +587,16 @@ static void zc_span(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struc
 	}
 	if (kr) {
 		/* A kcoll.ko region: ibv_reg_mr cannot pin its PFN map, the NIC
-		 * takes kcoll.ko's dma-buf of the same pages (iova = the map). */
-		int fd = kd_region_dmabuf(kr);
+		 * takes kcoll.ko's dma-buf of the same pages (iova = the map).
+		 * A device that refused one gets no more (no export, no fd). */
+		int dev = rs->peer[c->host].ep->port.dev;
+		int fd = kcoll_rdma_dmabuf_refused(dev) ? -1 : kd_region_dmabuf(kr);
 
 		if (fd < 0)
 			return;
 		lo = kr->kmap.map_base;
 		len = kr->kmap.map_len;
-		r = kcoll_rdma_mr_get_local_fd(rs->peer[c->host].ep->port.dev, (void *)lo, len, fd,
-					       &c->zmr);
+		r = kcoll_rdma_mr_get_local_fd(dev, (void *)lo, len, fd, &c->zmr);
 	} else if (lo) {
 		/* Local access only: no peer can use this registration's rkey. */
 		r = kcoll_rdma_mr_get_local(rs->peer[c->host].ep->port.dev, (void *)lo, len, &c->zmr);
