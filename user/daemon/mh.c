@@ -32,7 +32,7 @@
 #include "rdma.h"
 #include "reduce.h"
 
-#define DIRECT_MAX	(4u << 20)	/* direct: H x this in scratch; ring above */
+#define DIRECT_MAX	(4u << 20)	/* direct: (H - 1) x this in scratch; ring above */
 #define SMALL_BYTES	(64u << 10)	/* auto: recursive doubling up to here */
 #define MEDIUM_BYTES	(1u << 20)	/* auto: Rabenseifner up to here (2^k hosts) */
 #define BCAST_DIRECT	(256u << 10)	/* broadcast: root sends to all up to here */
@@ -287,18 +287,22 @@ static int allreduce_direct(struct run *x, uint64_t bytes)
 	const uint8_t *ins[KD_MAX_HOSTS];
 	struct kd_range all = { 0, bytes };
 	struct kd_step st = { .reduce = false };
-	int r = need(&mh->snap, &mh->snap_size, H * bytes);
+	/* One scratch slot per other host: host k's input lands in slot k, or
+	 * k - 1 above us. */
+	int r = need(&mh->snap, &mh->snap_size, (H - 1) * bytes);
 
 	if (r)
 		return r;
 	for (uint32_t k = 0; k < H; k++) {
-		ins[k] = k == h ? mine : mh->snap + k * bytes;
+		uint8_t *slot = mh->snap + (k - (k > h)) * bytes;
+
+		ins[k] = k == h ? mine : slot;
 		if (k == h)
 			continue;
 		xfer(&st.send[st.nsend], k, &all, 1);
 		st.send[st.nsend++].base = mine;
 		xfer(&st.recv[st.nrecv], k, &all, 1);
-		st.recv[st.nrecv++].dst = mh->snap + k * bytes;
+		st.recv[st.nrecv++].dst = slot;
 	}
 	r = step(x, &st);
 	if (r)
