@@ -312,6 +312,16 @@ static uint64_t xrand(uint64_t *s)
 	return *s;
 }
 
+/* A generator state from a seed: splitmix64's finalizer, so that nearby
+ * seeds (one per batch) start far apart; odd, hence never zero. */
+static uint64_t seed_state(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ULL;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+	return (x ^ (x >> 31)) | 1;
+}
+
 /* Distinct batches cycled through, so that the blocks sweep the segments
  * (DRAM, not cache) for the transfer and the memcpy anchor alike. */
 static uint32_t nbatches(size_t block, uint32_t batch)
@@ -325,7 +335,7 @@ static uint32_t nbatches(size_t block, uint32_t batch)
 static void make_entries(struct kcoll_xfer_entry *e, uint32_t n, size_t block, size_t seg,
 			 uint64_t seed)
 {
-	uint64_t slots = seg / block, s = seed | 1;
+	uint64_t slots = seg / block, s = seed_state(seed);
 	uint64_t *perm = malloc(slots * sizeof(*perm));
 
 	for (uint64_t i = 0; i < slots; i++)
