@@ -800,8 +800,8 @@ static int mem_kind(struct kcoll *k, const void *ptr, size_t bytes, uint8_t *kin
  * which pins the pages of every chunk it copies, page by page: with 4 KiB
  * pages that pinning costs about as much as the copy itself (docs/perf.md
  * section 5). Collapsing the 2 MiB-aligned inside of a large buffer into
- * huge pages once (MADV_COLLAPSE: synchronous, keeps the contents, never
- * grows the buffer's footprint since every page inside it is in use) lets
+ * huge pages once (MADV_COLLAPSE: synchronous, keeps the contents, adds no
+ * memory beyond pages the op reads or writes anyway, all of them) lets
  * each pin take 512 pages at a time. A hint: failures (no huge page free,
  * an old kernel, a file mapping) change nothing. Remembers the last
  * KCOLL_THP_SEEN ranges so a buffer used in a loop is collapsed once.
