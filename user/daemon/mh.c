@@ -485,7 +485,10 @@ static int local_reduce(struct kd_mh *mh, struct kd_op *op, uint64_t bytes, uint
 
 			if (!ct->present)
 				continue;
-			r = kd_buf_read(ct->client, &ct->sbuf, off, n, mh->stage + k * chunk, &ins[k]);
+			/* One local rank (one rank per host): a copy lands in acc
+			 * itself, no second memcpy from the stage. */
+			r = kd_buf_read(ct->client, &ct->sbuf, off, n,
+					comm->nlocal == 1 ? mh->acc + off : mh->stage + k * chunk, &ins[k]);
 			if (r) {
 				*bad = rk;
 				return r;
@@ -506,13 +509,14 @@ static int local_place(struct kd_mh *mh, struct kd_op *op, uint32_t rk, uint64_t
 {
 	struct kd_contrib *ct = &op->c[rk];
 	size_t chunk = mh->piece;
-	int r = need(&mh->stage, &mh->stage_size, chunk);
+	int r = 0;
 
+	/* A copy (process_vm_readv, device staging) lands in acc directly. */
 	for (uint64_t off = 0; !r && off < bytes; off += chunk) {
 		size_t n = bytes - off < chunk ? bytes - off : chunk;
 		const uint8_t *p;
 
-		r = kd_buf_read(ct->client, &ct->sbuf, off, n, mh->stage, &p);
+		r = kd_buf_read(ct->client, &ct->sbuf, off, n, mh->acc + at + off, &p);
 		if (!r && p != mh->acc + at + off)
 			memcpy(mh->acc + at + off, p, n);
 	}

@@ -46,6 +46,12 @@ struct kcoll_req {
 	struct kcoll_req *next_free;
 };
 
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25	/* Linux 6.1; older kernels answer EINVAL */
+#endif
+#define KCOLL_THP_SIZE	(2u << 20)	/* x86-64 and arm64 (4 KiB pages) PMD size */
+#define KCOLL_THP_SEEN	16
+
 struct kcoll_region {
 	void *addr;
 	size_t size;
@@ -86,6 +92,10 @@ struct kcoll {
 
 	pthread_mutex_t dev_lock;	/* held across a device registration */
 	struct kcoll_devreg *devregs;
+
+	size_t thp_min;		/* KCOLL_THP_MIN_BYTES; 0: no collapsing */
+	uint64_t thp_done[KCOLL_THP_SEEN][2];	/* ranges collapsed lately (mem_lock) */
+	unsigned int thp_next;
 };
 
 struct kcoll_comm {
@@ -241,6 +251,7 @@ int kcoll_connect(const struct kcoll_connect_opts *opts, struct kcoll **out)
 	k->timeout_set = kcoll_knob_is_set("KCOLL_TIMEOUT_MS");
 	k->spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
 	k->spin_set = kcoll_knob_is_set("KCOLL_SPIN_US");
+	k->thp_min = kcoll_knob_ll("KCOLL_THP_MIN_BYTES");
 
 	k->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (k->sock < 0) {
@@ -787,6 +798,42 @@ static int mem_kind(struct kcoll *k, const void *ptr, size_t bytes, uint8_t *kin
 	return r;
 }
 
+/*
+ * kcolld reaches a buffer outside kcoll memory with process_vm_readv/writev,
+ * which pins the pages of every chunk it copies, page by page: with 4 KiB
+ * pages that pinning costs about as much as the copy itself (docs/perf.md
+ * section 5). Collapsing the 2 MiB-aligned inside of a large buffer into
+ * huge pages once (MADV_COLLAPSE: synchronous, keeps the contents, adds no
+ * memory beyond pages the op reads or writes anyway, all of them) lets
+ * each pin take 512 pages at a time. A hint: failures (no huge page free,
+ * an old kernel, a file mapping) change nothing. Remembers the last
+ * KCOLL_THP_SEEN ranges so a buffer used in a loop is collapsed once.
+ */
+static void thp_collapse(struct kcoll *k, const void *ptr, size_t bytes)
+{
+	uint64_t lo = ((uintptr_t)ptr + KCOLL_THP_SIZE - 1) & ~(uint64_t)(KCOLL_THP_SIZE - 1);
+	uint64_t hi = ((uintptr_t)ptr + bytes) & ~(uint64_t)(KCOLL_THP_SIZE - 1);
+	bool seen = false;
+
+	if (!k->thp_min || bytes < k->thp_min || hi <= lo)
+		return;
+	pthread_mutex_lock(&k->mem_lock);
+	for (const struct kcoll_region *rg = k->regions; rg && !seen; rg = rg->next)
+		seen = (uintptr_t)ptr >= (uintptr_t)rg->addr &&
+		       (uintptr_t)ptr < (uintptr_t)rg->addr + rg->size;	/* kcoll memory */
+	for (unsigned int i = 0; i < KCOLL_THP_SEEN && !seen; i++)
+		seen = k->thp_done[i][0] <= lo && hi <= k->thp_done[i][1];
+	if (!seen) {
+		k->thp_done[k->thp_next][0] = lo;
+		k->thp_done[k->thp_next][1] = hi;
+		k->thp_next = (k->thp_next + 1) % KCOLL_THP_SEEN;
+	}
+	pthread_mutex_unlock(&k->mem_lock);
+	if (!seen && madvise((void *)(uintptr_t)lo, hi - lo, MADV_COLLAPSE))
+		kc_dbg("MADV_COLLAPSE of %#llx+%llu: %s (kcolld copies it page by page)",
+		       (unsigned long long)lo, (unsigned long long)(hi - lo), strerror(errno));
+}
+
 static int coll_submit(struct kcoll_comm *c, uint8_t opcode, const void *send, void *recv,
 		       size_t count, int dtype, int op, int root, struct kcoll_req **req)
 {
@@ -818,6 +865,10 @@ static int coll_submit(struct kcoll_comm *c, uint8_t opcode, const void *send, v
 		r = mem_kind(c->k, recv, rbytes, &sqe.coll.recv_mem);
 	if (r)
 		return r;
+	if (sqe.coll.send_mem == KCOLL_MEM_HOST && send && send != recv)
+		thp_collapse(c->k, send, sbytes);
+	if (sqe.coll.recv_mem == KCOLL_MEM_HOST)
+		thp_collapse(c->k, recv, rbytes);
 	sqe.coll.send_addr = (uintptr_t)send;
 	sqe.coll.recv_addr = (uintptr_t)recv;
 	sqe.coll.count = count;

@@ -10,10 +10,14 @@
  * barrier. Options, check values and output are bench_common's, shared with
  * kcoll-bench. MPI has no f16/bf16 and no average, so those are refused.
  */
+#include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <mpi.h>
@@ -75,13 +79,26 @@ static void parse_opt(const struct bench_prog *p, void *ctx, struct bench_opts *
 
 /* --alloc-mem: buffers from MPI_Alloc_mem instead of aligned_alloc */
 static bool use_alloc_mem;
+/* --huge-pages: aligned_alloc buffers advised MADV_HUGEPAGE before first touch
+ * (an anchor for libkcoll's KCOLL_THP_MIN_BYTES: MPI alone on huge pages) */
+static bool use_huge_pages;
 
 static void *buffer_alloc(size_t bytes)
 {
+	const uintptr_t huge = 2u << 20;
 	void *p = NULL;
 
-	if (!use_alloc_mem)
-		return aligned_alloc(4096, bytes);
+	if (!use_alloc_mem) {
+		p = aligned_alloc(4096, bytes);
+		if (p && use_huge_pages) {
+			uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+			uintptr_t hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+
+			if (hi > lo && madvise((void *)lo, hi - lo, MADV_HUGEPAGE))
+				fprintf(stderr, "mpi-coll-bench: MADV_HUGEPAGE: %s\n", strerror(errno));
+		}
+		return p;
+	}
 	if (MPI_Alloc_mem((MPI_Aint)bytes, MPI_INFO_NULL, &p) != MPI_SUCCESS)
 		return NULL;
 	return p;
@@ -103,11 +120,12 @@ static void finish(void)
 	MPI_Finalize();
 }
 
-enum { OPT_ALLOC_MEM = BENCH_OPT_PROG };
+enum { OPT_ALLOC_MEM = BENCH_OPT_PROG, OPT_HUGE_PAGES };
 
 static const struct option longopts[] = {
 	BENCH_LONGOPTS,
 	{ "alloc-mem", no_argument, NULL, OPT_ALLOC_MEM },
+	{ "huge-pages", no_argument, NULL, OPT_HUGE_PAGES },
 	{ 0 }
 };
 
@@ -134,6 +152,7 @@ BENCH_USAGE_SWEEP
 "      --inplace         also measure with MPI_IN_PLACE (extra columns)\n"
 "      --json            print one JSON document instead of the table\n"
 "      --alloc-mem       buffers from MPI_Alloc_mem (default: aligned_alloc)\n"
+"      --huge-pages      aligned_alloc buffers advised MADV_HUGEPAGE before first use\n"
 "  -h, --help            this text\n",
 		prog.name);
 }
@@ -157,6 +176,7 @@ static void parse_opt(const struct bench_prog *p, void *ctx, struct bench_opts *
 		break;
 	case 'r': o->root = bench_parse_long(p, arg, "-r", 0, INT_MAX); break;
 	case OPT_ALLOC_MEM: use_alloc_mem = true; break;
+	case OPT_HUGE_PAGES: use_huge_pages = true; break;
 	}
 }
 
@@ -280,7 +300,8 @@ int main(int argc, char **argv)
 	bench_fill_input(o, recv, m.rank, n.bytes / elt);
 	if (m.rank == 0 && !o->json) {
 		snprintf(about, sizeof(about), "%s on %s%s", lib, host,
-			 use_alloc_mem ? ", buffers from MPI_Alloc_mem" : "");
+			 use_alloc_mem ? ", buffers from MPI_Alloc_mem" :
+			 use_huge_pages ? ", buffers on huge pages (MADV_HUGEPAGE)" : "");
 		bench_print_header(o, &env, about);
 	}
 
