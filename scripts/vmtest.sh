@@ -408,5 +408,33 @@ else
 	echo "ok 1 - guest dmesg has no WARNING:/BUG: lines"
 	pass=$((pass + 1))
 fi
+
+# Two guests at once on a virtual wire (scripts/vmtest-pair.sh): the RDMA
+# transport between two kernels, each with its own NIC and rxe device.
+echo "# --- two guests: tests/vm/t_rdma_pair.sh"
+rm -f "$top"/build/vm/dmesg-pair[01].log
+set +e
+pair_out=$("$top/scripts/vmtest-pair.sh" --timeout 900 -- bash tests/vm/t_rdma_pair.sh build 2>&1)
+rc=$?
+set -e
+printf '%s\n' "$pair_out"
+count <<<"$pair_out"
+if [ "$rc" -ne 0 ] && ! grep -q '^not ok' <<<"$pair_out"; then
+	echo "not ok - the two-guest run ended with status $rc"
+	fail=$((fail + 1))
+fi
+if ! grep -q '# SKIP' <<<"$pair_out"; then
+	bad=$(grep -hE 'WARNING:|BUG:|Oops|general protection fault|refcount_t:' \
+		"$top"/build/vm/dmesg-pair[01].log 2>/dev/null || true)
+	if [ ! -s "$top/build/vm/dmesg-pair0.log" ] || [ ! -s "$top/build/vm/dmesg-pair1.log" ] ||
+		[ -n "$bad" ]; then
+		printf '%s\n' "$bad" | head -20 | sed 's/^/# /'
+		echo "not ok 1 - both guests' dmesg collected, no WARNING:/BUG: lines (build/vm/dmesg-pair*.log)"
+		fail=$((fail + 1))
+	else
+		echo "ok 1 - both guests' dmesg collected, no WARNING:/BUG: lines (build/vm/dmesg-pair*.log)"
+		pass=$((pass + 1))
+	fi
+fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
