@@ -560,7 +560,11 @@ int kcoll_rdma_ep_connect(struct kcoll_rdma_ep *ep, const struct kcoll_rdma_addr
 				 "GID %d?)", i, strerror(r), rd.dev[lp->dev].name, lp->port, lp->gid_index);
 			return -r;
 		}
-		a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
+		/* KCOLL_IB_TIMEOUT: 1..31 (the field's range) */
+		long long tmo = kcoll_knob_ll("KCOLL_IB_TIMEOUT");
+
+		a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .retry_cnt = 7,
+					  .timeout = (uint8_t)(tmo < 1 ? 1 : tmo > 31 ? 31 : tmo),
 					  .rnr_retry = 7, .sq_psn = ep->local.psn[i], .max_rd_atomic = 4 };
 		r = ibv_modify_qp(ep->qp[i], &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 				  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);

@@ -7,6 +7,10 @@
 #   scripts/vmtest.sh [--kernel PATH] [--timeout S] [--mem MB] -- CMD...
 #       run CMD in the guest (cwd = the current directory); print its output
 #       and exit with its status (124 on timeout)
+#       two-guest options (scripts/vmtest-pair.sh uses them): --nic SPEC
+#       adds a virtio-net NIC on QEMU backend SPEC (-netdev SPEC,id=n0),
+#       --mac MAC its address, --share DIR mounts host DIR read-write at the
+#       same path, --tag NAME names the kept logs console-NAME.log etc.
 #   scripts/vmtest.sh --suite [--timeout S]
 #       build kcoll.ko and the VM tests, run checkpatch and the ABI checks here,
 #       then the whole VM suite in one guest; prints TAP and a final line
@@ -19,8 +23,9 @@ timeout_s=
 mem_mb=1024
 suite=0
 cmd=()
+nic= mac=52:54:00:12:34:56 share= tag=
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -28,6 +33,10 @@ while [ $# -gt 0 ]; do
 	--timeout) timeout_s=${2:?--timeout needs seconds}; shift 2 ;;
 	--mem) mem_mb=${2:?--mem needs MiB}; shift 2 ;;
 	--suite) suite=1; shift ;;
+	--nic) nic=${2:?--nic needs a QEMU -netdev spec}; shift 2 ;;
+	--mac) mac=${2:?--mac needs an address}; shift 2 ;;
+	--share) share=${2:?--share needs a directory}; shift 2 ;;
+	--tag) tag=-${2:?--tag needs a name}; shift 2 ;;
 	-h|--help) usage; exit 0 ;;
 	--) shift; cmd=("$@"); break ;;
 	*) echo "vmtest.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
@@ -101,6 +110,10 @@ if ! mount -t 9p -o $o,rw results $r$KCOLL_VM_RES; then
 	echo "vm-init: cannot mount the results share"
 	poweroff -f
 fi
+if [ -n "$KCOLL_VM_SHARE" ] && ! mount -t 9p -o $o,rw share $r$KCOLL_VM_SHARE; then
+	echo "vm-init: cannot mount the shared directory"
+	poweroff -f
+fi
 mount -t proc proc $r/proc
 mount -t sysfs sys $r/sys
 mount -t devtmpfs dev $r/dev
@@ -141,8 +154,9 @@ build_initramfs() {
 	done
 	write_init "$d/init"
 	chmod +x "$d/init"
-	(cd "$d" && find . | cpio -o -H newc --quiet | gzip -1) >"$out.tmp"
-	mv "$out.tmp" "$out"
+	# (two guests of scripts/vmtest-pair.sh may build it at once)
+	(cd "$d" && find . | cpio -o -H newc --quiet | gzip -1) >"$out.tmp$$"
+	mv "$out.tmp$$" "$out"
 	rm -rf "$d"
 }
 
@@ -189,15 +203,23 @@ vm_run() {	# timeout, cmd...
 	} >"$run_dir/cmd.sh"
 	: >"$run_dir/out"
 
-	local console=$top/build/vm/console.log
+	local console=$top/build/vm/console$tag.log extra=()
+	if [ -n "$share" ]; then
+		check_path "$share"
+		extra+=(-fsdev "local,id=s,path=$share,security_model=none,multidevs=remap"
+			-device virtio-9p-pci,fsdev=s,mount_tag=share)
+	fi
+	if [ -n "$nic" ]; then
+		extra+=(-netdev "$nic,id=n0" -device "virtio-net-pci,netdev=n0,mac=$mac")
+	fi
 	qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "$mem_mb" -smp 2 \
 		-nographic -no-reboot -nodefaults -serial stdio -monitor none \
 		-kernel "$kernel" -initrd "$initramfs" \
 		-fsdev local,id=r,path=/,security_model=none,readonly=on,multidevs=remap \
 		-device virtio-9p-pci,fsdev=r,mount_tag=hostroot \
 		-fsdev local,id=w,path="$run_dir",security_model=none,multidevs=remap \
-		-device virtio-9p-pci,fsdev=w,mount_tag=results \
-		-append "console=ttyS0 rdinit=/init panic=-1 quiet KCOLL_VM_RES=$run_dir KCOLL_VM_TOP=$top" \
+		-device virtio-9p-pci,fsdev=w,mount_tag=results "${extra[@]}" \
+		-append "console=ttyS0 rdinit=/init panic=-1 quiet KCOLL_VM_RES=$run_dir KCOLL_VM_TOP=$top KCOLL_VM_SHARE=$share" \
 		</dev/null >"$console" 2>&1 &
 	qemu_pid=$!
 	tail -n +1 -F "$run_dir/out" 2>/dev/null &
@@ -229,8 +251,8 @@ vm_run() {	# timeout, cmd...
 	kill "$tail_pid" 2>/dev/null || true
 	wait "$tail_pid" 2>/dev/null || true
 	tail_pid=
-	[ -f "$run_dir/dmesg" ] && cp "$run_dir/dmesg" "$top/build/vm/dmesg.log"
-	cp "$run_dir/out" "$top/build/vm/out.log"
+	[ -f "$run_dir/dmesg" ] && cp "$run_dir/dmesg" "$top/build/vm/dmesg$tag.log"
+	cp "$run_dir/out" "$top/build/vm/out$tag.log"
 	if [ ! -s "$run_dir/rc" ]; then
 		echo "vmtest.sh: the guest stopped before the command finished; console ($console):" >&2
 		tail -n 30 "$console" | tr -d '\r' >&2
@@ -385,6 +407,34 @@ elif [ -n "$bad" ]; then
 else
 	echo "ok 1 - guest dmesg has no WARNING:/BUG: lines"
 	pass=$((pass + 1))
+fi
+
+# Two guests at once on a virtual wire (scripts/vmtest-pair.sh): the RDMA
+# transport between two kernels, each with its own NIC and rxe device.
+echo "# --- two guests: tests/vm/t_rdma_pair.sh"
+rm -f "$top"/build/vm/dmesg-pair[01].log
+set +e
+pair_out=$("$top/scripts/vmtest-pair.sh" --timeout 900 -- bash tests/vm/t_rdma_pair.sh build 2>&1)
+rc=$?
+set -e
+printf '%s\n' "$pair_out"
+count <<<"$pair_out"
+if [ "$rc" -ne 0 ] && ! grep -q '^not ok' <<<"$pair_out"; then
+	echo "not ok - the two-guest run ended with status $rc"
+	fail=$((fail + 1))
+fi
+if ! grep -q '# SKIP' <<<"$pair_out"; then
+	bad=$(grep -hE 'WARNING:|BUG:|Oops|general protection fault|refcount_t:' \
+		"$top"/build/vm/dmesg-pair[01].log 2>/dev/null || true)
+	if [ ! -s "$top/build/vm/dmesg-pair0.log" ] || [ ! -s "$top/build/vm/dmesg-pair1.log" ] ||
+		[ -n "$bad" ]; then
+		printf '%s\n' "$bad" | head -20 | sed 's/^/# /'
+		echo "not ok 1 - both guests' dmesg collected, no WARNING:/BUG: lines (build/vm/dmesg-pair*.log)"
+		fail=$((fail + 1))
+	else
+		echo "ok 1 - both guests' dmesg collected, no WARNING:/BUG: lines (build/vm/dmesg-pair*.log)"
+		pass=$((pass + 1))
+	fi
 fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

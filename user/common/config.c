@@ -35,6 +35,7 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_IB_ZC_BYTES", "65536", "RDMA: pieces of at least this many bytes are written straight from the buffer (zero-copy, registered through the cache, local access only); smaller ones are copied into a send slot (0: always copy)" },
 	{ "KCOLL_IB_QP_ADDRS", "", "RDMA path per QP: comma-separated local IPv4 addresses; QP i leaves from the port and RoCE v2 GID of address i (round robin; empty: every QP uses the GID of the address the peer is reached from)" },
 	{ "KCOLL_IB_UDP_SPORT", "0", "RDMA: first RoCE v2 UDP source port of a peer's QPs (0xc000..0xffff; QP i gets port+i through its flow label; 0: KCOLL_IB_FLOW_LABEL decides)" },
+	{ "KCOLL_IB_TIMEOUT", "14", "RDMA: the QPs' local ACK timeout, 4.096 us * 2^N (1..31; 14 = 67 ms); raise it on slow or emulated links, where early retransmissions hurt" },
 	{ "KCOLL_IB_FLOW_LABEL", "0", "first RoCE v2 flow label of a peer's QPs (QP i gets label+i; 0: none, the device picks the UDP source port)" },
 	{ "KCOLL_C4_SLOW_RATIO_PCT", "200", "C4 detector: a link is slow when the median of its peers' rates is above this % of its own (sysfs slow_ratio_pct)" },
 	{ "KCOLL_C4_HANG_MS", "5000", "C4 detector: a rank or link without progress this long is reported hung (sysfs hang_ms)" },
