@@ -68,6 +68,14 @@ fi
 
 # The RDMA transport on Soft-RoCE (issue 6): collectives over rxe, faults.
 per_test_timeout=420 run_one "t_rdma.sh" bash "$here/t_rdma.sh" "${KCOLL_VM_BUILD:-build}"
+# The same under ASan+UBSan (build-asan, which make check builds): the RDMA
+# transport's userspace runs only here, so here is where it is checked clean.
+if [ -x "$here/../../build-asan/bin/kcolld" ]; then
+	per_test_timeout=600 run_one "t_rdma.sh, ASan build" bash "$here/t_rdma.sh" build-asan
+else
+	echo "ok 1 - t_rdma.sh, ASan build # SKIP build-asan/ not built (make SAN=1; make check builds it)"
+	skip=$((skip + 1))
+fi
 # KV-cache transfers over RDMA (issue 9): integrity, concurrency, faults.
 per_test_timeout=420 run_one "t_kv_rdma.sh" bash "$here/t_kv_rdma.sh" "${KCOLL_VM_BUILD:-build}"
 
