@@ -30,6 +30,7 @@ enum kcoll_msg_type {
 	KCOLL_MSG_STATUS = 7,		/* reply: JSON text */
 	KCOLL_MSG_MEM_REG_KDEV = 8,	/* buffer pinned through /dev/kcoll, by handle */
 	KCOLL_MSG_SET = 9,		/* set a run-time tunable (kcollctl set) */
+	KCOLL_MSG_COMM_LANE = 11,	/* -> a lane's socket (docs/multihost.md "Lanes") */
 	/* KV-cache segments (user/daemon/kv.c, docs/kv.md) */
 	KCOLL_MSG_SEG_REG = 32,		/* -> descriptor + notify counters memfd */
 	KCOLL_MSG_SEG_UNREG = 33,
@@ -155,7 +156,19 @@ struct kcoll_msg_comm_init_reply {
 	struct kcoll_msg_hdr hdr;
 	uint32_t comm_id;	/* the client's handle, used in sqe->coll.comm_id */
 	uint32_t nhosts;	/* hosts the communicator spans */
+	uint32_t self_host;	/* this rank's host index */
+	uint32_t lane_bytes;	/* > 0: all-reduces up to this size go over lanes */
+	uint32_t timeout_ms;	/* the communicator's hang timeout */
+	uint32_t reserved;
 	char error[128];
+};
+
+/* One lane of a communicator: a connected TCP socket to host 'host' (not
+ * ours), passed with SCM_RIGHTS once; kcolld keeps no copy. */
+struct kcoll_msg_comm_lane {
+	struct kcoll_msg_hdr hdr;
+	uint32_t comm_id;
+	uint32_t host;
 };
 
 struct kcoll_msg_comm_destroy {

@@ -66,13 +66,17 @@ static struct kd_comm *comm_new(const struct kcoll_id *id, uint32_t nranks, uid_
 }
 
 static void reply_init(struct kd_client *c, uint32_t seq, int status, uint32_t handle, const char *err,
-		       uint32_t nhosts)
+		       const struct kd_comm *comm)
 {
+	const struct kd_mh *mh = comm ? comm->mh : NULL;
 	struct kcoll_msg_comm_init_reply rep = {
 		.hdr = { .magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_COMM_INIT,
 			 .len = sizeof(rep), .seq = seq, .status = status },
 		.comm_id = handle,
-		.nhosts = nhosts,
+		.nhosts = mh ? mh->nhosts : 1,
+		.self_host = mh ? mh->self : 0,
+		.lane_bytes = mh ? mh->lane_bytes : 0,
+		.timeout_ms = comm ? (uint32_t)(comm->timeout_ns / 1000000) : 0,
 	};
 
 	if (err)
@@ -118,7 +122,7 @@ void kd_comm_form_fail(struct kd_comm *comm, int err, const char *msg)
 
 		if (!c)
 			continue;
-		reply_init(c, seq[r], err, 0, msg, 0);
+		reply_init(c, seq[r], err, 0, msg, NULL);
 		pthread_mutex_lock(&c->lock);
 		if (c->members[handle[r] - 1].comm == comm) {
 			c->members[handle[r] - 1].comm = NULL;
@@ -225,8 +229,7 @@ void kd_comm_activate(struct kd_comm *comm)
 		kc_info("comm %s: formed with %u ranks", comm->name, comm->nranks);
 	for (uint32_t r = 0; r < comm->nranks; r++)
 		if (comm->clients[r])
-			reply_init(comm->clients[r], comm->init_seq[r], 0, comm->handles[r], NULL,
-				   comm->mh ? comm->mh->nhosts : 1);
+			reply_init(comm->clients[r], comm->init_seq[r], 0, comm->handles[r], NULL, comm);
 }
 
 void kd_op_fail(struct kd_op *op, int err, uint32_t err_rank, uint32_t flags)
@@ -436,6 +439,36 @@ int kd_comm_destroy(struct kd_client *c, uint32_t handle)
 	kd_comm_member_gone(comm, rank, -ECANCELED);
 	kd_comm_put(comm);
 	return 0;
+}
+
+/*
+ * COMM_LANE: hand the rank its communicator's lane to 'host' (once; kcolld
+ * keeps no copy, so the connection lives exactly as long as the rank holds
+ * it). Control thread, like the lanes' arrival.
+ */
+int kd_comm_take_lane(struct kd_client *c, uint32_t handle, uint32_t host, int *fd)
+{
+	struct kd_comm *comm;
+	struct kd_mh *mh;
+
+	*fd = -1;
+	if (!handle || handle > KD_MAX_COMMS)
+		return -EINVAL;
+	pthread_mutex_lock(&c->lock);
+	comm = c->members[handle - 1].comm;
+	pthread_mutex_unlock(&c->lock);
+	if (!comm)
+		return -ENOENT;
+	pthread_mutex_lock(&comm->lock);
+	mh = comm->state == KD_COMM_ACTIVE ? comm->mh : NULL;
+	if (!mh || !mh->lane_bytes || host >= mh->nhosts || host == mh->self) {
+		pthread_mutex_unlock(&comm->lock);
+		return -EINVAL;
+	}
+	*fd = mh->hosts[host].lane;
+	mh->hosts[host].lane = -1;
+	pthread_mutex_unlock(&comm->lock);
+	return *fd >= 0 ? 0 : -EALREADY;
 }
 
 void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, const char *why)

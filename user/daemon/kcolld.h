@@ -282,6 +282,7 @@ int kd_buf_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, cons
 /* Control thread: join; 1 = reply deferred until complete, or -errno + why. */
 int kd_comm_join(struct kd_client *c, const struct kcoll_msg_comm_init *m, const char **why);
 int kd_comm_destroy(struct kd_client *c, uint32_t handle);
+int kd_comm_take_lane(struct kd_client *c, uint32_t handle, uint32_t host, int *fd);
 /* Ring thread: one collective SQE and kd_sqe_check's verdict on it. */
 void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, const char *why);
 /* A member died or left: fail what is pending and refuse what comes. */

@@ -275,6 +275,7 @@ static bool on_message(struct kd_client *c)
 		struct kcoll_msg_mem_reg_dev reg_dev;
 		struct kcoll_msg_comm_init init;
 		struct kcoll_msg_comm_destroy destroy;
+		struct kcoll_msg_comm_lane lane;
 		struct kcoll_msg_set set;
 		struct kcoll_msg_c4 c4;
 		uint8_t raw[512];
@@ -353,6 +354,16 @@ static bool on_message(struct kd_client *c)
 			reply_hdr(c, &m.hdr, &irep, sizeof(irep), r, -1);
 		}
 		goto out;
+	case KCOLL_MSG_COMM_LANE: {
+		int lfd = -1;
+
+		r = n < (ssize_t)sizeof(m.lane) ? -EINVAL : kd_comm_take_lane(c, m.lane.comm_id, m.lane.host, &lfd);
+		memset(&rep, 0, sizeof(rep));
+		reply_hdr(c, &m.hdr, &rep, sizeof(rep), r, lfd);
+		if (lfd >= 0)
+			close(lfd);
+		goto out;
+	}
 	case KCOLL_MSG_COMM_DESTROY:
 		r = n < (ssize_t)sizeof(m.destroy) ? -EINVAL : kd_comm_destroy(c, m.destroy.comm_id);
 		break;

@@ -679,13 +679,14 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 	mh->nhosts = t->nhosts;
 	mh->self = t->you;
 	mh->nstreams = t->nstreams;
-	mh->algo = t->algo <= KD_ALGO_RABENSEIFNER ? t->algo : KD_ALGO_AUTO;
+	mh->algo = t->algo <= KD_ALGO_DIRECT ? t->algo : KD_ALGO_AUTO;
+	mh->lane_bytes = t->lane_bytes;
 	mh->net_piece = t->piece;
 	mh->xport = kd_xport_default();
 	mh->abort_fd = -1;
 	mh->running_seq = UINT64_MAX;
 	pthread_mutex_init(&mh->plan_lock, NULL);
-	mh->conns_needed = (t->nhosts - 1) * (1 + t->nstreams);
+	mh->conns_needed = (t->nhosts - 1) * (1 + t->nstreams + (t->lane_bytes ? 1 : 0));
 	for (uint32_t h = 0; h < t->nhosts; h++) {
 		mh->hosts[h].info = t->hosts[h];
 		mh->hosts[h].info.name[sizeof(mh->hosts[h].info.name) - 1] = 0;
@@ -697,6 +698,7 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 		mh->hosts[h].first_rank = KCOLL_RANK_NONE;
 		for (int s = 0; s < KD_MAX_STREAMS; s++)
 			mh->hosts[h].data[s] = -1;
+		mh->hosts[h].lane = -1;
 	}
 	if (kd_net_table_hook)
 		kd_net_table_hook(t->hosts, t->nhosts, t->you);
@@ -822,18 +824,19 @@ static void member_go(struct kd_comm *comm)
 	for (uint32_t h = mh->self + 1; h < mh->nhosts; h++) {
 		struct kd_mh_host *hh = &mh->hosts[h];
 
-		for (uint32_t s = 0; s <= mh->nstreams; s++) {
-			/* s == nstreams: the control connection */
-			bool ctrl = s == mh->nstreams;
+		for (uint32_t s = 0; s <= mh->nstreams + (mh->lane_bytes ? 1 : 0); s++) {
+			/* s == nstreams: the control connection; nstreams + 1: the lane */
+			bool ctrl = s == mh->nstreams, lane = s > mh->nstreams;
 			uint32_t src, dst;
 			struct kd_p_hello hello;
 			char where[48], msg[200];
 			int fd;
 
-			pick_path(hh, ctrl ? 0 : s, &src, &dst);
+			pick_path(hh, ctrl || lane ? 0 : s, &src, &dst);
 			addr_str(dst, hh->info.port, where, sizeof(where));
 			fd = tcp_connect(src, dst, hh->info.port);
-			hello_fill(&hello, ctrl ? KD_CONN_CTRL : KD_CONN_DATA, comm->token, mh->self, s);
+			hello_fill(&hello, lane ? KD_CONN_LANE : ctrl ? KD_CONN_CTRL : KD_CONN_DATA, comm->token,
+				   mh->self, s);
 			hello.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_HELLO,
 						      .len = sizeof(hello) };
 			if (fd >= 0 && send_all(fd, &hello, sizeof(hello))) {
@@ -859,6 +862,8 @@ static void member_go(struct kd_comm *comm)
 				pc->host = h;
 				snprintf(pc->peer, sizeof(pc->peer), "%s", where);
 				hh->ctrl = pc;
+			} else if (lane) {
+				hh->lane = fd;
 			} else {
 				hh->data[s] = fd;
 				hh->link[s] = link_of_fd(fd);
@@ -983,6 +988,20 @@ static uint32_t shared_networks(const struct kd_boot *b)
 	return n ? (n > KD_MAX_STREAMS ? KD_MAX_STREAMS : n) : 1;
 }
 
+/*
+ * Lanes (docs/multihost.md): with one rank on every host and few hosts, the
+ * ranks all-reduce small messages themselves over a connection per host pair
+ * that the daemons set up, the root's KCOLL_LANE_BYTES deciding for all.
+ */
+static uint32_t lane_bytes(const struct kd_boot *b)
+{
+	long long v = kcoll_knob_ll("KCOLL_LANE_BYTES");
+
+	if (b->nd < 2 || b->nd != b->nranks || b->nd > KD_LANE_MAX_HOSTS || v <= 0)
+		return 0;
+	return v > KD_LANE_MAX_BYTES ? KD_LANE_MAX_BYTES : (uint32_t)v;
+}
+
 static void boot_send_tables(struct kd_boot *b)
 {
 	uint32_t order[KD_MAX_HOSTS], host_of[KD_MAX_HOSTS];
@@ -1021,6 +1040,7 @@ static void boot_send_tables(struct kd_boot *b)
 		t->nstreams = shared_networks(b);
 	t->algo = atomic_load(&net.algo);	/* the root's, for every host alike */
 	t->piece = __atomic_load_n(&kd.net_chunk_bytes, __ATOMIC_RELAXED);
+	t->lane_bytes = lane_bytes(b);
 	kc_info("comm %02x%02x%02x%02x...: all %u ranks registered on %u host(s)", b->token[0],
 		b->token[1], b->token[2], b->token[3], b->nranks, b->nd);
 	b->tables_sent = true;
@@ -1267,7 +1287,8 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 	if (!mh)
 		return reject(pc, "no communicator here is forming with that token");
 	if (m->from_host >= mh->self || (m->kind == KD_CONN_DATA && m->stream >= mh->nstreams) ||
-	    (m->kind != KD_CONN_DATA && m->kind != KD_CONN_CTRL) ||
+	    (m->kind != KD_CONN_DATA && m->kind != KD_CONN_CTRL &&
+	     (m->kind != KD_CONN_LANE || !mh->lane_bytes)) ||
 	    mh->hosts[m->from_host].info.nonce != m->nonce) {
 		snprintf(msg, sizeof(msg), "unexpected connection (kind %u, host %u, stream %u)", m->kind,
 			 m->from_host, m->stream);
@@ -1280,6 +1301,14 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 		pc->comm = comm;
 		pc->host = m->from_host;
 		mh->hosts[m->from_host].ctrl = pc;
+	} else if (m->kind == KD_CONN_LANE) {
+		if (mh->hosts[m->from_host].lane >= 0)
+			return reject(pc, "duplicate lane");
+		/* Kept for the local rank, which takes it (kd_net_take_lane). */
+		mh->hosts[m->from_host].lane = pc->fd;
+		epoll_ctl(kd.epfd, EPOLL_CTL_DEL, pc->fd, NULL);
+		pc->fd = -1;
+		pc_close(pc);
 	} else {
 		if (mh->hosts[m->from_host].data[m->stream] >= 0)
 			return reject(pc, "duplicate data connection");
@@ -1623,6 +1652,8 @@ void kd_net_comm_close(struct kd_comm *comm)
 		for (int s = 0; s < KD_MAX_STREAMS; s++)
 			if (mh->hosts[h].data[s] >= 0)
 				close_gracefully(mh->hosts[h].data[s]);
+		if (mh->hosts[h].lane >= 0)
+			close(mh->hosts[h].lane);
 	}
 	pthread_mutex_lock(&comm->lock);
 	comm->mh = NULL;

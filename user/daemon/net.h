@@ -31,7 +31,7 @@
 /* Bumped whenever a peer message changes shape or meaning. 2: the C4 report
  * grew (c4d.c), RDMA addresses carry a GID per QP, TABLE.algo may be
  * KD_ALGO_DIRECT. */
-#define KD_PEER_VERSION		2
+#define KD_PEER_VERSION		3
 #define KD_PMSG_MAX		16384
 
 enum kd_pmsg_type {
@@ -54,7 +54,12 @@ enum kd_pmsg_type {
 
 /* KD_CONN_KV: HELLO.token is a segment token, from_host its segment id,
  * stream the stream index; kv.c owns the connection after the HELLO. */
-enum kd_conn_kind { KD_CONN_BOOT = 1, KD_CONN_CTRL = 2, KD_CONN_DATA = 3, KD_CONN_KV = 4 };
+/* KD_CONN_LANE: one per host pair of a communicator with lanes, handed to the
+ * local rank (docs/multihost.md "Lanes"). */
+#define KD_LANE_MAX_HOSTS	8
+#define KD_LANE_MAX_BYTES	(1u << 20)
+enum kd_conn_kind { KD_CONN_BOOT = 1, KD_CONN_CTRL = 2, KD_CONN_DATA = 3, KD_CONN_KV = 4,
+		    KD_CONN_LANE = 5 };
 
 struct kd_phdr {
 	uint32_t magic;
@@ -107,6 +112,8 @@ struct kd_p_table {
 	uint32_t nstreams;
 	uint32_t algo;		/* enum kd_algo: one choice for every host */
 	uint32_t piece;		/* bytes per piece: the same everywhere */
+	uint32_t lane_bytes;	/* > 0: the ranks all-reduce up to this over lanes */
+	uint32_t reserved;
 	struct kd_p_hostinfo hosts[];
 };
 
@@ -245,6 +252,7 @@ struct kd_mh_host {
 	uint32_t nranks;
 	struct kd_pconn *ctrl;		/* control connection (control thread) */
 	int data[KD_MAX_STREAMS];	/* data streams, -1 until connected */
+	int lane;			/* lane to this host until the rank takes it, else -1 */
 	bool answered;			/* query round */
 	uint64_t submitted[4];
 	bool dead;
@@ -278,6 +286,7 @@ struct kd_mh {
 	uint32_t nhosts, self, nstreams;
 	uint32_t algo;			/* enum kd_algo, fixed when the comm formed */
 	size_t net_piece;		/* bytes per piece, fixed when the comm formed */
+	uint32_t lane_bytes;		/* the ranks' lanes (0: none), fixed when formed */
 	_Atomic int64_t last_progress;	/* the net loop moved bytes (hang detection) */
 	struct kd_mh_host *hosts;
 	uint16_t *rank_host;		/* [nranks] */

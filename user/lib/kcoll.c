@@ -43,6 +43,7 @@ struct kcoll_req {
 	int res;
 	uint32_t err_rank;
 	int64_t spin_ns;	/* how long kcoll_wait polls before sleeping */
+	struct kcoll_comm *lane_comm;	/* a lane op (lane.c) while it is pending */
 	struct kcoll_req *next_free;
 };
 
@@ -104,6 +105,12 @@ struct kcoll_comm {
 	int rank;
 	int nranks;
 	uint32_t nhosts;	/* hosts the communicator spans */
+
+	/* Lanes (lane.c): small all-reduces run here, not in kcolld. */
+	struct kc_lanes *lanes;
+	pthread_mutex_t lane_lock;	/* taken before ring_lock, never after */
+	struct kcoll_req *lane_rq;	/* the lane op in flight */
+	int64_t lane_checked;		/* when we last asked whether kcolld lives */
 };
 
 static int64_t now_ns(void)
@@ -309,7 +316,9 @@ err_free:
 static void reqs_fail_all(struct kcoll *k, int res)
 {
 	for (uint32_t i = 0; i < k->nreqs; i++) {
-		if (k->reqs[i].state == REQ_PENDING) {
+		/* A lane op fails when its communicator's lanes learn of it
+		 * (lane_progress), under the locks that take it off them. */
+		if (k->reqs[i].state == REQ_PENDING && !k->reqs[i].lane_comm) {
 			k->reqs[i].state = REQ_DONE;
 			k->reqs[i].res = res;
 			k->reqs[i].err_rank = KCOLL_RANK_NONE;
@@ -508,6 +517,119 @@ static int req_finish(struct kcoll_req *rq)
 	return rq->res;
 }
 
+/* ---- lane ops (lane.c does the exchange) ---- */
+
+/* Complete c's lane op. lane_lock and ring_lock held. */
+static void lane_done(struct kcoll_comm *c, int res, uint32_t err_rank)
+{
+	struct kcoll_req *rq = c->lane_rq;
+
+	rq->state = REQ_DONE;
+	rq->res = res;
+	rq->err_rank = res ? err_rank : KCOLL_RANK_NONE;
+	rq->lane_comm = NULL;
+	c->lane_rq = NULL;
+}
+
+/* Move c's lane op on for up to timeout_ms (0: one pass, < 0: until it
+ * ends): 1 when there is none (any more), 0 while it runs. lane_lock held. */
+static int lane_progress(struct kcoll_comm *c, int timeout_ms)
+{
+	struct kcoll *k = c->k;
+	uint32_t host;
+	int res;
+
+	if (!c->lane_rq)
+		return 1;
+	if (kcoll_load_relaxed(&k->dead) || (kcoll_load_relaxed(&k->ring->status) & KCOLL_RING_DEAD))
+		kc_lanes_kill(c->lanes, -ENOTCONN);
+	if (!kc_lanes_progress(c->lanes, timeout_ms, k->sock, &res, &host))
+		return 0;
+	pthread_mutex_lock(&k->ring_lock);
+	if (res == -ENOTCONN)
+		k->dead = 1;	/* the lanes saw kcolld go: so does everything else */
+	lane_done(c, res, host);
+	pthread_mutex_unlock(&k->ring_lock);
+	return 1;
+}
+
+static int lane_submit(struct kcoll_comm *c, const void *send, void *recv, size_t count, int dtype,
+		       int op, struct kcoll_req **req)
+{
+	struct kcoll *k = c->k;
+	struct kcoll_req *rq;
+	int64_t now;
+	int r;
+
+	pthread_mutex_lock(&c->lane_lock);
+	/* A communicator's lane ops run one at a time, in the order issued. */
+	lane_progress(c, -1);
+	for (;;) {
+		pthread_mutex_lock(&k->ring_lock);
+		if (k->dead || k->free_reqs)
+			break;
+		pthread_mutex_unlock(&k->ring_lock);
+		r = cq_wait(k, have_free_req, NULL, k->timeout_ms, k->spin_ns);
+		if (r) {
+			pthread_mutex_unlock(&c->lane_lock);
+			return r == -ETIMEDOUT ? -EBUSY : r;
+		}
+	}
+	if (k->dead) {
+		pthread_mutex_unlock(&k->ring_lock);
+		kc_lanes_kill(c->lanes, -ENOTCONN);
+		pthread_mutex_unlock(&c->lane_lock);
+		return -ENOTCONN;
+	}
+	rq = k->free_reqs;
+	k->free_reqs = rq->next_free;
+	rq->gen++;
+	rq->state = REQ_PENDING;
+	rq->spin_ns = 0;
+	rq->lane_comm = c;
+	c->lane_rq = rq;
+	pthread_mutex_unlock(&k->ring_lock);
+	/* Is kcolld still there? At most once a millisecond (a system call per
+	 * op would cost more than this check is worth); a wait in
+	 * kc_lanes_progress watches its socket anyway. */
+	now = now_ns();
+	if (now - c->lane_checked > 1000000) {
+		c->lane_checked = now;
+		if (!daemon_alive(k)) {
+			pthread_mutex_lock(&k->ring_lock);
+			k->dead = 1;
+			pthread_mutex_unlock(&k->ring_lock);
+		}
+	}
+	r = kcoll_load_relaxed(&k->dead) ? -ENOTCONN : kc_lanes_start(c->lanes, send, recv, count, dtype, op);
+	if (r) {
+		uint32_t host;
+
+		if (r == -ENOTCONN)
+			kc_lanes_kill(c->lanes, r);
+		pthread_mutex_lock(&k->ring_lock);
+		lane_done(c, r, kc_lanes_error(c->lanes, &host) == r ? host : KCOLL_RANK_NONE);
+		pthread_mutex_unlock(&k->ring_lock);
+	} else {
+		lane_progress(c, 0);	/* our input leaves now */
+	}
+	*req = rq;
+	pthread_mutex_unlock(&c->lane_lock);
+	return 0;
+}
+
+/* rq is a pending lane op: move it on (see lane_progress). */
+static int lane_req_progress(struct kcoll_req *rq, int timeout_ms)
+{
+	struct kcoll_comm *c = rq->lane_comm;
+	int done;
+
+	pthread_mutex_lock(&c->lane_lock);
+	done = c->lane_rq != rq || lane_progress(c, timeout_ms);
+	pthread_mutex_unlock(&c->lane_lock);
+	return done;
+}
+
 int kcoll_test(struct kcoll_req *rq, int *result)
 {
 	struct kcoll *k;
@@ -516,6 +638,8 @@ int kcoll_test(struct kcoll_req *rq, int *result)
 	if (!rq || !result)
 		return -EINVAL;
 	k = rq->k;
+	if (rq->lane_comm && rq->state == REQ_PENDING)
+		lane_req_progress(rq, 0);
 	pthread_mutex_lock(&k->ring_lock);
 	cq_reap(k);
 	if (rq->state == REQ_PENDING && k->dead)
@@ -536,6 +660,8 @@ int kcoll_wait(struct kcoll_req *rq, int timeout_ms)
 	if (!rq || rq->state == REQ_FREE)
 		return -EINVAL;
 	k = rq->k;
+	if (rq->lane_comm && rq->state == REQ_PENDING && !lane_req_progress(rq, timeout_ms))
+		return -ETIMEDOUT;
 	r = cq_wait(k, req_is_done, rq, timeout_ms, rq->spin_ns);
 	if (r)
 		return r;
@@ -568,6 +694,37 @@ int kcoll_get_unique_id(struct kcoll *k, kcoll_unique_id_t *id)
 	memset(id, 0, sizeof(*id));
 	memcpy(id->bytes, &rep.id, sizeof(rep.id));
 	return 0;
+}
+
+/* Take the communicator's lanes from kcolld, one per other host. */
+static int lanes_open(struct kcoll_comm *c, const struct kcoll_msg_comm_init_reply *rep)
+{
+	int fds[KCOLL_LANES_MAX_HOSTS];
+	int r = 0;
+
+	if (rep->nhosts < 2 || rep->nhosts > KCOLL_LANES_MAX_HOSTS || rep->self_host >= rep->nhosts ||
+	    rep->nhosts != (uint32_t)c->nranks || rep->self_host != (uint32_t)c->rank)
+		return -EPROTO;
+	for (uint32_t h = 0; h < rep->nhosts; h++)
+		fds[h] = -1;
+	for (uint32_t h = 0; h < rep->nhosts && !r; h++) {
+		struct kcoll_msg_comm_lane req = { .hdr.type = KCOLL_MSG_COMM_LANE, .comm_id = c->comm_id,
+						   .host = h };
+		struct kcoll_msg_hdr lrep;
+
+		if (h == rep->self_host)
+			continue;
+		r = ctl_call(c->k, &req, sizeof(req), -1, &lrep, sizeof(lrep), &fds[h], 5000);
+		if (!r && fds[h] < 0)
+			r = -EPROTO;
+	}
+	if (!r)
+		r = kc_lanes_new(rep->nhosts, rep->self_host, fds, rep->lane_bytes, (int)rep->timeout_ms,
+				 c->k->spin_ns, &c->lanes);
+	for (uint32_t h = 0; h < rep->nhosts; h++)
+		if (fds[h] >= 0)
+			close(fds[h]);
+	return r;
 }
 
 int kcoll_comm_init_rank(struct kcoll *k, const kcoll_unique_id_t *id, int nranks, int rank,
@@ -606,6 +763,17 @@ int kcoll_comm_init_rank(struct kcoll *k, const kcoll_unique_id_t *id, int nrank
 	c->nhosts = rep.nhosts ? rep.nhosts : 1;
 	c->rank = rank;
 	c->nranks = nranks;
+	pthread_mutex_init(&c->lane_lock, NULL);
+	if (rep.lane_bytes) {
+		r = lanes_open(c, &rep);
+		if (r) {
+			fprintf(stderr, "libkcoll: communicator init failed: cannot take its lanes from kcolld: "
+				"%s (KCOLL_LANE_BYTES=0 on the daemon that issued the id turns lanes off)\n",
+				strerror(-r));
+			kcoll_comm_destroy(c);
+			return r;
+		}
+	}
 	*out = c;
 	return 0;
 }
@@ -618,6 +786,16 @@ int kcoll_comm_destroy(struct kcoll_comm *c)
 
 	if (!c)
 		return -EINVAL;
+	pthread_mutex_lock(&c->lane_lock);
+	if (c->lane_rq) {
+		pthread_mutex_lock(&c->k->ring_lock);
+		lane_done(c, -ECANCELED, KCOLL_RANK_NONE);
+		pthread_mutex_unlock(&c->k->ring_lock);
+	}
+	kc_lanes_free(c->lanes);
+	c->lanes = NULL;
+	pthread_mutex_unlock(&c->lane_lock);
+	pthread_mutex_destroy(&c->lane_lock);
 	req.comm_id = c->comm_id;
 	r = ctl_call(c->k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
 	free(c);
@@ -865,6 +1043,16 @@ static int coll_submit(struct kcoll_comm *c, uint8_t opcode, const void *send, v
 		r = mem_kind(c->k, recv, rbytes, &sqe.coll.recv_mem);
 	if (r)
 		return r;
+	if (opcode == KCOLL_OP_ALLREDUCE && c->lanes && kc_lanes_fit(c->lanes, sbytes)) {
+		/* Every rank takes this path for this op: its size decides. */
+		if (sqe.coll.send_mem != KCOLL_MEM_HOST || sqe.coll.recv_mem != KCOLL_MEM_HOST) {
+			kc_warn("a device buffer in an all-reduce of %zu bytes, which this communicator runs "
+				"over lanes (host memory only): copy it to host memory, or set KCOLL_LANE_BYTES "
+				"below that size on the daemon that issues the id", sbytes);
+			return -EOPNOTSUPP;
+		}
+		return lane_submit(c, send, recv, count, dtype, op, req);
+	}
 	if (sqe.coll.send_mem == KCOLL_MEM_HOST && send && send != recv)
 		thp_collapse(c->k, send, sbytes);
 	if (sqe.coll.recv_mem == KCOLL_MEM_HOST)
