@@ -373,61 +373,89 @@ judge_recover() {	# tag label survivors...
 	[ -z "$bad" ] || { grep -h '^#' "$T/$tag".*.out | head -10; dump_logs; }
 }
 
-# Three hosts x 2 ranks; rank 3 (on h1) is SIGKILLed in a loop of all-reduces.
-t_start=$SECONDS
-tag=rankkill
-mkdir -p "$T/$tag"
-id=$(new_id 0)
-start_ranks $tag loop "$(place "0 1 2" 2 contiguous)" "$id" "KCOLL_TIMEOUT_MS=$TMO" "$T/$tag" "$T/$tag.next"
-if wait_ready "$T/$tag" 6; then
-	ok 0 "kill a rank: 6 ranks on h0 h1 h2 running checked all-reduces"
+# Ranks placed $4 per host on $3; rank $5 is SIGKILLed in a loop of
+# all-reduces (with one rank per host, small ones run over lanes).
+kill_rank() {	# tag idhost "hosts" per victim
+	local tag=$1 idh=$2 hosts=$3 per=$4 vic=$5 pl nr r sur='' map='' nn=0 bad
+	pl=$(place "$hosts" "$per" contiguous)
+	nr=$(wc -w <<<"$pl")
+	for ((r = 0; r < nr; r++)); do
+		if [ "$r" -eq "$vic" ]; then map+="-1 "; else sur+="$r "; map+="$nn "; nn=$((nn + 1)); fi
+	done
+	mkdir -p "$T/$tag"
+	start_ranks $tag loop "$pl" "$(new_id "$idh")" "KCOLL_TIMEOUT_MS=$TMO" "$T/$tag" "$T/$tag.next"
+	if ! wait_ready "$T/$tag" "$nr"; then
+		ok 1 "kill a rank: $nr ranks on hosts $hosts running checked all-reduces"
+		grep -h . "$T/$tag".*.out | head -10 | sed 's/^/# /'
+		dump_logs
+		kill_ranks "$T/$tag"
+		return
+	fi
+	ok 0 "kill a rank: $nr ranks on hosts $hosts running checked all-reduces"
 	t0=$(now_ms)
-	kill -KILL "$(cat "$T/$tag/ready.3")"
-	wait_faults $tag 5 $((TMO / 1000 + 10))
-	judge_fault $tag "kill a rank (rank 3 on h1, SIGKILL)" "$t0" ECONNRESET 3 0 1 2 4 5
-	bad=$(tr ' ' '\n' <<<"$laters" | grep . | grep -v ':ECONNRESET/3$' | tr '\n' ' ')
-	[ -z "$bad" ]; ok $? "kill a rank: the next op fails too, ECONNRESET err_rank 3${bad:+ (got: $bad)}"
-	write_next $tag 0 5 0 1 2 -1 3 4
+	kill -KILL "$(cat "$T/$tag/ready.$vic")"
+	wait_faults $tag $((nr - 1)) $((TMO / 1000 + 10))
+	# shellcheck disable=SC2086
+	judge_fault $tag "kill a rank (rank $vic of $nr on hosts $hosts, SIGKILL)" "$t0" ECONNRESET "$vic" $sur
+	bad=$(tr ' ' '\n' <<<"$laters" | grep . | grep -v ":ECONNRESET/$vic\$" | tr '\n' ' ')
+	[ -z "$bad" ]; ok $? "kill a rank ($nr ranks): the next op fails too, ECONNRESET err_rank $vic${bad:+ (got: $bad)}"
+	# shellcheck disable=SC2086
+	write_next $tag "$idh" $((nr - 1)) $map
 	wait_ranks
-	judge_recover $tag "kill a rank" 0 1 2 4 5
-else
-	ok 1 "kill a rank: 6 ranks on h0 h1 h2 running checked all-reduces"
-	grep -h . "$T/$tag".*.out | head -10 | sed 's/^/# /'
-	dump_logs
-	kill_ranks "$T/$tag"
-fi
+	# shellcheck disable=SC2086
+	judge_recover $tag "kill a rank ($nr ranks)" $sur
+}
 
-# Three hosts x 1 rank; rank 1 (h2) is frozen with SIGSTOP.
-tag=stop
-mkdir -p "$T/$tag"
-id=$(new_id 1)
-start_ranks $tag loop "$(place "1 2 3" 1 contiguous)" "$id" "KCOLL_TIMEOUT_MS=$TMO" "$T/$tag" "$T/$tag.next"
-if wait_ready "$T/$tag" 3; then
-	ok 0 "freeze a rank: 3 ranks on h1 h2 h3 running checked all-reduces"
-	frozen=$(cat "$T/$tag/ready.1")
+t_start=$SECONDS
+kill_rank rankkill 0 "0 1 2" 2 3
+kill_rank rankkill4 1 "0 1 2 3" 1 1
+
+# One rank per host on $3; rank $4 is frozen with SIGSTOP. With one rank
+# per host small all-reduces run over lanes (docs/multihost.md): one
+# exchange on 3 hosts, recursive doubling on 4, where ranks waiting for a
+# rank that waits for the frozen one must still name the frozen one.
+freeze_rank() {	# tag idhost "hosts" victim
+	local tag=$1 idh=$2 hosts=$3 vic=$4 nr r sur='' map='' nn=0 frozen t early bad
+	nr=$(wc -w <<<"$hosts")
+	for ((r = 0; r < nr; r++)); do
+		if [ "$r" -eq "$vic" ]; then map+="-1 "; else sur+="$r "; map+="$nn "; nn=$((nn + 1)); fi
+	done
+	mkdir -p "$T/$tag"
+	start_ranks $tag loop "$(place "$hosts" 1 contiguous)" "$(new_id "$idh")" "KCOLL_TIMEOUT_MS=$TMO" \
+		"$T/$tag" "$T/$tag.next"
+	if ! wait_ready "$T/$tag" "$nr"; then
+		ok 1 "freeze a rank: $nr ranks on hosts $hosts running checked all-reduces"
+		grep -h . "$T/$tag".*.out | head -10 | sed 's/^/# /'
+		dump_logs
+		kill_ranks "$T/$tag"
+		return
+	fi
+	ok 0 "freeze a rank: $nr ranks on hosts $hosts running checked all-reduces"
+	frozen=$(cat "$T/$tag/ready.$vic")
 	t0=$(now_ms)
 	kill -STOP "$frozen"
-	wait_faults $tag 2 $((TMO / 1000 + 10))
-	judge_fault $tag "freeze a rank (rank 1 on h2, SIGSTOP)" "$t0" ETIMEDOUT 1 0 2
+	wait_faults $tag $((nr - 1)) $((TMO / 1000 + 10))
+	# shellcheck disable=SC2086
+	judge_fault $tag "freeze a rank ($nr hosts, rank $vic, SIGSTOP)" "$t0" ETIMEDOUT "$vic" $sur
 	early=
-	for r in 0 2; do
+	for r in $sur; do
 		t=$(field $tag $r t_ms)
 		[ -n "$t" ] && [ $((t - t0)) -lt $((TMO / 2)) ] && early+=" rank $r: $((t - t0)) ms"
 	done
-	[ -z "$early" ]; ok $? "freeze a rank: not before KCOLL_TIMEOUT_MS/2 either${early:+ (too early:$early)}"
+	[ -z "$early" ]; ok $? "freeze a rank ($nr hosts): not before KCOLL_TIMEOUT_MS/2 either${early:+ (too early:$early)}"
 	bad=$(tr ' ' '\n' <<<"$laters" | grep -E '^[0-9]+:(0|)/' | tr '\n' ' ')
-	[ -z "$bad" ]; ok $? "freeze a rank: the next op fails too, no hang (got:$laters)"
-	write_next $tag 1 2 0 -1 1
-	wait "${rpid[0]}" "${rpid[2]}"
-	judge_recover $tag "freeze a rank (the frozen one still stopped)" 0 2
+	[ -z "$bad" ]; ok $? "freeze a rank ($nr hosts): the next op fails too, no hang (got:$laters)"
+	# shellcheck disable=SC2086
+	write_next $tag "$idh" $((nr - 1)) $map
+	for r in $sur; do wait "${rpid[$r]}"; done
+	# shellcheck disable=SC2086
+	judge_recover $tag "freeze a rank ($nr hosts, the frozen one still stopped)" $sur
 	kill -KILL "$frozen" 2>/dev/null
-	wait "${rpid[1]}"
-else
-	ok 1 "freeze a rank: 3 ranks on h1 h2 h3 running checked all-reduces"
-	grep -h . "$T/$tag".*.out | head -10 | sed 's/^/# /'
-	dump_logs
-	kill_ranks "$T/$tag"
-fi
+	wait "${rpid[$vic]}"
+}
+
+freeze_rank stop 1 "1 2 3" 1
+freeze_rank stop4 0 "0 1 2 3" 2
 
 # A kcolld killed under a running all-reduce; its ranks are $4, the rest survive.
 daemon_kill() {	# tag label idhost victim_host "hosts" per survivors_map idhost_next victims...

@@ -96,6 +96,7 @@ static struct {
 	struct kd_boot *boots;
 	uint32_t nboots;
 	_Atomic int algo;
+	_Atomic uint32_t lane_bytes;	/* KCOLL_LANE_BYTES, kcollctl set lane_bytes */
 	_Atomic uint32_t nstreams;
 	atomic_ulong rejected, garbage;
 } net = { .listen.fd = -1 };
@@ -137,6 +138,11 @@ int kd_net_set(const char *key, const char *value, char *err, size_t errlen)
 			return -EINVAL;
 		}
 		atomic_store(&net.algo, a);
+	{
+		long long v = kcoll_knob_ll("KCOLL_LANE_BYTES");
+
+		atomic_store(&net.lane_bytes, v <= 0 ? 0 : v > KD_LANE_MAX_BYTES ? KD_LANE_MAX_BYTES : (uint32_t)v);
+	}
 		kc_info("algo set to %s", kd_algo_name(a));
 		return 0;
 	}
@@ -153,7 +159,19 @@ int kd_net_set(const char *key, const char *value, char *err, size_t errlen)
 		kc_info("streams per peer set to %ld (communicators formed from now on)", n);
 		return 0;
 	}
-	snprintf(err, errlen, "unknown key '%s'", key);
+	if (!strcmp(key, "lane_bytes")) {
+		char *end;
+		long long v = strtoll(value, &end, 0);
+
+		if (*end || end == value || v < 0 || v > KD_LANE_MAX_BYTES) {
+			snprintf(err, errlen, "lane_bytes must be 0 (off) .. %u", KD_LANE_MAX_BYTES);
+			return -EINVAL;
+		}
+		atomic_store(&net.lane_bytes, (uint32_t)v);
+		kc_info("lane_bytes set to %lld (communicators this daemon's ids form from now on)", v);
+		return 0;
+	}
+	snprintf(err, errlen, "unknown key '%s' (algo, streams, lane_bytes)", key);
 	return -ENOENT;
 }
 
@@ -995,11 +1013,9 @@ static uint32_t shared_networks(const struct kd_boot *b)
  */
 static uint32_t lane_bytes(const struct kd_boot *b)
 {
-	long long v = kcoll_knob_ll("KCOLL_LANE_BYTES");
-
-	if (b->nd < 2 || b->nd != b->nranks || b->nd > KD_LANE_MAX_HOSTS || v <= 0)
+	if (b->nd < 2 || b->nd != b->nranks || b->nd > KD_LANE_MAX_HOSTS)
 		return 0;
-	return v > KD_LANE_MAX_BYTES ? KD_LANE_MAX_BYTES : (uint32_t)v;
+	return atomic_load(&net.lane_bytes);
 }
 
 static void boot_send_tables(struct kd_boot *b)
@@ -1670,8 +1686,9 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 
 #define PUT(...) do { if (n < cap) n += snprintf(buf + n, cap - n, __VA_ARGS__); } while (0)
 	if (json) {
-		PUT("\"net\":{\"port\":%u,\"algo\":\"%s\",\"streams\":%u,\"addrs\":[", net.me.port,
-		    kd_algo_name(atomic_load(&net.algo)), atomic_load(&net.nstreams));
+		PUT("\"net\":{\"port\":%u,\"algo\":\"%s\",\"streams\":%u,\"lane_bytes\":%u,\"addrs\":[",
+		    net.me.port, kd_algo_name(atomic_load(&net.algo)), atomic_load(&net.nstreams),
+		    atomic_load(&net.lane_bytes));
 		for (uint32_t i = 0; i < net.me.naddrs; i++) {
 			struct in_addr in = { .s_addr = net.me.addrs[i] };
 
@@ -1687,9 +1704,9 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 			if (!mh)
 				continue;
 			PUT("%s{\"name\":\"%s\",\"hosts\":%u,\"self\":%u,\"algo\":\"%s\",\"streams\":%u,"
-			    "\"bytes_sent\":%lu,"
+			    "\"lane_bytes\":%u,\"bytes_sent\":%lu,"
 			    "\"bytes_recv\":%lu,\"peers\":[", first ? "" : ",", c->name, mh->nhosts,
-			    mh->self, kd_algo_name(mh->algo), mh->nstreams,
+			    mh->self, kd_algo_name(mh->algo), mh->nstreams, mh->lane_bytes,
 			    (unsigned long)atomic_load(&mh->bytes_sent),
 			    (unsigned long)atomic_load(&mh->bytes_recv));
 			first = false;
@@ -1712,16 +1729,17 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 
 			PUT(", %s", inet_ntoa(in));
 		}
-		PUT("; algo %s, streams per peer %u (0: one per shared network); %lu peers rejected\n",
-		    kd_algo_name(atomic_load(&net.algo)), atomic_load(&net.nstreams),
-		    atomic_load(&net.rejected));
+		PUT("; algo %s, streams per peer %u (0: one per shared network), lanes up to %u B; "
+		    "%lu peers rejected\n", kd_algo_name(atomic_load(&net.algo)), atomic_load(&net.nstreams),
+		    atomic_load(&net.lane_bytes), atomic_load(&net.rejected));
 		for (struct kd_comm *c = kd.comms; c; c = c->next) {
 			struct kd_mh *mh = c->mh;
 
 			if (!mh)
 				continue;
-			PUT("  comm %s: host %u of %u, %s, %u streams, %lu B sent, %lu B received\n", c->name,
-			    mh->self, mh->nhosts, kd_algo_name(mh->algo), mh->nstreams, (unsigned long)atomic_load(&mh->bytes_sent),
+			PUT("  comm %s: host %u of %u, %s, %u streams, lanes up to %u B, %lu B sent, "
+			    "%lu B received\n", c->name, mh->self, mh->nhosts, kd_algo_name(mh->algo),
+			    mh->nstreams, mh->lane_bytes, (unsigned long)atomic_load(&mh->bytes_sent),
 			    (unsigned long)atomic_load(&mh->bytes_recv));
 			PUT("    transport %s\n", mh->xport->name);
 			if (n < cap)

@@ -546,7 +546,7 @@ static int lane_progress(struct kcoll_comm *c, int timeout_ms)
 	if (!kc_lanes_progress(c->lanes, timeout_ms, k->sock, &res, &host))
 		return 0;
 	pthread_mutex_lock(&k->ring_lock);
-	if (res == -ENOTCONN)
+	if (res == -ENOTCONN && host == KCOLL_RANK_NONE)
 		k->dead = 1;	/* the lanes saw kcolld go: so does everything else */
 	lane_done(c, res, host);
 	pthread_mutex_unlock(&k->ring_lock);
@@ -1043,7 +1043,8 @@ static int coll_submit(struct kcoll_comm *c, uint8_t opcode, const void *send, v
 		r = mem_kind(c->k, recv, rbytes, &sqe.coll.recv_mem);
 	if (r)
 		return r;
-	if (opcode == KCOLL_OP_ALLREDUCE && c->lanes && kc_lanes_fit(c->lanes, sbytes)) {
+	/* avg is left to kcolld: recursive doubling would average averages. */
+	if (opcode == KCOLL_OP_ALLREDUCE && op != KCOLL_AVG && c->lanes && kc_lanes_fit(c->lanes, sbytes)) {
 		/* Every rank takes this path for this op: its size decides. */
 		if (sqe.coll.send_mem != KCOLL_MEM_HOST || sqe.coll.recv_mem != KCOLL_MEM_HOST) {
 			kc_warn("a device buffer in an all-reduce of %zu bytes, which this communicator runs "

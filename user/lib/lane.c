@@ -144,9 +144,9 @@ void kc_lanes_free(struct kc_lanes *l)
 /* Tell every other rank why we stop (best effort: 24 bytes fit any socket
  * buffer), except where a message of ours is half sent: that lane is shut
  * down instead. */
-static void lanes_tell(struct kc_lanes *l)
+static void lanes_tell(struct kc_lanes *l, int err, uint32_t culprit)
 {
-	struct lane_hdr a = { .magic = LANE_ABORT, .seq = (uint32_t)-l->err, .count = l->err_host };
+	struct lane_hdr a = { .magic = LANE_ABORT, .seq = (uint32_t)-err, .count = culprit };
 
 	for (uint32_t h = 0; h < l->nhosts; h++) {
 		struct lane_peer *p = &l->peer[h];
@@ -164,15 +164,21 @@ static void lanes_fail(struct kc_lanes *l, int err, uint32_t host)
 	if (!l->err) {
 		l->err = err;
 		l->err_host = host;
-		lanes_tell(l);
+		lanes_tell(l, err, host);
 	}
 	l->busy = false;
 }
 
 void kc_lanes_kill(struct kc_lanes *l, int err)
 {
-	/* Our daemon is gone: to the others this rank is gone too. */
-	lanes_fail(l, err, KCOLL_RANK_NONE);
+	/* Our daemon is gone (err here): to the others this rank is gone,
+	 * as if its host had failed. */
+	if (!l->err) {
+		lanes_tell(l, -ECONNRESET, l->self);
+		l->err = err;
+		l->err_host = KCOLL_RANK_NONE;
+	}
+	l->busy = false;
 	for (uint32_t h = 0; h < l->nhosts; h++)
 		if (l->peer[h].fd >= 0)
 			shutdown(l->peer[h].fd, SHUT_RDWR);
@@ -293,7 +299,7 @@ static int peer_recv(struct kc_lanes *l, struct lane_peer *p, uint32_t *culprit)
 			iov = (struct iovec){ (uint8_t *)&p->rx_hdr + p->got, sizeof(p->rx_hdr) - p->got };
 		else
 			iov = (struct iovec){ p->slot + (p->got - sizeof(p->rx_hdr)), total - p->got };
-		n = readv(p->fd, &iov, 1);
+		n = recv(p->fd, iov.iov_base, iov.iov_len, MSG_DONTWAIT);
 		if (n == 0)
 			return -ECONNRESET;	/* the rank closed its end: it left or died */
 		if (n < 0)
@@ -305,7 +311,8 @@ static int peer_recv(struct kc_lanes *l, struct lane_peer *p, uint32_t *culprit)
 
 			if (h->magic == LANE_ABORT && h->seq && h->seq < 4096) {
 				*culprit = h->count < KCOLL_LANES_MAX_HOSTS ? (uint32_t)h->count : KCOLL_RANK_NONE;
-				return -(int)h->seq;
+				/* Not ours to say that our daemon is gone. */
+				return h->seq == ENOTCONN ? -ECONNRESET : -(int)h->seq;
 			}
 			if (h->magic != LANE_MAGIC || h->seq != l->tx.seq || h->count != l->tx.count ||
 			    h->dtype != l->tx.dtype || h->op != l->tx.op || h->step != l->tx.step ||

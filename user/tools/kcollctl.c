@@ -27,8 +27,9 @@ static void usage(FILE *f)
 		"  config     every KCOLL_* knob with its value, default and meaning\n"
 		"  set KEY VALUE\n"
 		"             change a running kcolld: algo (auto, ring, rd, rabenseifner, direct: multi-host\n"
-		"             all-reduce), streams (TCP streams per peer, 1..8), chunk_bytes,\n"
-		"             timeout_ms. Other keys go to kcoll.ko's /sys/kernel/kcoll/KEY\n"
+		"             all-reduce), streams (TCP streams per peer, 1..8), lane_bytes (all-reduces\n"
+		"             up to this size run in the ranks when every host has one; 0: off),\n"
+		"             chunk_bytes, timeout_ms. Other keys go to kcoll.ko's /sys/kernel/kcoll/KEY\n"
 		"             (slow_ratio_pct, hang_ms, ...; docs/sysfs.md)\n"
 		"  anomalies  C4 detector: anomalies active now in each multi-host communicator\n"
 		"             (hangs, slow links, stragglers) with the evidence: link rates, ranks\n"
@@ -122,7 +123,7 @@ static int set(const char *path, const char *key, const char *value)
 
 	if (r >= 0)
 		return r;
-	if (!strcmp(key, "algo") || !strcmp(key, "streams")) {
+	if (!strcmp(key, "algo") || !strcmp(key, "streams") || !strcmp(key, "lane_bytes")) {
 		fprintf(stderr, "kcollctl: cannot reach kcolld at %s to set %s (is it running? pass -s)\n",
 			path, key);
 		return 1;
