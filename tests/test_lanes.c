@@ -166,7 +166,7 @@ static void run(uint32_t nh)
 
 static void setup_op(uint32_t nh, int dtype, int op, size_t count, bool in_place)
 {
-	size_t bytes = count * kcoll_dtype_size(dtype) + 1;
+	size_t bytes = (count + 1) * kcoll_dtype_size(dtype) + 1;	/* R_OTHER_COUNT: one more */
 
 	for (uint32_t a = 0; a < nh; a++) {
 		rk[a].dtype = dtype;
