@@ -264,6 +264,18 @@ echo "# correctness: $((SECONDS - t_start)) s"
 
 # ---- 2. algorithms ---------------------------------------------------------------------
 t_start=$SECONDS
+# With one rank per host, small all-reduces would run over lanes in the
+# ranks: turn lanes off so that the daemons' algorithms run every size.
+set_lanes() {	# bytes
+	local i msg got bad=
+	for ((i = 0; i < H; i++)); do
+		msg=$(timeout 10 "$CTL" -s "$(sock "$i")" set lane_bytes "$1" 2>&1) || { bad+=" h$i: $msg;"; continue; }
+		got=$(status_key "$i" lane_bytes | head -1)
+		[ "$got" = "$1" ] || bad+=" h$i: status --json lane_bytes $got;"
+	done
+	[ -z "$bad" ]; ok $? "kcollctl set lane_bytes $1 on every daemon, status --json shows it${bad:+ (not:$bad)}"
+}
+[ "$ONE" = 1 ] || set_lanes 0
 for algo in ring rd rabenseifner direct auto; do
 	if [ "$ONE" = 1 ]; then
 		skip "KCOLL_ALGO=$algo: kcollctl set algo on each host's daemon (one daemon: KCOLL_MH_ONE_DAEMON)"
@@ -280,6 +292,7 @@ for algo in ring rd rabenseifner direct auto; do
 	cases_run algo 0 "0 1 2" 1 contiguous
 	cases_run algo 2 "0 1 2 3" 2 rr
 done
+[ "$ONE" = 1 ] || set_lanes 16384
 echo "# algorithms: $((SECONDS - t_start)) s"
 
 # ---- 2b. hosts leaving, one by one, while a peer still finishes the last op -----------
@@ -415,7 +428,7 @@ kill_rank rankkill4 1 "0 1 2 3" 1 1
 # exchange on 3 hosts, recursive doubling on 4, where ranks waiting for a
 # rank that waits for the frozen one must still name the frozen one.
 freeze_rank() {	# tag idhost "hosts" victim
-	local tag=$1 idh=$2 hosts=$3 vic=$4 nr r sur='' map='' nn=0 frozen t early bad
+	local tag=$1 idh=$2 hosts=$3 vic=$4 nr r sur='' map='' nn=0 frozen t early bad vh lanes
 	nr=$(wc -w <<<"$hosts")
 	for ((r = 0; r < nr; r++)); do
 		if [ "$r" -eq "$vic" ]; then map+="-1 "; else sur+="$r "; map+="$nn "; nn=$((nn + 1)); fi
@@ -432,6 +445,10 @@ freeze_rank() {	# tag idhost "hosts" victim
 	fi
 	ok 0 "freeze a rank: $nr ranks on hosts $hosts running checked all-reduces"
 	frozen=$(cat "$T/$tag/ready.$vic")
+	# One rank per host: the rank itself holds a lane (TCP) to every other host.
+	vh=$(awk -v v="$vic" '{ print $(v + 1) }' <<<"$hosts")
+	lanes=$(on "$vh" 10 ss -tnpH state established 2>/dev/null | grep -c "pid=$frozen,")
+	[ "$lanes" -eq $((nr - 1)) ]; ok $? "lanes: rank $vic (pid $frozen, on h$vh) holds $((nr - 1)) TCP connections of its own, one per other host (ss -tnp: $lanes)"
 	t0=$(now_ms)
 	kill -STOP "$frozen"
 	wait_faults $tag $((nr - 1)) $((TMO / 1000 + 10))

@@ -229,7 +229,7 @@ static void on_set(struct kd_client *c, const struct kcoll_msg_set *m, ssize_t l
 	if (c->uid != 0 && c->uid != geteuid()) {
 		snprintf(rep.error, sizeof(rep.error), "only root or the daemon's user may change it");
 		r = -EPERM;
-	} else if (!strcmp(key, "algo") || !strcmp(key, "streams")) {
+	} else if (!strcmp(key, "algo") || !strcmp(key, "streams") || !strcmp(key, "lane_bytes")) {
 		r = kd_net_set(key, value, rep.error, sizeof(rep.error));
 	} else {
 		r = kd_tunable_set(key, value, rep.error, sizeof(rep.error));
