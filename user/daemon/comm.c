@@ -376,6 +376,7 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 	struct kd_op *failed = NULL;
 	bool forming;
 	int op_err = err == -ECANCELED ? -ECONNRESET : err;
+	uint32_t culprit = rank, flags = err == -ECANCELED ? KD_ABORT_F_LEFT : 0;
 	uint64_t from = 0;
 
 	pthread_mutex_lock(&comm->lock);
@@ -399,6 +400,15 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 					rank);
 		}
 		failed = fail_pending(comm, 0, op_err, rank, 0, false);
+		if (comm->abort_rank != rank && comm->limit_seq <= from && err == -ECANCELED) {
+			/* It leaves a communicator that failed before: a peer that has
+			 * not heard of that failure yet must learn its cause, not take
+			 * the leaver for the culprit. */
+			op_err = comm->abort_err;
+			culprit = comm->abort_rank;
+			flags |= comm->abort_flags;
+			from = comm->limit_seq;
+		}
 	}
 	pthread_mutex_unlock(&comm->lock);
 	if (forming) {
@@ -418,7 +428,7 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 		 * must take our connections closing next for a goodbye from
 		 * op `from` on, not for a death that fails the op it runs.
 		 */
-		kd_net_abort_peers(comm, op_err, rank, err == -ECANCELED ? KD_ABORT_F_LEFT : 0, from);
+		kd_net_abort_peers(comm, op_err, culprit, flags, from);
 	}
 }
 
