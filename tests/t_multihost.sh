@@ -275,7 +275,11 @@ set_lanes() {	# bytes
 	done
 	[ -z "$bad" ]; ok $? "kcollctl set lane_bytes $1 on every daemon, status --json shows it${bad:+ (not:$bad)}"
 }
-[ "$ONE" = 1 ] || set_lanes 0
+if [ "$ONE" != 1 ]; then
+	got=$(status_key 0 lane_bytes | head -1)
+	[ "$got" = 16384 ]; ok $? "lanes are on by default (h0's status --json net.lane_bytes: $got, KCOLL_LANE_BYTES default 16384)"
+	set_lanes 0
+fi
 for algo in ring rd rabenseifner direct auto; do
 	if [ "$ONE" = 1 ]; then
 		skip "KCOLL_ALGO=$algo: kcollctl set algo on each host's daemon (one daemon: KCOLL_MH_ONE_DAEMON)"
@@ -386,28 +390,37 @@ judge_recover() {	# tag label survivors...
 	[ -z "$bad" ] || { grep -h '^#' "$T/$tag".*.out | head -10; dump_logs; }
 }
 
-# Ranks placed $4 per host on $3; rank $5 is SIGKILLed in a loop of
-# all-reduces (with one rank per host, small ones run over lanes).
-kill_rank() {	# tag idhost "hosts" per victim
-	local tag=$1 idh=$2 hosts=$3 per=$4 vic=$5 pl nr r sur='' map='' nn=0 bad
-	pl=$(place "$hosts" "$per" contiguous)
+# Start a loop group for a fault case: sets nr, sur (the survivors) and map
+# (old rank -> new rank, for write_next); 1 if the ranks did not get going.
+fault_start() {	# tag idhost placement victim label
+	local tag=$1 pl=$3 r nn=0
 	nr=$(wc -w <<<"$pl")
+	sur=
+	map=
 	for ((r = 0; r < nr; r++)); do
-		if [ "$r" -eq "$vic" ]; then map+="-1 "; else sur+="$r "; map+="$nn "; nn=$((nn + 1)); fi
+		if [ "$r" -eq "$4" ]; then map+="-1 "; else sur+="$r "; map+="$nn "; nn=$((nn + 1)); fi
 	done
 	mkdir -p "$T/$tag"
-	start_ranks $tag loop "$pl" "$(new_id "$idh")" "KCOLL_TIMEOUT_MS=$TMO" "$T/$tag" "$T/$tag.next"
+	start_ranks "$tag" loop "$pl" "$(new_id "$2")" "KCOLL_TIMEOUT_MS=$TMO" "$T/$tag" "$T/$tag.next"
 	if ! wait_ready "$T/$tag" "$nr"; then
-		ok 1 "kill a rank: $nr ranks on hosts $hosts running checked all-reduces"
+		ok 1 "$5: $nr ranks running checked all-reduces"
 		grep -h . "$T/$tag".*.out | head -10 | sed 's/^/# /'
 		dump_logs
 		kill_ranks "$T/$tag"
-		return
+		return 1
 	fi
-	ok 0 "kill a rank: $nr ranks on hosts $hosts running checked all-reduces"
+	ok 0 "$5: $nr ranks running checked all-reduces"
+}
+
+# Ranks placed $4 per host on $3; rank $5 is SIGKILLed in a loop of
+# all-reduces (with one rank per host, small ones run over lanes).
+kill_rank() {	# tag idhost "hosts" per victim
+	local tag=$1 idh=$2 hosts=$3 vic=$5 bad
+	fault_start "$tag" "$idh" "$(place "$hosts" "$4" contiguous)" "$vic" "kill a rank (hosts $hosts)" ||
+		return
 	t0=$(now_ms)
 	kill -KILL "$(cat "$T/$tag/ready.$vic")"
-	wait_faults $tag $((nr - 1)) $((TMO / 1000 + 10))
+	wait_faults "$tag" $((nr - 1)) $((TMO / 1000 + 10))
 	# shellcheck disable=SC2086
 	judge_fault $tag "kill a rank (rank $vic of $nr on hosts $hosts, SIGKILL)" "$t0" ECONNRESET "$vic" $sur
 	bad=$(tr ' ' '\n' <<<"$laters" | grep . | grep -v ":ECONNRESET/$vic\$" | tr '\n' ' ')
@@ -428,22 +441,9 @@ kill_rank rankkill4 1 "0 1 2 3" 1 1
 # exchange on 3 hosts, recursive doubling on 4, where ranks waiting for a
 # rank that waits for the frozen one must still name the frozen one.
 freeze_rank() {	# tag idhost "hosts" victim
-	local tag=$1 idh=$2 hosts=$3 vic=$4 nr r sur='' map='' nn=0 frozen t early bad vh lanes
-	nr=$(wc -w <<<"$hosts")
-	for ((r = 0; r < nr; r++)); do
-		if [ "$r" -eq "$vic" ]; then map+="-1 "; else sur+="$r "; map+="$nn "; nn=$((nn + 1)); fi
-	done
-	mkdir -p "$T/$tag"
-	start_ranks $tag loop "$(place "$hosts" 1 contiguous)" "$(new_id "$idh")" "KCOLL_TIMEOUT_MS=$TMO" \
-		"$T/$tag" "$T/$tag.next"
-	if ! wait_ready "$T/$tag" "$nr"; then
-		ok 1 "freeze a rank: $nr ranks on hosts $hosts running checked all-reduces"
-		grep -h . "$T/$tag".*.out | head -10 | sed 's/^/# /'
-		dump_logs
-		kill_ranks "$T/$tag"
+	local tag=$1 idh=$2 hosts=$3 vic=$4 r frozen t early bad vh lanes
+	fault_start "$tag" "$idh" "$(place "$hosts" 1 contiguous)" "$vic" "freeze a rank (hosts $hosts)" ||
 		return
-	fi
-	ok 0 "freeze a rank: $nr ranks on hosts $hosts running checked all-reduces"
 	frozen=$(cat "$T/$tag/ready.$vic")
 	# One rank per host: the rank itself holds a lane (TCP) to every other host.
 	vh=$(awk -v v="$vic" '{ print $(v + 1) }' <<<"$hosts")
@@ -451,7 +451,7 @@ freeze_rank() {	# tag idhost "hosts" victim
 	[ "$lanes" -eq $((nr - 1)) ]; ok $? "lanes: rank $vic (pid $frozen, on h$vh) holds $((nr - 1)) TCP connections of its own, one per other host (ss -tnp: $lanes)"
 	t0=$(now_ms)
 	kill -STOP "$frozen"
-	wait_faults $tag $((nr - 1)) $((TMO / 1000 + 10))
+	wait_faults "$tag" $((nr - 1)) $((TMO / 1000 + 10))
 	# shellcheck disable=SC2086
 	judge_fault $tag "freeze a rank ($nr hosts, rank $vic, SIGSTOP)" "$t0" ETIMEDOUT "$vic" $sur
 	early=

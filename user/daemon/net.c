@@ -134,15 +134,10 @@ int kd_net_set(const char *key, const char *value, char *err, size_t errlen)
 		enum kd_algo a;
 
 		if (kd_algo_parse(value, &a)) {
-			snprintf(err, errlen, "unknown algorithm '%s' (auto, ring, rd, rabenseifner)", value);
+			snprintf(err, errlen, "unknown algorithm '%s' (auto, ring, rd, rabenseifner, direct)", value);
 			return -EINVAL;
 		}
 		atomic_store(&net.algo, a);
-	{
-		long long v = kcoll_knob_ll("KCOLL_LANE_BYTES");
-
-		atomic_store(&net.lane_bytes, v <= 0 ? 0 : v > KD_LANE_MAX_BYTES ? KD_LANE_MAX_BYTES : (uint32_t)v);
-	}
 		kc_info("algo set to %s", kd_algo_name(a));
 		return 0;
 	}
@@ -471,12 +466,14 @@ int kd_net_start(const char *listen_spec, const char *addrs_spec)
 	socklen_t sl = sizeof(sa);
 	int one = 1, fd;
 	enum kd_algo a = KD_ALGO_AUTO;
-	long long ns = kcoll_knob_ll("KCOLL_NET_STREAMS");
+	long long ns = kcoll_knob_ll("KCOLL_NET_STREAMS"), lanes;
 
 	if (kd_algo_parse(kcoll_knob_str("KCOLL_ALGO"), &a))
-		kc_warn("KCOLL_ALGO=%s is unknown (auto, ring, rd, rabenseifner); using auto",
+		kc_warn("KCOLL_ALGO=%s is unknown (auto, ring, rd, rabenseifner, direct); using auto",
 			kcoll_knob_str("KCOLL_ALGO"));
 	atomic_store(&net.algo, a);
+	lanes = kcoll_knob_ll("KCOLL_LANE_BYTES");
+	atomic_store(&net.lane_bytes, lanes <= 0 ? 0 : lanes > KD_LANE_MAX_BYTES ? KD_LANE_MAX_BYTES : (uint32_t)lanes);
 	atomic_store(&net.nstreams, ns > KD_MAX_STREAMS ? KD_MAX_STREAMS : ns);
 	if (getrandom(&kd.nonce, sizeof(kd.nonce), 0) != sizeof(kd.nonce))
 		return -EIO;
