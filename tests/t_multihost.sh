@@ -277,7 +277,7 @@ set_lanes() {	# bytes
 }
 if [ "$ONE" != 1 ]; then
 	got=$(status_key 0 lane_bytes | head -1)
-	[ "$got" = 16384 ]; ok $? "lanes are on by default (h0's status --json net.lane_bytes: $got, KCOLL_LANE_BYTES default 16384)"
+	[ "$got" = 65536 ]; ok $? "lanes are on by default (h0's status --json net.lane_bytes: $got, KCOLL_LANE_BYTES default 65536)"
 	set_lanes 0
 fi
 for algo in ring rd rabenseifner direct auto; do
@@ -296,7 +296,7 @@ for algo in ring rd rabenseifner direct auto; do
 	cases_run algo 0 "0 1 2" 1 contiguous
 	cases_run algo 2 "0 1 2 3" 2 rr
 done
-[ "$ONE" = 1 ] || set_lanes 16384
+[ "$ONE" = 1 ] || set_lanes 65536
 echo "# algorithms: $((SECONDS - t_start)) s"
 
 # ---- 2b. hosts leaving, one by one, while a peer still finishes the last op -----------
