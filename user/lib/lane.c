@@ -10,18 +10,25 @@
  * communicator, check the token as for their own streams, and give each end
  * to the local rank (COMM_LANE). The rank then does the exchange itself:
  *
- *   start      send {header, our input} to every other host (non-blocking)
- *   progress   receive every other host's {header, input} into a scratch
- *              slot; when all are in, reduce the H inputs in host order
- *              (kcoll_reduce_n, so avg and every dtype behave as in kcolld)
+ *   H = 2^k    recursive doubling: in step s, send the partial result to
+ *              host self ^ 2^s and reduce what it sent into it (the lower
+ *              host's data first, so both compute the same bits)
+ *   otherwise  one exchange: send our input to every other host, reduce the
+ *              H inputs in host order once all are in (kcoll_reduce_n)
  *
- * One exchange, so a missing input names exactly the host (= rank) that did
- * not contribute: a closed lane is that rank gone (-ECONNRESET), no byte
- * from it for the communicator's timeout is -ETIMEDOUT, a header that does
- * not match our op (sequence, count, dtype, op) is -EBADMSG. Errors are
- * sticky: the lanes are out of step after one, and every later lane op fails
- * the same way until the communicator is destroyed. When our daemon dies
- * the lanes are shut down, so the other ranks see this rank gone.
+ * Sends never block (what the socket does not take goes out on the next
+ * pass), so kc_lanes_start returns at once and the op moves on in
+ * kc_lanes_progress (from kcoll_wait/kcoll_test). Every message carries the
+ * op's sequence number, count, dtype, op and step: a header that does not
+ * match our op is -EBADMSG. A closed lane is that rank gone (-ECONNRESET), no
+ * byte for the communicator's timeout is -ETIMEDOUT naming the host waited
+ * for. A rank that fails sends an ABORT naming the culprit on every lane, so
+ * the ranks waiting for it fail the same way instead of blaming it; in
+ * recursive doubling each later step waits a grace period longer
+ * (lane_deadline), so that ABORT arrives before they would time out. Errors
+ * are sticky: the lanes are out of step after one, and every later lane op
+ * fails the same way until the communicator is destroyed. When our daemon
+ * dies we shut the lanes down, so the other ranks see this rank gone.
  *
  * Which ops take a lane is decided by values every rank shares (the root's
  * lane size, the op's size), never by local state: the ranks must agree.
