@@ -6,7 +6,12 @@
 #   2. across namespaces: a 2-host netns cluster (prefix kvb$$), kcoll-kvbench
 #      target on host 0 and initiator on host 1, beside iperf3 with as many
 #      parallel streams as kcolld uses (KCOLL_KV_STREAMS, default 4) between
-#      the same namespaces, measured right before and after.
+#      the same namespaces, measured right before and after, and beside the
+#      raw TCP anchor that moves the SAME batches with no kcolld
+#      (kcoll-kvbench -m tcp-sink on host 0, -m tcp-source on host 1: the
+#      same generator, seeds and 256 MiB buffers, KCOLL_KV_STREAMS plain TCP
+#      streams, each batch split evenly over them, one sendmsg/recvmsg of
+#      iovecs per stream and batch straight from/into the blocks).
 #   scripts/bench-kv.sh [BUILD [BASE]]  (root for part 2; run under flock
 #                                        /tmp/kcoll-heavy.lock on shared machines)
 # KV_BENCH_ROUNDS=N (default 1) repeats part 2 N times, each round iperf3 then
@@ -79,9 +84,21 @@ kvrun() {	# BUILD TAG: restart both kcollds from BUILD, kvbench target/initiator
 		--json >"$T/$2-4k.json"
 	kill "$tgt"; wait "$tgt" 2>/dev/null
 }
+rawtcp() {	# TAG: the raw TCP anchor, same batches, no kcolld (BUILD's kvbench)
+	"$C" exec 0 "$BIN/kcoll-kvbench" -m tcp-sink -A "$A0:47811" -s 256M 2>/dev/null &
+	local snk=$!
+	"$C" exec 1 "$BIN/kcoll-kvbench" -m tcp-source -A "$A0:47811" -s 256M -d "$DUR" \
+		-b 4K,64K,256K,1M,4M -B 64 --json >"$T/$1.json" &&
+	"$C" exec 1 "$BIN/kcoll-kvbench" -m tcp-source -A "$A0:47811" -s 256M -d "$DUR" \
+		-b 4K -B 1024 --json >"$T/$1-4k.json" ||
+		{ echo "bench-kv: the raw TCP anchor failed" >&2; kill "$snk"; exit 1; }
+	kill "$snk"; wait "$snk" 2>/dev/null
+}
 case ,$PARTS, in *,net,*) ;; *) ROUNDS=0 ;; esac
 for ((r = 0; r < ROUNDS; r++)); do
+	cut -d' ' -f1-3 /proc/loadavg >>"$T/load"
 	echo "iperf3 $(iperf)" >>"$T/iperf"
+	rawtcp "raw$r"
 	if [ -n "$BASE" ] && ((r % 2)); then kvrun "$B" "net$r"; kvrun "$BASE" "base$r"
 	elif [ -n "$BASE" ]; then kvrun "$BASE" "base$r"; kvrun "$B" "net$r"
 	else kvrun "$B" "net$r"; fi
@@ -99,6 +116,8 @@ ips = [float(l.split()[1]) for l in open(f"{d}/iperf")] if rounds else []
 res = {n: load(n) for n in ("local-shm", "local-shm-4k", "local-malloc")}
 res["iperf3_GBps"] = ips	# before round 0, between rounds, after the last
 res["iperf3_streams"] = int(streams)
+res["loadavg"] = [l.strip() for l in open(f"{d}/load")] if rounds else []	# at each round's start
+res["rawtcp_rounds"] = [load(f"raw{r}")["rows"] + load(f"raw{r}-4k")["rows"] for r in range(rounds)]
 res["builds"] = {"net": build, "base": base or None}
 for k in ("net", "base") if base else ("net",):
     res[f"{k}_rounds"] = [load(f"{k}{r}")["rows"] + load(f"{k}{r}-4k")["rows"] for r in range(rounds)]
@@ -117,26 +136,30 @@ if res["local-shm"]["rows"]:
           res["local-shm"]["rows"] + res["local-shm-4k"]["rows"])
     table("same host, malloc buffers (process_vm_readv + process_vm_writev) vs memcpy",
           res["local-malloc"]["rows"])
-if rounds == 1 and not base:
-    before, after = ips
-    table(f"across namespaces (TCP, {streams} streams) vs iperf3 -P {streams} (before {before:.2f}, after {after:.2f} GB/s; the larger is the ceiling)",
-          res["net_rounds"][0], max(before, after), "iperf3")
-elif rounds:
+if rounds:
     ceil = [max(ips[r], ips[r + 1]) for r in range(rounds)]
     keys = ("base", "net") if base else ("net",)
     name = {"net": build, "base": base}
-    print(f"\nacross namespaces (TCP, {streams} streams) vs iperf3 -P {streams}, {rounds} rounds; "
-          f"iperf3 GB/s: {', '.join(f'{x:.2f}' for x in ips)}; a round's ceiling is the higher reading "
-          f"around it; medians over rounds (per-round ratios in brackets)")
-    hdr = "| block | batch | " + " | ".join(f"{name[k]} GB/s | {name[k]} ratio" for k in keys) + " |"
-    print(hdr + "\n" + "|---" * (2 + 2 * len(keys)) + "|")
+    med = statistics.median
+    print(f"\nacross namespaces (TCP, {streams} streams), {rounds} round(s); iperf3 -P {streams} GB/s: "
+          f"{', '.join(f'{x:.2f}' for x in ips)} (a round's iperf3 ceiling is the higher reading "
+          f"around it); raw TCP = the same batches over {streams} plain TCP streams, no kcolld, "
+          f"measured in the round; load average at each round's start: {'; '.join(res['loadavg'])}; "
+          f"medians over rounds (per-round ratios in brackets)")
+    hdr = "| block | batch | iperf3 GB/s | raw TCP GB/s | " + " | ".join(
+        f"{name[k]} GB/s | {name[k]} / iperf3 | {name[k]} / raw TCP | {name[k]} p50 / p99 us" for k in keys) + " |"
+    print(hdr + "\n" + "|---" * (4 + 4 * len(keys)) + "|")
     for i, r0 in enumerate(res["net_rounds"][0]):
-        cells = []
+        raw = [res["rawtcp_rounds"][r][i]["GBps"] for r in range(rounds)]
+        cells = [f"{med(ceil):.2f}", f"{med(raw):.2f}"]
         for k in keys:
-            g = [res[f"{k}_rounds"][r][i]["GBps"] for r in range(rounds)]
-            q = [g[r] / ceil[r] for r in range(rounds)]
-            cells.append(f"{statistics.median(g):.2f} | {statistics.median(q):.2f} "
-                         f"[{' '.join(f'{x:.2f}' for x in q)}]")
+            rows = [res[f"{k}_rounds"][r][i] for r in range(rounds)]
+            g = [x["GBps"] for x in rows]
+            q = [g[r] / ceil[r] if ceil[r] > 0 else 0 for r in range(rounds)]
+            w = [g[r] / raw[r] if raw[r] > 0 else 0 for r in range(rounds)]
+            cells += [f"{med(g):.2f}", f"{med(q):.2f} [{' '.join(f'{x:.2f}' for x in q)}]",
+                      f"{med(w):.2f} [{' '.join(f'{x:.2f}' for x in w)}]",
+                      f"{med(x['p50_us'] for x in rows):.0f} / {med(x['p99_us'] for x in rows):.0f}"]
         print(f"| {r0['block']} | {r0['batch']} | " + " | ".join(cells) + " |")
 print(f"\nraw results: {out}")
 PY
