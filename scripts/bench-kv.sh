@@ -63,7 +63,7 @@ unset KCOLL_SOCKET
 
 echo "# 2. across namespaces"
 "$C" up -H 2 >"$T/up.log" 2>&1 || { cat "$T/up.log"; exit 1; }
-A0=10.10.0.1
+A0=10.10.0.1 A0b=10.20.0.1	# host 0 on the two networks
 iperf() {	# -> GB/s host1 -> host0 with $STREAMS streams
 	"$C" exec 0 iperf3 -s -1 -B "$A0" >/dev/null 2>&1 &
 	sleep 0.5
@@ -85,11 +85,13 @@ kvrun() {	# BUILD TAG: restart both kcollds from BUILD, kvbench target/initiator
 	kill "$tgt"; wait "$tgt" 2>/dev/null
 }
 rawtcp() {	# TAG: the raw TCP anchor, same batches, no kcolld (BUILD's kvbench)
-	"$C" exec 0 "$BIN/kcoll-kvbench" -m tcp-sink -A "$A0:47811" -s 256M 2>/dev/null &
+	# streams over both of host 0's addresses in turn, as kcolld's (a
+	# descriptor carries every address of the owner's host)
+	"$C" exec 0 "$BIN/kcoll-kvbench" -m tcp-sink -A 0.0.0.0:47811 -s 256M 2>/dev/null &
 	local snk=$!
-	"$C" exec 1 "$BIN/kcoll-kvbench" -m tcp-source -A "$A0:47811" -s 256M -d "$DUR" \
+	"$C" exec 1 "$BIN/kcoll-kvbench" -m tcp-source -A "$A0:47811,$A0b:47811" -s 256M -d "$DUR" \
 		-b 4K,64K,256K,1M,4M -B 64 --json >"$T/$1.json" &&
-	"$C" exec 1 "$BIN/kcoll-kvbench" -m tcp-source -A "$A0:47811" -s 256M -d "$DUR" \
+	"$C" exec 1 "$BIN/kcoll-kvbench" -m tcp-source -A "$A0:47811,$A0b:47811" -s 256M -d "$DUR" \
 		-b 4K -B 1024 --json >"$T/$1-4k.json" ||
 		{ echo "bench-kv: the raw TCP anchor failed" >&2; kill "$snk"; exit 1; }
 	kill "$snk"; wait "$snk" 2>/dev/null

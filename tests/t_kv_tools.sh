@@ -57,7 +57,7 @@ for try in 1 2 3 4 5; do	# a port in use: the sink exits at once, try another
 	kill -0 $snk 2>/dev/null && break
 done
 for k in 2 3; do
-	KCOLL_KV_STREAMS=$k "$KV" --mode tcp-source --addr "127.0.0.1:$port" -d 0.2 -b 4K,100000 -B 7 -s 8M \
+	KCOLL_KV_STREAMS=$k "$KV" --mode tcp-source --addr "127.0.0.1:$port,localhost:$port" -d 0.2 -b 4K,100000 -B 7 -s 8M \
 		--json >"$T/tcp$k.json" 2>"$T/tcp$k.err"
 	rc=$?
 	python3 - "$T/tcp$k.json" "$k" <<'PY'

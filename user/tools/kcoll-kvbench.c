@@ -80,7 +80,9 @@ static void usage(FILE *f)
 		"per-batch latency percentiles.\n\n"
 		"  -m, --mode MODE        local (fork targets here), target, initiator, or the\n"
 		"                         raw TCP anchor tcp-sink / tcp-source (no kcolld) [local]\n"
-		"  -A, --addr HOST:PORT   tcp-sink: listen there; tcp-source: connect there\n"
+		"  -A, --addr HOST:PORT[,HOST:PORT...]  tcp-sink: listen there (HOST empty:\n"
+		"                         every address); tcp-source: stream i connects to\n"
+		"                         address i mod n (kcolld spreads its streams alike)\n"
 		"  -D, --desc FILE[,...]  target: write the descriptor; initiator: read them\n"
 		"                         (thread i uses file i mod n)\n"
 		"  -b, --block LIST       block sizes, K/M suffixes, comma separated [4K,64K,1M,4M]\n"
@@ -647,16 +649,26 @@ static int tcp_nstreams(void)
 	return n < 1 ? 1 : n > TCP_MAX_STREAMS ? TCP_MAX_STREAMS : (int)n;
 }
 
-static int tcp_addr(struct addrinfo **ai, bool passive)
+/* Address idx (of the comma-separated --addr list, cycled) as HOST:PORT;
+ * an empty HOST listens on every address. */
+static int tcp_addr(struct addrinfo **ai, bool passive, int idx)
 {
-	char host[256], *colon;
+	char list[1024], *host = NULL, *save = NULL, *colon;
 	struct addrinfo hint = { .ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0 };
-	int r;
+	int n = 0, r;
 
-	snprintf(host, sizeof(host), "%s", opt.addr);
-	colon = strrchr(host, ':');
+	snprintf(list, sizeof(list), "%s", opt.addr);
+	for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
+		n++;
+	snprintf(list, sizeof(list), "%s", opt.addr);
+	save = NULL;
+	host = strtok_r(list, ",", &save);
+	for (int i = 0; host && n && i < idx % n; i++)
+		host = strtok_r(NULL, ",", &save);
+	colon = host ? strrchr(host, ':') : NULL;
 	if (!colon || !colon[1]) {
-		fprintf(stderr, "kcoll-kvbench: --addr '%s' is not HOST:PORT\n", opt.addr);
+		fprintf(stderr, "kcoll-kvbench: --addr '%s' is not HOST:PORT[,HOST:PORT...]\n",
+			opt.addr);
 		return -EINVAL;
 	}
 	*colon = 0;
@@ -795,7 +807,7 @@ static int tcp_sink(void)
 	uint8_t *buf;
 	int one = 1, lfd;
 
-	if (tcp_addr(&ai, true))
+	if (tcp_addr(&ai, true, 0))
 		return 1;
 	lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
@@ -913,17 +925,16 @@ static int tcp_connect(const struct addrinfo *ai)
 static int tcp_source(void)
 {
 	int ns = tcp_nstreams();
-	struct addrinfo *ai;
+	struct addrinfo *ai[TCP_MAX_STREAMS] = { 0 };
 	uint8_t *buf;
 	int r = 0;
 
-	if (tcp_addr(&ai, false))
-		return 1;
+	for (int s = 0; s < ns; s++)	/* stream s to address s mod n, as kcolld's streams */
+		if (tcp_addr(&ai[s], false, s))
+			goto out;
 	buf = mmap(NULL, opt.seg_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (buf == MAP_FAILED) {
-		freeaddrinfo(ai);
-		return 1;
-	}
+	if (buf == MAP_FAILED)
+		goto out;
 	memset(buf, 0x42, opt.seg_bytes);
 	if (opt.json)
 		printf("{\"tool\":\"kcoll-kvbench\",\"version\":\"%s\",\"mode\":\"tcp-source\","
@@ -947,7 +958,7 @@ static int tcp_source(void)
 		for (int s = 0; s < ns; s++) {
 			struct tcp_hello h = { TCP_MAGIC, s, ns, batch, block, opt.seg_bytes };
 
-			w[s] = (struct tcp_src){ .fd = tcp_connect(ai), .s = s, .ns = ns, .block = block,
+			w[s] = (struct tcp_src){ .fd = tcp_connect(ai[s]), .s = s, .ns = ns, .block = block,
 						 .batch = batch, .buf = buf, .bar = &bar };
 			if (w[s].fd < 0 || tcp_full(w[s].fd, &h, sizeof(h), true)) {
 				r = w[s].fd < 0 ? w[s].fd : -ECONNRESET;
@@ -991,9 +1002,16 @@ static int tcp_source(void)
 	}
 	if (opt.json && !r)
 		printf("]}\n");
-	freeaddrinfo(ai);
 	munmap(buf, opt.seg_bytes);
+	for (int s = 0; s < ns; s++)
+		if (ai[s])
+			freeaddrinfo(ai[s]);
 	return r ? 1 : 0;
+out:
+	for (int s = 0; s < ns; s++)
+		if (ai[s])
+			freeaddrinfo(ai[s]);
+	return 1;
 }
 
 int main(int argc, char **argv)
