@@ -20,7 +20,8 @@
 # over rounds (the load of a shared machine moves between readings). With a
 # second build dir BASE, every round also runs BASE's kcolld and kvbench
 # (daemons restarted for each), in alternating order: an A/B of two builds in
-# one run. KV_BENCH_PARTS=net skips part 1.
+# one run. KV_BENCH_PARTS=net skips part 1. KV_BENCH_DURATION=S (default 2,
+# whole seconds: iperf3 -t takes an integer and runs forever on 0).
 # Prints the tables and writes docs/perf/kv-<date>.json.
 set -u
 B=${1:-build}
