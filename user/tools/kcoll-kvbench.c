@@ -46,6 +46,11 @@
 #define MAX_DESCS	16
 
 enum mode { MODE_LOCAL, MODE_TARGET, MODE_INITIATOR, MODE_TCP_SINK, MODE_TCP_SOURCE };
+/* tcp modes' buffers: anonymous (the default), a memfd MAP_SHARED like
+ * kcoll_mem_alloc's; either one 2 MiB aligned with its whole 2 MiB pages
+ * collapsed into huge pages (MADV_COLLAPSE) */
+enum { TCP_MEM_ANON, TCP_MEM_MEMFD, TCP_MEM_ANON_HUGE, TCP_MEM_MEMFD_HUGE };
+static const char *const tcp_mem_names[] = { "anon", "memfd", "anon-huge", "memfd-huge" };
 #define TCP_MAX_STREAMS	16
 
 static struct {
@@ -62,6 +67,7 @@ static struct {
 	int depth;
 	size_t seg_bytes;
 	bool shm;
+	int tcp_mem;		/* tcp modes: TCP_MEM_* */
 	bool anchor;
 	bool json;
 } opt = {
@@ -95,6 +101,9 @@ static void usage(FILE *f)
 		"  -s, --seg-bytes SIZE   segment size on each side [256M]\n"
 		"  -M, --mem shm|malloc   buffers: kcoll_mem_alloc (daemon maps them) or malloc [shm]\n"
 		"  -a, --anchor memcpy|none  local: memcpy of the same batches beside [memcpy]\n"
+		"      --tcp-mem KIND     tcp modes' buffer: anon, memfd (MAP_SHARED, like\n"
+		"                         kcoll_mem_alloc's), anon-huge or memfd-huge (2 MiB\n"
+		"                         aligned, collapsed into huge pages) [anon]\n"
 		"      --json             print JSON instead of the table\n"
 		"  -h, --help             this help\n\n"
 		"Columns: block, batch, GB/s (all threads), avg/p50/p99/p999 latency of one\n"
@@ -122,7 +131,8 @@ static void parse(int argc, char **argv)
 		{ "op", required_argument, NULL, 'o' }, { "pattern", required_argument, NULL, 'p' },
 		{ "depth", required_argument, NULL, 'q' }, { "seg-bytes", required_argument, NULL, 's' },
 		{ "mem", required_argument, NULL, 'M' }, { "anchor", required_argument, NULL, 'a' },
-		{ "json", no_argument, NULL, 'J' }, { "help", no_argument, NULL, 'h' }, { 0 }
+		{ "json", no_argument, NULL, 'J' }, { "help", no_argument, NULL, 'h' },
+		{ "tcp-mem", required_argument, NULL, 'T' }, { 0 }
 	};
 	const char *blocks = "4K,64K,1M,4M";
 	char *end;
@@ -186,6 +196,14 @@ static void parse(int argc, char **argv)
 			opt.anchor = !strcmp(optarg, "memcpy");
 			break;
 		case 'J': opt.json = true; break;
+		case 'T':
+			opt.tcp_mem = -1;
+			for (int i = 0; i < 4; i++)
+				if (!strcmp(optarg, tcp_mem_names[i]))
+					opt.tcp_mem = i;
+			if (opt.tcp_mem < 0)
+				die_usage("tcp-mem must be anon, memfd, anon-huge or memfd-huge, not", optarg);
+			break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}
@@ -794,6 +812,61 @@ out:
 	return NULL;
 }
 
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE	25
+#endif
+#define TCP_HUGE	(2ul << 20)
+
+/* The tcp modes' buffer of n bytes (--tcp-mem), every page touched; NULL on
+ * failure (said why). */
+static uint8_t *tcp_buf(size_t n)
+{
+	bool memfd = opt.tcp_mem == TCP_MEM_MEMFD || opt.tcp_mem == TCP_MEM_MEMFD_HUGE;
+	bool huge = opt.tcp_mem == TCP_MEM_ANON_HUGE || opt.tcp_mem == TCP_MEM_MEMFD_HUGE;
+	size_t whole = n & ~(TCP_HUGE - 1);
+	uint8_t *raw, *p;
+	int fd = -1;
+
+	if (opt.tcp_mem == TCP_MEM_ANON) {	/* the anchor's default, as it always was */
+		p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED)
+			goto fail;
+		memset(p, 0x42, n);
+		return p;
+	}
+	if (memfd && ((fd = memfd_create("kvbench-tcp", MFD_CLOEXEC)) < 0 || ftruncate(fd, n)))
+		goto fail;
+	/* 2 MiB aligned (address and file offset alike), the rest given back */
+	raw = mmap(NULL, n + TCP_HUGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (raw == MAP_FAILED)
+		goto fail;
+	p = (uint8_t *)(((uintptr_t)raw + TCP_HUGE - 1) & ~(uintptr_t)(TCP_HUGE - 1));
+	if (mmap(p, n, PROT_READ | PROT_WRITE, MAP_FIXED | (memfd ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS),
+		 fd, 0) == MAP_FAILED) {
+		int e = errno;
+
+		munmap(raw, n + TCP_HUGE);
+		errno = e;
+		goto fail;
+	}
+	if (p > raw)
+		munmap(raw, p - raw);
+	munmap(p + n, raw + TCP_HUGE - p);
+	if (fd >= 0)
+		close(fd);
+	memset(p, 0x42, n);
+	if (huge && whole && madvise(p, whole, MADV_COLLAPSE))
+		fprintf(stderr, "kcoll-kvbench: --tcp-mem %s: MADV_COLLAPSE: %s (some pages stay 4 KiB)\n",
+			tcp_mem_names[opt.tcp_mem], strerror(errno));
+	return p;
+fail:
+	fprintf(stderr, "kcoll-kvbench: %zu bytes of %s memory: %s\n", n, tcp_mem_names[opt.tcp_mem],
+		strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	return NULL;
+}
+
 static void on_stop(int sig)
 {
 	stop = 1;
@@ -818,12 +891,9 @@ static int tcp_sink(void)
 		return 1;
 	}
 	freeaddrinfo(ai);
-	buf = mmap(NULL, opt.seg_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (buf == MAP_FAILED) {
-		fprintf(stderr, "kcoll-kvbench: tcp-sink: %zu bytes: %s\n", opt.seg_bytes, strerror(errno));
+	buf = tcp_buf(opt.seg_bytes);
+	if (!buf)
 		return 1;
-	}
-	memset(buf, 0x42, opt.seg_bytes);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	fprintf(stderr, "kcoll-kvbench: tcp-sink: %zu bytes, listening on %s; Ctrl-C ends it\n",
@@ -932,17 +1002,17 @@ static int tcp_source(void)
 	for (int s = 0; s < ns; s++)	/* stream s to address s mod n, as kcolld's streams */
 		if (tcp_addr(&ai[s], false, s))
 			goto out;
-	buf = mmap(NULL, opt.seg_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (buf == MAP_FAILED)
+	buf = tcp_buf(opt.seg_bytes);
+	if (!buf)
 		goto out;
-	memset(buf, 0x42, opt.seg_bytes);
 	if (opt.json)
 		printf("{\"tool\":\"kcoll-kvbench\",\"version\":\"%s\",\"mode\":\"tcp-source\","
-		       "\"op\":\"write\",\"streams\":%d,\"seg_bytes\":%zu,\"rows\":[", kcoll_version(), ns,
-		       opt.seg_bytes);
+		       "\"op\":\"write\",\"streams\":%d,\"seg_bytes\":%zu,\"mem\":\"%s\",\"rows\":[",
+		       kcoll_version(), ns, opt.seg_bytes, tcp_mem_names[opt.tcp_mem]);
 	else
-		printf("# kcoll-kvbench tcp-source: write, %d TCP streams to %s, no kcolld\n"
-		       "# %8s %6s %9s %10s\n", ns, opt.addr, "block", "batch", "GB/s", "MB_moved");
+		printf("# kcoll-kvbench tcp-source: write, %d TCP streams to %s, no kcolld, %s memory\n"
+		       "# %8s %6s %9s %10s\n", ns, opt.addr, tcp_mem_names[opt.tcp_mem], "block", "batch",
+		       "GB/s", "MB_moved");
 	for (int b = 0; b < opt.nblocks && !r; b++) {
 		struct tcp_src w[TCP_MAX_STREAMS];
 		pthread_t tid[TCP_MAX_STREAMS];
