@@ -71,6 +71,21 @@ for r in d["rows"]:
 PY
 	[ $? -eq 0 ] && [ $rc -eq 0 ]; ok $? "raw TCP anchor, $k streams: 2 rows, all bytes confirmed by the sink (exit $rc)"
 done
+# The anchor's buffer on another memory kind (--tcp-mem): a memfd collapsed
+# into huge pages where the kernel can (a refusal is only reported).
+"$KV" --mode tcp-source --addr "127.0.0.1:$port" --tcp-mem memfd-huge -d 0.2 -b 1M -B 3 -s 8M \
+	--json >"$T/tcpm.json" 2>"$T/tcpm.err"
+rc=$?
+python3 - "$T/tcpm.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["mem"] == "memfd-huge" and [r["block"] for r in d["rows"]] == [1 << 20], d
+r = d["rows"][0]
+assert r["bytes"] > 0 and r["GBps"] > 0 and r["batches"] == r["bytes"] // (3 << 20), d
+PY
+[ $? -eq 0 ] && [ $rc -eq 0 ]; ok $? "raw TCP anchor from a memfd-huge buffer: all bytes confirmed (exit $rc)"
+"$KV" --mode tcp-source --addr "127.0.0.1:$port" --tcp-mem bogus >/dev/null 2>"$T/err"
+[ $? -eq 2 ] && grep -q "tcp-mem must be" "$T/err"; ok $? "--tcp-mem bogus: refused with what it takes"
 kill -TERM $snk; wait $snk; ok $? "the tcp-sink ends cleanly on SIGTERM"
 
 "$EX" --help | grep -q -- "--layers"; ok $? "kv_prefill_decode --help"

@@ -424,38 +424,6 @@ static int region_insert(struct kd_client *c, struct kd_region *rg)
 	return 0;
 }
 
-/*
- * A client's memfd, mapped 2 MiB aligned when it holds a whole 2 MiB page:
- * where libkcoll made the memfd's pages huge (kcoll_mem_alloc, region_map),
- * our mapping then takes them a page-table entry each as well (a PMD mapping
- * needs the address and the file offset equally aligned).
- */
-#define KD_HUGE_SIZE	(2ul << 20)
-
-static void *map_client_memfd(int fd, uint64_t size)
-{
-	uint8_t *raw, *p;
-
-	if (size < KD_HUGE_SIZE)
-		return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	raw = mmap(NULL, size + KD_HUGE_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-		   -1, 0);
-	if (raw == MAP_FAILED)
-		return MAP_FAILED;
-	p = (uint8_t *)(((uintptr_t)raw + KD_HUGE_SIZE - 1) & ~(uintptr_t)(KD_HUGE_SIZE - 1));
-	if (mmap(p, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-		int e = errno;
-
-		munmap(raw, size + KD_HUGE_SIZE);
-		errno = e;
-		return MAP_FAILED;
-	}
-	if (p > raw)
-		munmap(raw, p - raw);
-	munmap(p + size, raw + KD_HUGE_SIZE - p);
-	return p;
-}
-
 int kd_region_add(struct kd_client *c, int fd, uint64_t addr, uint64_t size)
 {
 	struct kd_region *rg;
@@ -473,7 +441,7 @@ int kd_region_add(struct kd_client *c, int fd, uint64_t addr, uint64_t size)
 	rg = calloc(1, sizeof(*rg));
 	if (!rg)
 		return -ENOMEM;
-	rg->map = map_client_memfd(fd, size);
+	rg->map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (rg->map == MAP_FAILED) {
 		free(rg);
 		return -errno;

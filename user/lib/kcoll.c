@@ -914,50 +914,6 @@ int kcoll_barrier(struct kcoll_comm *c, struct kcoll_req **req)
 	return coll_submit(c, KCOLL_OP_BARRIER, NULL, NULL, 0, KCOLL_U8, 0, 0, req);
 }
 
-/*
- * Map kcoll memory (a memfd of len bytes). A region of KCOLL_THP_MIN_BYTES or
- * more is mapped 2 MiB aligned and its whole 2 MiB pages are made huge pages
- * of the memfd before kcolld maps it (MADV_COLLAPSE: on shmem it ignores
- * shmem_enabled unless that says "deny"). kcolld maps such regions 2 MiB
- * aligned as well (user/daemon/mem.c), so both mappings take a huge page per
- * page-table entry: the copies in and out of it (kcolld's memcpy, the
- * kernel's TCP copies of KV frames) walk 512x fewer page-table entries and
- * TLB entries. The collapse needs a page in each 2 MiB range (an empty range
- * is refused): one byte is written at each range's start, and the collapse
- * fills the rest with zeroes, so such a region's memory is taken at
- * allocation rather than at first touch. A hint: failures change nothing.
- */
-static void *region_map(struct kcoll *k, int fd, size_t len)
-{
-	size_t huge = len & ~(size_t)(KCOLL_THP_SIZE - 1);
-	uint8_t *raw, *p;
-
-	if (!k->thp_min || len < k->thp_min || !huge)
-		return mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	raw = mmap(NULL, len + KCOLL_THP_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-		   -1, 0);
-	if (raw == MAP_FAILED)
-		return MAP_FAILED;
-	p = (uint8_t *)(((uintptr_t)raw + KCOLL_THP_SIZE - 1) & ~(uintptr_t)(KCOLL_THP_SIZE - 1));
-	if (mmap(p, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-		int e = errno;
-
-		munmap(raw, len + KCOLL_THP_SIZE);
-		errno = e;
-		return MAP_FAILED;
-	}
-	if (p > raw)
-		munmap(raw, p - raw);
-	munmap(p + len, raw + KCOLL_THP_SIZE - p);
-	for (size_t off = 0; off < huge; off += KCOLL_THP_SIZE)
-		if (pwrite(fd, "", 1, (off_t)off) != 1)
-			break;
-	if (madvise(p, huge, MADV_COLLAPSE))
-		kc_dbg("MADV_COLLAPSE of kcoll memory %p+%zu: %s (4 KiB pages)", (void *)p, huge,
-		       strerror(errno));
-	return p;
-}
-
 int kcoll_mem_alloc(struct kcoll *k, size_t size, void **ptr)
 {
 	struct kcoll_msg_mem_reg req = { .hdr.type = KCOLL_MSG_MEM_REG };
@@ -986,7 +942,7 @@ int kcoll_mem_alloc(struct kcoll *k, size_t size, void **ptr)
 		r = -errno;
 		goto err_close;
 	}
-	p = region_map(k, fd, len);
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
 		r = -errno;
 		goto err_close;
