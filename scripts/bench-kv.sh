@@ -6,7 +6,12 @@
 #   2. across namespaces: a 2-host netns cluster (prefix kvb$$), kcoll-kvbench
 #      target on host 0 and initiator on host 1, beside iperf3 with as many
 #      parallel streams as kcolld uses (KCOLL_KV_STREAMS, default 4) between
-#      the same namespaces, measured right before and after.
+#      the same namespaces, measured right before and after, and beside the
+#      raw TCP anchor that moves the SAME batches with no kcolld
+#      (kcoll-kvbench -m tcp-sink on host 0, -m tcp-source on host 1: the
+#      same generator, seeds and 256 MiB buffers, KCOLL_KV_STREAMS plain TCP
+#      streams, each batch split evenly over them, one sendmsg/recvmsg of
+#      iovecs per stream and batch straight from/into the blocks).
 #   scripts/bench-kv.sh [BUILD [BASE]]  (root for part 2; run under flock
 #                                        /tmp/kcoll-heavy.lock on shared machines)
 # KV_BENCH_ROUNDS=N (default 1) repeats part 2 N times, each round iperf3 then
@@ -15,7 +20,12 @@
 # over rounds (the load of a shared machine moves between readings). With a
 # second build dir BASE, every round also runs BASE's kcolld and kvbench
 # (daemons restarted for each), in alternating order: an A/B of two builds in
-# one run. KV_BENCH_PARTS=net skips part 1.
+# one run. KV_BENCH_PARTS=net skips part 1. KV_BENCH_DURATION=S (default 2,
+# whole seconds: iperf3 -t takes an integer and runs forever on 0).
+# KV_BENCH_RAW_MEM="KIND..." (default anon) runs the raw TCP anchor once per
+# memory kind of kcoll-kvbench --tcp-mem (anon, memfd, anon-huge,
+# memfd-huge) in every round; the first kind is the table's "raw TCP", the
+# others get a table of their own (rawtcp_<kind>_rounds in the JSON).
 # Prints the tables and writes docs/perf/kv-<date>.json.
 set -u
 B=${1:-build}
@@ -58,7 +68,7 @@ unset KCOLL_SOCKET
 
 echo "# 2. across namespaces"
 "$C" up -H 2 >"$T/up.log" 2>&1 || { cat "$T/up.log"; exit 1; }
-A0=10.10.0.1
+A0=10.10.0.1 A0b=10.20.0.1	# host 0 on the two networks
 iperf() {	# -> GB/s host1 -> host0 with $STREAMS streams
 	"$C" exec 0 iperf3 -s -1 -B "$A0" >/dev/null 2>&1 &
 	sleep 0.5
@@ -79,9 +89,26 @@ kvrun() {	# BUILD TAG: restart both kcollds from BUILD, kvbench target/initiator
 		--json >"$T/$2-4k.json"
 	kill "$tgt"; wait "$tgt" 2>/dev/null
 }
+RAWMEM=(${KV_BENCH_RAW_MEM:-anon})
+rawtcp() {	# TAG KIND: the raw TCP anchor, same batches, no kcolld (BUILD's kvbench)
+	# streams over both of host 0's addresses in turn, as kcolld's (a
+	# descriptor carries every address of the owner's host)
+	local mem=(); [ "$2" = anon ] || mem=(--tcp-mem "$2")	# anon: as before the option
+	"$C" exec 0 "$BIN/kcoll-kvbench" -m tcp-sink -A 0.0.0.0:47811 -s 256M "${mem[@]}" 2>/dev/null &
+	local snk=$!
+	"$C" exec 1 "$BIN/kcoll-kvbench" -m tcp-source -A "$A0:47811,$A0b:47811" -s 256M -d "$DUR" \
+		"${mem[@]}" -b 4K,64K,256K,1M,4M -B 64 --json >"$T/$1.json" &&
+	"$C" exec 1 "$BIN/kcoll-kvbench" -m tcp-source -A "$A0:47811,$A0b:47811" -s 256M -d "$DUR" \
+		"${mem[@]}" -b 4K -B 1024 --json >"$T/$1-4k.json" ||
+		{ echo "bench-kv: the raw TCP anchor failed" >&2; kill "$snk"; exit 1; }
+	kill "$snk"; wait "$snk" 2>/dev/null
+}
 case ,$PARTS, in *,net,*) ;; *) ROUNDS=0 ;; esac
 for ((r = 0; r < ROUNDS; r++)); do
+	cut -d' ' -f1-3 /proc/loadavg >>"$T/load"
 	echo "iperf3 $(iperf)" >>"$T/iperf"
+	rawtcp "raw$r" "${RAWMEM[0]}"
+	for kind in "${RAWMEM[@]:1}"; do rawtcp "raw$r-$kind" "$kind"; done
 	if [ -n "$BASE" ] && ((r % 2)); then kvrun "$B" "net$r"; kvrun "$BASE" "base$r"
 	elif [ -n "$BASE" ]; then kvrun "$BASE" "base$r"; kvrun "$B" "net$r"
 	else kvrun "$B" "net$r"; fi
@@ -90,15 +117,22 @@ done
 ip_before=$(awk 'NR == 1 { print $2 }' "$T/iperf" 2>/dev/null)
 ip_after=$(awk 'END { print $2 }' "$T/iperf" 2>/dev/null)
 
-python3 - "$T" "$out" "$STREAMS" "$ROUNDS" "$B" "$BASE" <<'PY'
+python3 - "$T" "$out" "$STREAMS" "$ROUNDS" "$B" "$BASE" "${RAWMEM[*]}" <<'PY'
 import json, os, statistics, sys
-d, out, streams, rounds, build, base = sys.argv[1:7]
+d, out, streams, rounds, build, base, rawmem = sys.argv[1:8]
+rawmem = rawmem.split()
 rounds = int(rounds)
 load = lambda n: json.load(open(f"{d}/{n}.json"))
 ips = [float(l.split()[1]) for l in open(f"{d}/iperf")] if rounds else []
 res = {n: load(n) for n in ("local-shm", "local-shm-4k", "local-malloc")}
 res["iperf3_GBps"] = ips	# before round 0, between rounds, after the last
 res["iperf3_streams"] = int(streams)
+res["loadavg"] = [l.strip() for l in open(f"{d}/load")] if rounds else []	# at each round's start
+res["rawtcp_rounds"] = [load(f"raw{r}")["rows"] + load(f"raw{r}-4k")["rows"] for r in range(rounds)]
+res["rawtcp_mem"] = rawmem	# the kinds; rawtcp_rounds is the first
+for m in rawmem[1:]:
+    res[f"rawtcp_{m}_rounds"] = [load(f"raw{r}-{m}")["rows"] + load(f"raw{r}-{m}-4k")["rows"]
+                                 for r in range(rounds)]
 res["builds"] = {"net": build, "base": base or None}
 for k in ("net", "base") if base else ("net",):
     res[f"{k}_rounds"] = [load(f"{k}{r}")["rows"] + load(f"{k}{r}-4k")["rows"] for r in range(rounds)]
@@ -117,26 +151,46 @@ if res["local-shm"]["rows"]:
           res["local-shm"]["rows"] + res["local-shm-4k"]["rows"])
     table("same host, malloc buffers (process_vm_readv + process_vm_writev) vs memcpy",
           res["local-malloc"]["rows"])
-if rounds == 1 and not base:
-    before, after = ips
-    table(f"across namespaces (TCP, {streams} streams) vs iperf3 -P {streams} (before {before:.2f}, after {after:.2f} GB/s; the larger is the ceiling)",
-          res["net_rounds"][0], max(before, after), "iperf3")
-elif rounds:
+if rounds:
     ceil = [max(ips[r], ips[r + 1]) for r in range(rounds)]
     keys = ("base", "net") if base else ("net",)
     name = {"net": build, "base": base}
-    print(f"\nacross namespaces (TCP, {streams} streams) vs iperf3 -P {streams}, {rounds} rounds; "
-          f"iperf3 GB/s: {', '.join(f'{x:.2f}' for x in ips)}; a round's ceiling is the higher reading "
-          f"around it; medians over rounds (per-round ratios in brackets)")
-    hdr = "| block | batch | " + " | ".join(f"{name[k]} GB/s | {name[k]} ratio" for k in keys) + " |"
-    print(hdr + "\n" + "|---" * (2 + 2 * len(keys)) + "|")
+    med = statistics.median
+    print(f"\nacross namespaces (TCP, {streams} streams), {rounds} round(s); iperf3 -P {streams} GB/s: "
+          f"{', '.join(f'{x:.2f}' for x in ips)} (a round's iperf3 ceiling is the higher reading "
+          f"around it); raw TCP = the same batches over {streams} plain TCP streams, no kcolld, "
+          f"measured in the round; load average at each round's start: {'; '.join(res['loadavg'])}; "
+          f"medians over rounds (per-round ratios in brackets)")
+    hdr = "| block | batch | iperf3 GB/s | raw TCP GB/s | " + " | ".join(
+        f"{name[k]} GB/s | {name[k]} / iperf3 | {name[k]} / raw TCP | {name[k]} p50 / p99 us" for k in keys) + " |"
+    print(hdr + "\n" + "|---" * (4 + 4 * len(keys)) + "|")
     for i, r0 in enumerate(res["net_rounds"][0]):
-        cells = []
+        raw = [res["rawtcp_rounds"][r][i]["GBps"] for r in range(rounds)]
+        cells = [f"{med(ceil):.2f}", f"{med(raw):.2f}"]
         for k in keys:
-            g = [res[f"{k}_rounds"][r][i]["GBps"] for r in range(rounds)]
-            q = [g[r] / ceil[r] for r in range(rounds)]
-            cells.append(f"{statistics.median(g):.2f} | {statistics.median(q):.2f} "
-                         f"[{' '.join(f'{x:.2f}' for x in q)}]")
+            rows = [res[f"{k}_rounds"][r][i] for r in range(rounds)]
+            g = [x["GBps"] for x in rows]
+            q = [g[r] / ceil[r] if ceil[r] > 0 else 0 for r in range(rounds)]
+            w = [g[r] / raw[r] if raw[r] > 0 else 0 for r in range(rounds)]
+            cells += [f"{med(g):.2f}", f"{med(q):.2f} [{' '.join(f'{x:.2f}' for x in q)}]",
+                      f"{med(w):.2f} [{' '.join(f'{x:.2f}' for x in w)}]",
+                      f"{med(x['p50_us'] for x in rows):.0f} / {med(x['p99_us'] for x in rows):.0f}"]
         print(f"| {r0['block']} | {r0['batch']} | " + " | ".join(cells) + " |")
+    for m in rawmem[1:]:
+        print(f"\nraw TCP anchor on {m} memory beside it on {rawmem[0]} (same rounds): medians, "
+              f"per-round ratios in brackets")
+        print(f"| block | batch | raw {rawmem[0]} GB/s | raw {m} GB/s | {m} / {rawmem[0]} | " +
+              " | ".join(f"{name[k]} / raw {m}" for k in keys) + " |")
+        print("|---" * (5 + len(keys)) + "|")
+        for i, r0 in enumerate(res["net_rounds"][0]):
+            a = [res["rawtcp_rounds"][r][i]["GBps"] for r in range(rounds)]
+            b = [res[f"rawtcp_{m}_rounds"][r][i]["GBps"] for r in range(rounds)]
+            q = [b[r] / a[r] if a[r] > 0 else 0 for r in range(rounds)]
+            cells = [f"{med(a):.2f}", f"{med(b):.2f}", f"{med(q):.2f} [{' '.join(f'{x:.2f}' for x in q)}]"]
+            for k in keys:
+                g = [res[f"{k}_rounds"][r][i]["GBps"] for r in range(rounds)]
+                w = [g[r] / b[r] if b[r] > 0 else 0 for r in range(rounds)]
+                cells.append(f"{med(w):.2f} [{' '.join(f'{x:.2f}' for x in w)}]")
+            print(f"| {r0['block']} | {r0['batch']} | " + " | ".join(cells) + " |")
 print(f"\nraw results: {out}")
 PY

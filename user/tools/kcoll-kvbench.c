@@ -10,6 +10,11 @@
  *              serve until SIGINT/SIGTERM (another host's initiator uses it)
  *   initiator  import the descriptor(s) of --desc FILE[,FILE...] (thread i
  *              uses file i mod n) and measure
+ *   tcp-sink, tcp-source
+ *              the raw TCP anchor across hosts, no kcolld: the source moves
+ *              the same batches (same generator, seeds, segment size) over
+ *              KCOLL_KV_STREAMS plain TCP streams straight from its buffer's
+ *              blocks into the sink's buffer at the batches' offsets
  *
  * Each initiator thread has its own connection (its own ring thread in
  * kcolld) and keeps --depth batches in flight; a batch is --batch blocks of
@@ -17,6 +22,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -24,6 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,16 +39,24 @@
 #include <kcoll/kcoll.h>
 
 #include "bench_common.h"
+#include "config.h"
 
 #define MAX_BLOCKS	16
 #define MAX_THREADS	64
 #define MAX_DESCS	16
 
-enum mode { MODE_LOCAL, MODE_TARGET, MODE_INITIATOR };
+enum mode { MODE_LOCAL, MODE_TARGET, MODE_INITIATOR, MODE_TCP_SINK, MODE_TCP_SOURCE };
+/* tcp modes' buffers: anonymous (the default), a memfd MAP_SHARED like
+ * kcoll_mem_alloc's; either one 2 MiB aligned with its whole 2 MiB pages
+ * collapsed into huge pages (MADV_COLLAPSE) */
+enum { TCP_MEM_ANON, TCP_MEM_MEMFD, TCP_MEM_ANON_HUGE, TCP_MEM_MEMFD_HUGE };
+static const char *const tcp_mem_names[] = { "anon", "memfd", "anon-huge", "memfd-huge" };
+#define TCP_MAX_STREAMS	16
 
 static struct {
 	enum mode mode;
 	const char *desc_path;
+	const char *addr;	/* tcp modes: HOST:PORT */
 	size_t blocks[MAX_BLOCKS];
 	int nblocks;
 	uint32_t batch;
@@ -51,6 +67,7 @@ static struct {
 	int depth;
 	size_t seg_bytes;
 	bool shm;
+	int tcp_mem;		/* tcp modes: TCP_MEM_* */
 	bool anchor;
 	bool json;
 } opt = {
@@ -67,7 +84,11 @@ static void usage(FILE *f)
 		"Usage: kcoll-kvbench [options]\n"
 		"KV-cache transfers through kcolld: batches of scattered blocks, GB/s and\n"
 		"per-batch latency percentiles.\n\n"
-		"  -m, --mode MODE        local (fork targets here), target, initiator   [local]\n"
+		"  -m, --mode MODE        local (fork targets here), target, initiator, or the\n"
+		"                         raw TCP anchor tcp-sink / tcp-source (no kcolld) [local]\n"
+		"  -A, --addr HOST:PORT[,HOST:PORT...]  tcp-sink: listen there (HOST empty:\n"
+		"                         every address); tcp-source: stream i connects to\n"
+		"                         address i mod n (kcolld spreads its streams alike)\n"
 		"  -D, --desc FILE[,...]  target: write the descriptor; initiator: read them\n"
 		"                         (thread i uses file i mod n)\n"
 		"  -b, --block LIST       block sizes, K/M suffixes, comma separated [4K,64K,1M,4M]\n"
@@ -80,10 +101,18 @@ static void usage(FILE *f)
 		"  -s, --seg-bytes SIZE   segment size on each side [256M]\n"
 		"  -M, --mem shm|malloc   buffers: kcoll_mem_alloc (daemon maps them) or malloc [shm]\n"
 		"  -a, --anchor memcpy|none  local: memcpy of the same batches beside [memcpy]\n"
+		"      --tcp-mem KIND     tcp modes' buffer: anon, memfd (MAP_SHARED, like\n"
+		"                         kcoll_mem_alloc's), anon-huge or memfd-huge (2 MiB\n"
+		"                         aligned, collapsed into huge pages) [anon]\n"
 		"      --json             print JSON instead of the table\n"
 		"  -h, --help             this help\n\n"
 		"Columns: block, batch, GB/s (all threads), avg/p50/p99/p999 latency of one\n"
-		"batch in microseconds; with the anchor, its GB/s and the ratio.\n");
+		"batch in microseconds; with the anchor, its GB/s and the ratio.\n\n"
+		"tcp-source sends the batches an initiator would (write, thread 0's seeds)\n"
+		"over KCOLL_KV_STREAMS (default 4) TCP streams to a tcp-sink, each batch's\n"
+		"bytes split evenly over the streams, one sendmsg/recvmsg of iovecs per\n"
+		"stream and batch, from and into the blocks in place; it prints block,\n"
+		"batch, GB/s (bytes the sink confirmed over the time until its answer).\n");
 }
 
 static void __attribute__((noreturn)) die_usage(const char *what, const char *arg)
@@ -96,26 +125,31 @@ static void parse(int argc, char **argv)
 {
 	static const struct option lo[] = {
 		{ "mode", required_argument, NULL, 'm' }, { "desc", required_argument, NULL, 'D' },
+		{ "addr", required_argument, NULL, 'A' },
 		{ "block", required_argument, NULL, 'b' }, { "batch", required_argument, NULL, 'B' },
 		{ "threads", required_argument, NULL, 't' }, { "duration", required_argument, NULL, 'd' },
 		{ "op", required_argument, NULL, 'o' }, { "pattern", required_argument, NULL, 'p' },
 		{ "depth", required_argument, NULL, 'q' }, { "seg-bytes", required_argument, NULL, 's' },
 		{ "mem", required_argument, NULL, 'M' }, { "anchor", required_argument, NULL, 'a' },
-		{ "json", no_argument, NULL, 'J' }, { "help", no_argument, NULL, 'h' }, { 0 }
+		{ "json", no_argument, NULL, 'J' }, { "help", no_argument, NULL, 'h' },
+		{ "tcp-mem", required_argument, NULL, 'T' }, { 0 }
 	};
 	const char *blocks = "4K,64K,1M,4M";
 	char *end;
 	int c;
 
-	while ((c = getopt_long(argc, argv, "m:D:b:B:t:d:o:p:q:s:M:a:h", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:D:A:b:B:t:d:o:p:q:s:M:a:h", lo, NULL)) != -1) {
 		switch (c) {
 		case 'm':
 			if (!strcmp(optarg, "local")) opt.mode = MODE_LOCAL;
 			else if (!strcmp(optarg, "target")) opt.mode = MODE_TARGET;
 			else if (!strcmp(optarg, "initiator")) opt.mode = MODE_INITIATOR;
+			else if (!strcmp(optarg, "tcp-sink")) opt.mode = MODE_TCP_SINK;
+			else if (!strcmp(optarg, "tcp-source")) opt.mode = MODE_TCP_SOURCE;
 			else die_usage("unknown mode", optarg);
 			break;
 		case 'D': opt.desc_path = optarg; break;
+		case 'A': opt.addr = optarg; break;
 		case 'b': blocks = optarg; break;
 		case 'B':
 			opt.batch = strtoul(optarg, &end, 0);
@@ -162,6 +196,14 @@ static void parse(int argc, char **argv)
 			opt.anchor = !strcmp(optarg, "memcpy");
 			break;
 		case 'J': opt.json = true; break;
+		case 'T':
+			opt.tcp_mem = -1;
+			for (int i = 0; i < 4; i++)
+				if (!strcmp(optarg, tcp_mem_names[i]))
+					opt.tcp_mem = i;
+			if (opt.tcp_mem < 0)
+				die_usage("tcp-mem must be anon, memfd, anon-huge or memfd-huge, not", optarg);
+			break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}
@@ -181,7 +223,13 @@ static void parse(int argc, char **argv)
 		}
 		free(dup);
 	}
-	if (opt.mode != MODE_LOCAL && !opt.desc_path)
+	if ((opt.mode == MODE_TCP_SINK || opt.mode == MODE_TCP_SOURCE) && !opt.addr)
+		die_usage("tcp-sink and tcp-source need --addr HOST:PORT, mode",
+			  opt.mode == MODE_TCP_SINK ? "tcp-sink" : "tcp-source");
+	if ((opt.mode == MODE_TCP_SINK || opt.mode == MODE_TCP_SOURCE) && (opt.read || opt.threads > 1))
+		die_usage("tcp modes measure one writer (no --op read, no --threads), mode",
+			  opt.mode == MODE_TCP_SINK ? "tcp-sink" : "tcp-source");
+	if ((opt.mode == MODE_TARGET || opt.mode == MODE_INITIATOR) && !opt.desc_path)
 		die_usage("target and initiator modes need --desc", opt.mode == MODE_TARGET ? "target" : "initiator");
 	if (opt.mode != MODE_LOCAL)
 		opt.anchor = false;
@@ -588,6 +636,454 @@ static int measure(struct worker *ws, struct row *rows)
 	return 0;
 }
 
+/* ---- the raw TCP anchor (tcp-sink / tcp-source) ---------------------------- */
+
+/*
+ * What plain TCP does with the same batches, no kcolld: the source cuts each
+ * batch's bytes (its blocks in order) into nstreams equal parts, stream s
+ * sending part s with one sendmsg of iovecs pointing at the blocks in its
+ * buffer, followed by an 8-byte mark saying whether another batch follows;
+ * the sink's stream s receives part s with one recvmsg of iovecs pointing at
+ * the blocks' offsets in its buffer (the mark of the next batch included).
+ * Nothing waits at batch boundaries: the best raw TCP can do with these
+ * bytes. After the last batch the sink answers the bytes it received; the
+ * rate is those bytes over the time from the first send to the last answer.
+ */
+#define TCP_MAGIC	0x6b767470u	/* "kvtp" */
+
+struct tcp_hello {
+	uint32_t magic, stream, nstreams, batch;
+	uint64_t block, seg_bytes;
+};
+
+struct tcp_mark {
+	uint32_t magic, more;
+};
+
+static int tcp_nstreams(void)
+{
+	long long n = kcoll_knob_ll("KCOLL_KV_STREAMS");
+
+	return n < 1 ? 1 : n > TCP_MAX_STREAMS ? TCP_MAX_STREAMS : (int)n;
+}
+
+/* Address idx (of the comma-separated --addr list, cycled) as HOST:PORT;
+ * an empty HOST listens on every address. */
+static int tcp_addr(struct addrinfo **ai, bool passive, int idx)
+{
+	char list[1024], *host = NULL, *save = NULL, *colon;
+	struct addrinfo hint = { .ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0 };
+	int n = 0, r;
+
+	snprintf(list, sizeof(list), "%s", opt.addr);
+	for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save))
+		n++;
+	snprintf(list, sizeof(list), "%s", opt.addr);
+	save = NULL;
+	host = strtok_r(list, ",", &save);
+	for (int i = 0; host && n && i < idx % n; i++)
+		host = strtok_r(NULL, ",", &save);
+	colon = host ? strrchr(host, ':') : NULL;
+	if (!colon || !colon[1]) {
+		fprintf(stderr, "kcoll-kvbench: --addr '%s' is not HOST:PORT[,HOST:PORT...]\n",
+			opt.addr);
+		return -EINVAL;
+	}
+	*colon = 0;
+	r = getaddrinfo(host[0] ? host : NULL, colon + 1, &hint, ai);
+	if (r) {
+		fprintf(stderr, "kcoll-kvbench: --addr '%s': %s\n", opt.addr, gai_strerror(r));
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Send or receive n iovecs whole (IOV_MAX at a time; consumes the array). */
+static int tcp_iovs(int fd, struct iovec *iov, size_t n, bool out)
+{
+	for (;;) {
+		struct msghdr mh = { 0 };
+		ssize_t k;
+
+		while (n && !iov->iov_len) {
+			iov++;
+			n--;
+		}
+		if (!n)
+			return 0;
+		mh.msg_iov = iov;
+		mh.msg_iovlen = n < 1024 ? n : 1024;
+		k = out ? sendmsg(fd, &mh, MSG_NOSIGNAL) : recvmsg(fd, &mh, MSG_WAITALL);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k < 0 ? -errno : -ECONNRESET;
+		while (n && (size_t)k >= iov->iov_len) {
+			k -= iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (k) {
+			iov->iov_base = (uint8_t *)iov->iov_base + k;
+			iov->iov_len -= k;
+		}
+	}
+}
+
+static int tcp_full(int fd, void *p, size_t n, bool out)
+{
+	struct iovec v = { p, n };
+
+	return tcp_iovs(fd, &v, 1, out);
+}
+
+/* Stream s's part of batch e (n blocks of block bytes) as iovecs into buf,
+ * source side (local offsets) or sink side (remote offsets); returns the
+ * count, bytes in *bytes. */
+static size_t tcp_part(const struct kcoll_xfer_entry *e, uint32_t n, size_t block, int s,
+		       int ns, uint8_t *buf, bool src, struct iovec *iov, uint64_t *bytes)
+{
+	uint64_t total = (uint64_t)n * block, lo = total * s / ns, hi = total * (s + 1) / ns;
+	size_t k = 0;
+
+	for (uint64_t at = lo; at < hi;) {
+		uint32_t i = (uint32_t)(at / block);
+		uint64_t in = at - (uint64_t)i * block, len = block - in;
+
+		if (len > hi - at)
+			len = hi - at;
+		iov[k++] = (struct iovec){ buf + (src ? e[i].local_off : e[i].remote_off) + in, len };
+		at += len;
+	}
+	*bytes = hi - lo;
+	return k;
+}
+
+struct tcp_conn {
+	int fd;
+	uint8_t *buf;
+};
+
+static void *tcp_sink_conn(void *arg)
+{
+	struct tcp_conn *c = arg;
+	struct tcp_hello h;
+	struct tcp_mark m;
+	struct kcoll_xfer_entry *all = NULL;
+	struct iovec *iov = NULL;
+	uint64_t got = 0;
+	uint32_t nb, next = 0;
+
+	if (tcp_full(c->fd, &h, sizeof(h), false) || h.magic != TCP_MAGIC || !h.nstreams ||
+	    h.nstreams > TCP_MAX_STREAMS || h.stream >= h.nstreams || !h.block || !h.batch ||
+	    h.batch > KCOLL_XFER_MAX_ENTRIES || h.seg_bytes != opt.seg_bytes ||
+	    (uint64_t)h.batch * h.block > opt.seg_bytes) {
+		fprintf(stderr, "kcoll-kvbench: tcp-sink: a bad hello (is --seg-bytes the same on "
+			"both sides?)\n");
+		goto out;
+	}
+	nb = nbatches(h.block, h.batch);
+	all = malloc((size_t)nb * h.batch * sizeof(*all));
+	iov = malloc(((size_t)h.batch + 2) * sizeof(*iov));
+	if (!all || !iov)
+		goto out;
+	for (uint32_t i = 0; i < nb; i++)
+		make_entries(all + (size_t)i * h.batch, h.batch, h.block, opt.seg_bytes,
+			     0x9e3779b97f4a7c15ULL + i);
+	if (tcp_full(c->fd, &m, sizeof(m), false))
+		goto out;
+	while (m.magic == TCP_MAGIC && m.more) {
+		uint64_t bytes;
+		size_t k = tcp_part(all + (size_t)(next++ % nb) * h.batch, h.batch, h.block,
+				    (int)h.stream, (int)h.nstreams, c->buf, false, iov, &bytes);
+
+		iov[k++] = (struct iovec){ &m, sizeof(m) };
+		if (tcp_iovs(c->fd, iov, k, false))
+			goto out;
+		got += bytes;
+	}
+	if (m.magic == TCP_MAGIC)
+		tcp_full(c->fd, &got, sizeof(got), true);
+out:
+	close(c->fd);
+	free(all);
+	free(iov);
+	free(c);
+	return NULL;
+}
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE	25
+#endif
+#define TCP_HUGE	(2ul << 20)
+
+/* The tcp modes' buffer of n bytes (--tcp-mem), every page touched; NULL on
+ * failure (said why). */
+static uint8_t *tcp_buf(size_t n)
+{
+	bool memfd = opt.tcp_mem == TCP_MEM_MEMFD || opt.tcp_mem == TCP_MEM_MEMFD_HUGE;
+	bool huge = opt.tcp_mem == TCP_MEM_ANON_HUGE || opt.tcp_mem == TCP_MEM_MEMFD_HUGE;
+	size_t whole = n & ~(TCP_HUGE - 1);
+	uint8_t *raw, *p;
+	int fd = -1;
+
+	if (opt.tcp_mem == TCP_MEM_ANON) {	/* the anchor's default, as it always was */
+		p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED)
+			goto fail;
+		memset(p, 0x42, n);
+		return p;
+	}
+	if (memfd && ((fd = memfd_create("kvbench-tcp", MFD_CLOEXEC)) < 0 || ftruncate(fd, n)))
+		goto fail;
+	/* 2 MiB aligned (address and file offset alike), the rest given back */
+	raw = mmap(NULL, n + TCP_HUGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (raw == MAP_FAILED)
+		goto fail;
+	p = (uint8_t *)(((uintptr_t)raw + TCP_HUGE - 1) & ~(uintptr_t)(TCP_HUGE - 1));
+	if (mmap(p, n, PROT_READ | PROT_WRITE, MAP_FIXED | (memfd ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS),
+		 fd, 0) == MAP_FAILED) {
+		int e = errno;
+
+		munmap(raw, n + TCP_HUGE);
+		errno = e;
+		goto fail;
+	}
+	if (p > raw)
+		munmap(raw, p - raw);
+	munmap(p + n, raw + TCP_HUGE - p);
+	if (fd >= 0)
+		close(fd);
+	memset(p, 0x42, n);
+	if (huge && whole && madvise(p, whole, MADV_COLLAPSE))
+		fprintf(stderr, "kcoll-kvbench: --tcp-mem %s: MADV_COLLAPSE: %s (some pages stay 4 KiB)\n",
+			tcp_mem_names[opt.tcp_mem], strerror(errno));
+	return p;
+fail:
+	fprintf(stderr, "kcoll-kvbench: %zu bytes of %s memory: %s\n", n, tcp_mem_names[opt.tcp_mem],
+		strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	return NULL;
+}
+
+static void on_stop(int sig)
+{
+	stop = 1;
+}
+
+/* Accept streams and receive into one buffer until SIGINT/SIGTERM. */
+static int tcp_sink(void)
+{
+	struct sigaction sa = { .sa_handler = on_stop };	/* no SA_RESTART: accept returns */
+	struct addrinfo *ai;
+	uint8_t *buf;
+	int one = 1, lfd;
+
+	if (tcp_addr(&ai, true, 0))
+		return 1;
+	lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
+	    bind(lfd, ai->ai_addr, ai->ai_addrlen) || listen(lfd, 64)) {
+		fprintf(stderr, "kcoll-kvbench: tcp-sink: cannot listen on %s: %s\n", opt.addr,
+			strerror(errno));
+		freeaddrinfo(ai);
+		return 1;
+	}
+	freeaddrinfo(ai);
+	buf = tcp_buf(opt.seg_bytes);
+	if (!buf)
+		return 1;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	fprintf(stderr, "kcoll-kvbench: tcp-sink: %zu bytes, listening on %s; Ctrl-C ends it\n",
+		opt.seg_bytes, opt.addr);
+	while (!stop) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+		struct tcp_conn *c;
+		pthread_t t;
+
+		if (fd < 0)
+			continue;	/* EINTR: stop set, or a transient error */
+		c = malloc(sizeof(*c));
+		if (!c) {
+			close(fd);
+			continue;
+		}
+		*c = (struct tcp_conn){ fd, buf };
+		if (pthread_create(&t, NULL, tcp_sink_conn, c)) {
+			close(fd);
+			free(c);
+			continue;
+		}
+		pthread_detach(t);
+	}
+	close(lfd);
+	return 0;
+}
+
+struct tcp_src {
+	int fd, s, ns;
+	size_t block;
+	uint32_t batch;
+	uint8_t *buf;
+	pthread_barrier_t *bar;
+	double t0, t1;
+	uint64_t sent, acked;
+	int err;
+};
+
+static void *tcp_source_stream(void *arg)
+{
+	struct tcp_src *w = arg;
+	uint32_t nb = nbatches(w->block, w->batch), next = 0;
+	struct kcoll_xfer_entry *all = malloc((size_t)nb * w->batch * sizeof(*all));
+	struct iovec *iov = malloc(((size_t)w->batch + 2) * sizeof(*iov));
+	struct tcp_mark more = { TCP_MAGIC, 1 }, end = { TCP_MAGIC, 0 };
+	double stop_at;
+	int r = all && iov ? 0 : -ENOMEM;
+
+	for (uint32_t i = 0; !r && i < nb; i++)
+		make_entries(all + (size_t)i * w->batch, w->batch, w->block, opt.seg_bytes,
+			     0x9e3779b97f4a7c15ULL + i);
+	pthread_barrier_wait(w->bar);
+	w->t0 = now_s();
+	stop_at = w->t0 + opt.duration;
+	if (!r)
+		r = tcp_full(w->fd, &more, sizeof(more), true);
+	while (!r) {
+		uint64_t bytes;
+		size_t k = tcp_part(all + (size_t)(next++ % nb) * w->batch, w->batch, w->block, w->s,
+				    w->ns, w->buf, true, iov, &bytes);
+		bool last = now_s() >= stop_at;
+
+		iov[k++] = (struct iovec){ last ? &end : &more, sizeof(more) };
+		r = tcp_iovs(w->fd, iov, k, true);
+		if (!r)
+			w->sent += bytes;
+		if (last)
+			break;
+	}
+	if (!r)
+		r = tcp_full(w->fd, &w->acked, sizeof(w->acked), false);
+	w->t1 = now_s();
+	if (!r && w->acked != w->sent)
+		r = -EPROTO;
+	w->err = r;
+	free(all);
+	free(iov);
+	return NULL;
+}
+
+static int tcp_connect(const struct addrinfo *ai)
+{
+	for (int i = 0; i < 300; i++) {	/* the sink may still be starting */
+		int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+		if (fd < 0)
+			return -errno;
+		if (!connect(fd, ai->ai_addr, ai->ai_addrlen))
+			return fd;
+		close(fd);
+		usleep(100000);
+	}
+	fprintf(stderr, "kcoll-kvbench: tcp-source: cannot connect to %s: %s (is a tcp-sink "
+		"listening there?)\n", opt.addr, strerror(errno));
+	return -ECONNREFUSED;
+}
+
+static int tcp_source(void)
+{
+	int ns = tcp_nstreams();
+	struct addrinfo *ai[TCP_MAX_STREAMS] = { 0 };
+	uint8_t *buf;
+	int r = 0;
+
+	for (int s = 0; s < ns; s++)	/* stream s to address s mod n, as kcolld's streams */
+		if (tcp_addr(&ai[s], false, s))
+			goto out;
+	buf = tcp_buf(opt.seg_bytes);
+	if (!buf)
+		goto out;
+	if (opt.json)
+		printf("{\"tool\":\"kcoll-kvbench\",\"version\":\"%s\",\"mode\":\"tcp-source\","
+		       "\"op\":\"write\",\"streams\":%d,\"seg_bytes\":%zu,\"mem\":\"%s\",\"rows\":[",
+		       kcoll_version(), ns, opt.seg_bytes, tcp_mem_names[opt.tcp_mem]);
+	else
+		printf("# kcoll-kvbench tcp-source: write, %d TCP streams to %s, no kcolld, %s memory\n"
+		       "# %8s %6s %9s %10s\n", ns, opt.addr, tcp_mem_names[opt.tcp_mem], "block", "batch",
+		       "GB/s", "MB_moved");
+	for (int b = 0; b < opt.nblocks && !r; b++) {
+		struct tcp_src w[TCP_MAX_STREAMS];
+		pthread_t tid[TCP_MAX_STREAMS];
+		pthread_barrier_t bar;
+		size_t block = opt.blocks[b];
+		uint32_t batch = opt.batch;
+		uint64_t bytes = 0;
+		double t0 = 1e30, t1 = 0, gbps;
+
+		if ((uint64_t)batch * block > opt.seg_bytes)
+			batch = (uint32_t)(opt.seg_bytes / block);
+		pthread_barrier_init(&bar, NULL, ns);
+		for (int s = 0; s < ns; s++) {
+			struct tcp_hello h = { TCP_MAGIC, s, ns, batch, block, opt.seg_bytes };
+
+			w[s] = (struct tcp_src){ .fd = tcp_connect(ai[s]), .s = s, .ns = ns, .block = block,
+						 .batch = batch, .buf = buf, .bar = &bar };
+			if (w[s].fd < 0 || tcp_full(w[s].fd, &h, sizeof(h), true)) {
+				r = w[s].fd < 0 ? w[s].fd : -ECONNRESET;
+				for (int j = 0; j <= s; j++)
+					if (w[j].fd >= 0)
+						close(w[j].fd);
+				break;
+			}
+		}
+		if (r) {
+			pthread_barrier_destroy(&bar);
+			break;
+		}
+		for (int s = 0; s < ns; s++)
+			pthread_create(&tid[s], NULL, tcp_source_stream, &w[s]);
+		for (int s = 0; s < ns; s++) {
+			pthread_join(tid[s], NULL);
+			close(w[s].fd);
+			if (w[s].err && !r) {
+				r = w[s].err;
+				fprintf(stderr, "kcoll-kvbench: tcp-source: stream %d: %s\n", s,
+					w[s].err == -EPROTO ? "the sink confirmed fewer bytes than sent" :
+					strerror(-w[s].err));
+			}
+			bytes += w[s].acked;
+			t0 = w[s].t0 < t0 ? w[s].t0 : t0;
+			t1 = w[s].t1 > t1 ? w[s].t1 : t1;
+		}
+		pthread_barrier_destroy(&bar);
+		if (r)
+			break;
+		gbps = t1 > t0 ? bytes / (t1 - t0) / 1e9 : 0;
+		if (opt.json)
+			printf("%s{\"block\":%zu,\"batch\":%u,\"batches\":%llu,\"bytes\":%llu,\"GBps\":%.4f}",
+			       b ? "," : "", block, batch,
+			       (unsigned long long)(bytes / ((uint64_t)batch * block)),
+			       (unsigned long long)bytes, gbps);
+		else
+			printf("%10zu %6u %9.3f %10.1f\n", block, batch, gbps, bytes / 1e6);
+		fflush(stdout);
+	}
+	if (opt.json && !r)
+		printf("]}\n");
+	munmap(buf, opt.seg_bytes);
+	for (int s = 0; s < ns; s++)
+		if (ai[s])
+			freeaddrinfo(ai[s]);
+	return r ? 1 : 0;
+out:
+	for (int s = 0; s < ns; s++)
+		if (ai[s])
+			freeaddrinfo(ai[s]);
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	struct worker ws[MAX_THREADS] = { 0 };
@@ -601,6 +1097,10 @@ int main(int argc, char **argv)
 	gethostname(host, sizeof(host) - 1);
 	if (opt.mode == MODE_TARGET)
 		return target_run(NULL, opt.desc_path, -1);
+	if (opt.mode == MODE_TCP_SINK)
+		return tcp_sink();
+	if (opt.mode == MODE_TCP_SOURCE)
+		return tcp_source();
 	if (opt.mode == MODE_INITIATOR) {
 		if (read_descs(opt.desc_path))
 			return 1;
