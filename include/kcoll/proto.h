@@ -143,13 +143,15 @@ struct kcoll_msg_c4 {
 	uint64_t since;		/* events: only those with a larger id */
 };
 
+#define KCOLL_COMM_F_GPU	(1u << 0)	/* the rank's process has the CUDA driver loaded */
+
 struct kcoll_msg_comm_init {
 	struct kcoll_msg_hdr hdr;
 	struct kcoll_id id;
 	uint32_t nranks;
 	uint32_t rank;
 	uint32_t timeout_ms;
-	uint32_t reserved;
+	uint32_t flags;		/* KCOLL_COMM_F_* */
 };
 
 struct kcoll_msg_comm_init_reply {

@@ -204,7 +204,7 @@ int kd_comm_join(struct kd_client *c, const struct kcoll_msg_comm_init *m, const
 
 	/* The id's root daemon learns where every rank is; once all are
 	 * placed, the comm is activated (kd_comm_activate), maybe right here. */
-	int r = kd_net_join(comm, id, m->rank, why);
+	int r = kd_net_join(comm, id, m->rank, m->flags, why);
 
 	if (r < 0) {
 		kd_comm_form_fail(comm, r, *why);

@@ -76,6 +76,7 @@ struct kd_boot {
 	int64_t expires;
 	uint32_t nranks, nreg, nd, nready;
 	bool tables_sent;
+	bool gpu;		/* a rank's process has the CUDA driver: no lanes */
 	int16_t *rank_daemon;
 	struct kd_boot_daemon d[KD_MAX_HOSTS];
 	struct kd_boot *next;
@@ -905,11 +906,13 @@ static void fill_register(struct kd_p_register *m, const struct kd_comm *comm, u
 
 static void boot_register(struct kd_boot *b, struct kd_pconn *from, const struct kd_p_register *m);
 
-int kd_net_join(struct kd_comm *comm, const struct kcoll_id *id, uint32_t rank, const char **why)
+int kd_net_join(struct kd_comm *comm, const struct kcoll_id *id, uint32_t rank, uint32_t flags,
+		const char **why)
 {
 	struct kd_p_register m;
 
 	fill_register(&m, comm, rank);
+	m.flags = flags;
 	if (id->root_nonce == kd.nonce) {
 		struct kd_boot *b = boot_find(id->token);
 
@@ -1010,7 +1013,9 @@ static uint32_t shared_networks(const struct kd_boot *b)
  */
 static uint32_t lane_bytes(const struct kd_boot *b)
 {
-	if (b->nd < 2 || b->nd != b->nranks || b->nd > KD_LANE_MAX_HOSTS)
+	/* Lanes move host memory only, and libkcoll cannot copy device memory
+	 * itself: a rank that may pass device buffers keeps the ops on kcolld. */
+	if (b->nd < 2 || b->nd != b->nranks || b->nd > KD_LANE_MAX_HOSTS || b->gpu)
 		return 0;
 	return atomic_load(&net.lane_bytes);
 }
@@ -1122,6 +1127,7 @@ static void boot_register(struct kd_boot *b, struct kd_pconn *from, const struct
 	if (m->rank < b->d[i].first_rank)
 		b->d[i].first_rank = m->rank;
 	b->rank_daemon[m->rank] = i;
+	b->gpu |= m->flags & KCOLL_COMM_F_GPU;
 	if (++b->nreg == b->nranks)
 		boot_send_tables(b);
 	return;

@@ -100,6 +100,8 @@ struct kd_p_register {
 	uint32_t nranks;
 	uint32_t rank;
 	struct kd_p_hostinfo me;
+	uint32_t flags;		/* KCOLL_COMM_F_* of the rank */
+	uint32_t reserved;
 };
 
 /* Followed by uint16_t rank_host[nranks]. */
@@ -379,7 +381,8 @@ void kd_net_self(struct kd_p_hostinfo *me);
 /* TCP connection to addr:port (network-order address), blocking mode; fd or -errno. */
 int kd_net_connect(uint32_t addr, uint16_t port);
 /* A local rank joined comm (FORMING): register it with the id's root. */
-int kd_net_join(struct kd_comm *comm, const struct kcoll_id *id, uint32_t rank, const char **why);
+int kd_net_join(struct kd_comm *comm, const struct kcoll_id *id, uint32_t rank, uint32_t flags,
+		const char **why);
 /* Abort comm from op from_seq on and tell every peer (control thread or any). */
 void kd_net_abort_peers(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags, uint64_t from_seq);
 /* Control thread, periodically: bootstrap deadlines, query rounds. */

@@ -696,6 +696,8 @@ int kcoll_get_unique_id(struct kcoll *k, kcoll_unique_id_t *id)
 	return 0;
 }
 
+static bool cuda_loaded(void);
+
 /* Take the communicator's lanes from kcolld, one per other host. */
 static int lanes_open(struct kcoll_comm *c, const struct kcoll_msg_comm_init_reply *rep)
 {
@@ -746,6 +748,9 @@ int kcoll_comm_init_rank(struct kcoll *k, const kcoll_unique_id_t *id, int nrank
 	/* Our KCOLL_TIMEOUT_MS if we set one, else 0: kcolld's own (its
 	 * environment or /sys/kernel/kcoll/timeout_ms). */
 	req.timeout_ms = k->timeout_set ? k->timeout_ms : 0;
+	/* A process with CUDA may pass device buffers: its communicators get
+	 * no lanes (they move host memory only). */
+	req.flags = cuda_loaded() ? KCOLL_COMM_F_GPU : 0;
 	memset(&rep, 0, sizeof(rep));
 	/* kcolld enforces the timeout and a dead daemon is seen as a hangup;
 	 * this bound only guards against one that is stuck. */
@@ -1048,8 +1053,9 @@ static int coll_submit(struct kcoll_comm *c, uint8_t opcode, const void *send, v
 		/* Every rank takes this path for this op: its size decides. */
 		if (sqe.coll.send_mem != KCOLL_MEM_HOST || sqe.coll.recv_mem != KCOLL_MEM_HOST) {
 			kc_warn("a device buffer in an all-reduce of %zu bytes, which this communicator runs "
-				"over lanes (host memory only): copy it to host memory, or set KCOLL_LANE_BYTES "
-				"below that size on the daemon that issues the id", sbytes);
+				"over lanes (host memory only; it was made before this process loaded CUDA): "
+				"make communicators after loading CUDA, or set KCOLL_LANE_BYTES=0 on the "
+				"daemon that issues the id", sbytes);
 			return -EOPNOTSUPP;
 		}
 		return lane_submit(c, send, recv, count, dtype, op, req);
