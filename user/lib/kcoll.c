@@ -455,14 +455,15 @@ static int have_free_req(struct kcoll *k, void *arg)
 	return k->free_reqs != NULL || k->dead;
 }
 
-/* Queue one SQE; on success *req is the pending request. */
-static int submit(struct kcoll *k, struct kcoll_sqe *sqe, struct kcoll_req **req, int64_t spin_ns)
+/*
+ * A free request, made pending: 0 with ring_lock held, or -ENOTCONN (the
+ * daemon is gone) / -EBUSY (none came free within the timeout) without it.
+ */
+static int req_take(struct kcoll *k, int64_t spin_ns, struct kcoll_req **out)
 {
 	struct kcoll_req *rq;
 	int r;
 
-	if (!req)
-		return -EINVAL;
 	for (;;) {
 		pthread_mutex_lock(&k->ring_lock);
 		if (k->dead) {
@@ -477,12 +478,27 @@ static int submit(struct kcoll *k, struct kcoll_sqe *sqe, struct kcoll_req **req
 		if (r)
 			return r == -ETIMEDOUT ? -EBUSY : r;
 	}
-	/* Requests in flight never exceed sq_entries, so the SQ has room. */
 	rq = k->free_reqs;
 	k->free_reqs = rq->next_free;
 	rq->gen++;
 	rq->state = REQ_PENDING;
 	rq->spin_ns = spin_ns;
+	*out = rq;
+	return 0;
+}
+
+/* Queue one SQE; on success *req is the pending request. */
+static int submit(struct kcoll *k, struct kcoll_sqe *sqe, struct kcoll_req **req, int64_t spin_ns)
+{
+	struct kcoll_req *rq;
+	int r;
+
+	if (!req)
+		return -EINVAL;
+	r = req_take(k, spin_ns, &rq);
+	if (r)
+		return r;
+	/* Requests in flight never exceed sq_entries, so the SQ has room. */
 	sqe->user_data = (uint64_t)rq->gen << 32 | rq->idx;
 	if (kcoll_queue_space(&k->sq) <= 0) {
 		rq->state = REQ_FREE;
@@ -564,28 +580,13 @@ static int lane_submit(struct kcoll_comm *c, const void *send, void *recv, size_
 	pthread_mutex_lock(&c->lane_lock);
 	/* A communicator's lane ops run one at a time, in the order issued. */
 	lane_progress(c, -1);
-	for (;;) {
-		pthread_mutex_lock(&k->ring_lock);
-		if (k->dead || k->free_reqs)
-			break;
-		pthread_mutex_unlock(&k->ring_lock);
-		r = cq_wait(k, have_free_req, NULL, k->timeout_ms, k->spin_ns);
-		if (r) {
-			pthread_mutex_unlock(&c->lane_lock);
-			return r == -ETIMEDOUT ? -EBUSY : r;
-		}
-	}
-	if (k->dead) {
-		pthread_mutex_unlock(&k->ring_lock);
-		kc_lanes_kill(c->lanes, -ENOTCONN);
+	r = req_take(k, 0, &rq);
+	if (r) {
+		if (r == -ENOTCONN)
+			kc_lanes_kill(c->lanes, r);
 		pthread_mutex_unlock(&c->lane_lock);
-		return -ENOTCONN;
+		return r;
 	}
-	rq = k->free_reqs;
-	k->free_reqs = rq->next_free;
-	rq->gen++;
-	rq->state = REQ_PENDING;
-	rq->spin_ns = 0;
 	rq->lane_comm = c;
 	c->lane_rq = rq;
 	pthread_mutex_unlock(&k->ring_lock);

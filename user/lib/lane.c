@@ -79,6 +79,8 @@ struct kc_lanes {
 	uint32_t nhosts, self;
 	uint32_t max_bytes;
 	int64_t timeout_ns, spin_ns;
+	bool rd;		/* recursive doubling (H a power of two), else one exchange */
+	uint32_t nsteps;	/* log2 H, or 1 */
 	struct lane_peer *peer;	/* [nhosts]; peer[self].fd = -1 */
 	uint8_t *scratch;
 	size_t scratch_per;	/* bytes per slot */
@@ -88,8 +90,7 @@ struct kc_lanes {
 
 	/* the op in flight */
 	bool busy;
-	bool rd;		/* recursive doubling (H a power of two), else one exchange */
-	uint32_t step, nsteps;
+	uint32_t step;
 	struct lane_hdr tx;
 	const void *send;	/* what this step sends */
 	void *recv;
@@ -123,6 +124,10 @@ int kc_lanes_new(uint32_t nhosts, uint32_t self, int *fds, uint32_t max_bytes, i
 	}
 	l->nhosts = nhosts;
 	l->self = self;
+	l->rd = !(nhosts & (nhosts - 1));
+	l->nsteps = 1;
+	while (l->rd && (1u << l->nsteps) < nhosts)
+		l->nsteps++;
 	l->max_bytes = max_bytes;
 	l->timeout_ns = (int64_t)(timeout_ms > 0 ? timeout_ms : 30000) * 1000000;
 	l->spin_ns = spin_ns;
@@ -196,11 +201,6 @@ int kc_lanes_fit(const struct kc_lanes *l, size_t bytes)
 	return l && bytes <= l->max_bytes;
 }
 
-int kc_lanes_busy(const struct kc_lanes *l)
-{
-	return l->busy;
-}
-
 int kc_lanes_error(const struct kc_lanes *l, uint32_t *err_host)
 {
 	*err_host = l->err_host;
@@ -227,7 +227,6 @@ int kc_lanes_start(struct kc_lanes *l, const void *send, void *recv, size_t coun
 		return l->err;
 	if (l->busy || bytes > l->max_bytes)
 		return -EINVAL;
-	l->rd = !(l->nhosts & (l->nhosts - 1));
 	if (bytes > l->scratch_per || !l->scratch) {
 		/* Grows to the largest op seen, at most (H - 1) x the lane size. */
 		uint8_t *sc = malloc((size_t)(l->nhosts - 1) * (bytes ? bytes : 1));
@@ -251,12 +250,8 @@ int kc_lanes_start(struct kc_lanes *l, const void *send, void *recv, size_t coun
 		if (recv != send && bytes)
 			memmove(recv, send, bytes);
 		l->send = recv;
-		l->nsteps = 0;
-		while ((1u << l->nsteps) < l->nhosts)
-			l->nsteps++;
 	} else {
 		l->send = send;
-		l->nsteps = 1;
 	}
 	step_begin(l);
 	l->busy = true;

@@ -26,7 +26,6 @@ void kc_lanes_free(struct kc_lanes *l);
 /* Our daemon is gone: shut the lanes down so the other ranks see it. */
 void kc_lanes_kill(struct kc_lanes *l, int err);
 int kc_lanes_fit(const struct kc_lanes *l, size_t bytes);
-int kc_lanes_busy(const struct kc_lanes *l);
 /* The sticky error (0: none) and the host it names. */
 int kc_lanes_error(const struct kc_lanes *l, uint32_t *err_host);
 /* Start an all-reduce (sends go out during progress): 0, or the sticky error. */
