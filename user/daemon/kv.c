@@ -43,6 +43,7 @@
 #include <kcoll/futex.h>
 
 #include "kcolld.h"
+#include "iov.h"
 #include "log.h"
 #include "config.h"
 #include "net.h"
@@ -1106,41 +1107,13 @@ static int local_io(struct kv_stream *st, const struct kv_frame *f, uint8_t *buf
 	return r;
 }
 
-/*
- * Send or receive n iovecs whole (IOV_MAX at a time; consumes the array):
- * one system call for a frame of many blocks rather than one per block.
- * 0, -ETIMEDOUT or -ECONNRESET.
- */
+/* kcoll_io_iovs with MSG_MORE: 0, -ETIMEDOUT (the socket's timeout) or
+ * -ECONNRESET. */
 static int io_iovs(int fd, struct iovec *iov, size_t n, bool out)
 {
-	for (;;) {
-		struct msghdr mh = { 0 };
-		ssize_t k;
+	int r = kcoll_io_iovs(fd, iov, n, out, true);
 
-		while (n && !iov->iov_len) {	/* recvmsg would read 0 as "closed" */
-			iov++;
-			n--;
-		}
-		if (!n)
-			return 0;
-		mh.msg_iov = iov;
-		mh.msg_iovlen = n < 1024 ? n : 1024;
-		k = out ? sendmsg(fd, &mh, MSG_NOSIGNAL | (n > 1024 ? MSG_MORE : 0)) :
-		    recvmsg(fd, &mh, MSG_WAITALL);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return k < 0 && errno == EAGAIN ? -ETIMEDOUT : -ECONNRESET;
-		while (n && (size_t)k >= iov->iov_len) {
-			k -= iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (k) {
-			iov->iov_base = (uint8_t *)iov->iov_base + k;
-			iov->iov_len -= k;
-		}
-	}
+	return !r ? 0 : r == -EAGAIN ? -ETIMEDOUT : -ECONNRESET;
 }
 
 /* A write frame straight from the mapped local segment, under its reader

@@ -40,6 +40,7 @@
 
 #include "bench_common.h"
 #include "config.h"
+#include "iov.h"
 
 #define MAX_BLOCKS	16
 #define MAX_THREADS	64
@@ -698,43 +699,11 @@ static int tcp_addr(struct addrinfo **ai, bool passive, int idx)
 	return 0;
 }
 
-/* Send or receive n iovecs whole (IOV_MAX at a time; consumes the array). */
-static int tcp_iovs(int fd, struct iovec *iov, size_t n, bool out)
-{
-	for (;;) {
-		struct msghdr mh = { 0 };
-		ssize_t k;
-
-		while (n && !iov->iov_len) {
-			iov++;
-			n--;
-		}
-		if (!n)
-			return 0;
-		mh.msg_iov = iov;
-		mh.msg_iovlen = n < 1024 ? n : 1024;
-		k = out ? sendmsg(fd, &mh, MSG_NOSIGNAL) : recvmsg(fd, &mh, MSG_WAITALL);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return k < 0 ? -errno : -ECONNRESET;
-		while (n && (size_t)k >= iov->iov_len) {
-			k -= iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (k) {
-			iov->iov_base = (uint8_t *)iov->iov_base + k;
-			iov->iov_len -= k;
-		}
-	}
-}
-
 static int tcp_full(int fd, void *p, size_t n, bool out)
 {
 	struct iovec v = { p, n };
 
-	return tcp_iovs(fd, &v, 1, out);
+	return kcoll_io_iovs(fd, &v, 1, out, false);
 }
 
 /* Stream s's part of batch e (n blocks of block bytes) as iovecs into buf,
@@ -798,7 +767,7 @@ static void *tcp_sink_conn(void *arg)
 				    (int)h.stream, (int)h.nstreams, c->buf, false, iov, &bytes);
 
 		iov[k++] = (struct iovec){ &m, sizeof(m) };
-		if (tcp_iovs(c->fd, iov, k, false))
+		if (kcoll_io_iovs(c->fd, iov, k, false, false))
 			goto out;
 		got += bytes;
 	}
@@ -958,7 +927,7 @@ static void *tcp_source_stream(void *arg)
 		bool last = now_s() >= stop_at;
 
 		iov[k++] = (struct iovec){ last ? &end : &more, sizeof(more) };
-		r = tcp_iovs(w->fd, iov, k, true);
+		r = kcoll_io_iovs(w->fd, iov, k, true, false);
 		if (!r)
 			w->sent += bytes;
 		if (last)
