@@ -393,11 +393,16 @@ static int count_owner(const char *dir, size_t size, uint32_t want, uint32_t par
 	return failed;
 }
 
-/* Part i of K: its slice in R batches of scattered blocks, each notifying. */
-static int part(const char *dir, uint32_t me, uint32_t parts, uint32_t rounds, int shm)
+#define PART_DEPTH_MAX	8
+
+/* Part i of K: its slice in R batches of scattered blocks, each notifying,
+ * up to D batches in flight at once (across hosts: several queued for the
+ * import's streams together). */
+static int part(const char *dir, uint32_t me, uint32_t parts, uint32_t rounds, int shm, int depth)
 {
 	struct kcoll *k = conn();
-	struct kcoll_xfer_entry *e = calloc(KCOLL_XFER_MAX_ENTRIES, sizeof(*e));
+	struct kcoll_xfer_entry *e[PART_DEPTH_MAX] = { 0 };
+	struct kcoll_req *rq[PART_DEPTH_MAX] = { 0 };
 	kcoll_seg_desc_t d;
 	struct kcoll_rseg *rs;
 	struct kcoll_seg *ls;
@@ -406,8 +411,12 @@ static int part(const char *dir, uint32_t me, uint32_t parts, uint32_t rounds, i
 	uint64_t done = 0;
 	int r = 0;
 
+	depth = depth < 1 ? 1 : depth > PART_DEPTH_MAX ? PART_DEPTH_MAX : depth;
+	for (int i = 0; i < depth; i++)
+		if (!(e[i] = calloc(KCOLL_XFER_MAX_ENTRIES, sizeof(*e[i]))))
+			return 2;
 	rng_state ^= (me + 1) * 0x9e3779b97f4a7c15ULL;
-	if (file_read(dir, "desc", &d, sizeof(d), 30) || kcoll_seg_import(k, &d, &rs) || !e)
+	if (file_read(dir, "desc", &d, sizeof(d), 30) || kcoll_seg_import(k, &d, &rs))
 		return 2;
 	slice = kcoll_rseg_size(rs) / parts;
 	src = buf_alloc(k, 2 * slice, shm);
@@ -417,34 +426,47 @@ static int part(const char *dir, uint32_t me, uint32_t parts, uint32_t rounds, i
 	for (size_t i = 0; i < slice; i++)
 		src[i] = pat(me, i);
 	/* Round j writes the blocks of [j * slice / R, (j+1) * slice / R): the
-	 * slice cut into blocks of 1 B .. 64 KiB, shuffled. */
-	for (uint32_t j = 0; j < rounds && !r; j++) {
+	 * slice cut into blocks of 1 B .. 64 KiB, shuffled; slot j % D holds
+	 * its entries until it completes. */
+	for (uint32_t j = 0; j < rounds + (uint32_t)depth; j++) {
+		int slot = j % depth;
 		uint64_t lo = j * slice / rounds, hi = (j + 1) * slice / rounds, at = lo;
 		uint32_t n = 0;
 
+		if (rq[slot]) {
+			int x = kcoll_wait(rq[slot], 60000);
+
+			rq[slot] = NULL;
+			done += !x;
+			r = r ? r : x;
+		}
+		if (j >= rounds || r)
+			continue;
 		while (at < hi && n < KCOLL_XFER_MAX_ENTRIES) {
 			uint64_t len = 1 + rnd() % (1ULL << (rnd() % 17));
 
 			len = len > hi - at || n == KCOLL_XFER_MAX_ENTRIES - 1 ? hi - at : len;
-			e[n++] = (struct kcoll_xfer_entry){ at, me * slice + at, len };
+			e[slot][n++] = (struct kcoll_xfer_entry){ at, me * slice + at, len };
 			at += len;
 		}
-		shuffle_entries(e, n);
-		r = xfer_sync(1, ls, rs, e, n, 0);
-		done += !r;
+		shuffle_entries(e[slot], n);
+		r = kcoll_xfer_write(ls, rs, e[slot], n, 0, &rq[slot]);
+		if (r)
+			rq[slot] = NULL;
 	}
-	check(r == 0, "part_writes", "(part %u: %llu of %u batches: %s)", me, (unsigned long long)done,
-	      rounds, kcoll_strerror(r));
+	check(r == 0 && done == rounds, "part_writes", "(part %u: %llu of %u batches, %d in flight: %s)",
+	      me, (unsigned long long)done, rounds, depth, kcoll_strerror(r));
 	memset(back, 0, slice);
-	e[0] = (struct kcoll_xfer_entry){ slice, me * slice, slice };
-	r = xfer_sync(0, ls, rs, e, 1, KCOLL_NOTIFY_NONE);
+	e[0][0] = (struct kcoll_xfer_entry){ slice, me * slice, slice };
+	r = xfer_sync(0, ls, rs, e[0], 1, KCOLL_NOTIFY_NONE);
 	check(r == 0 && !memcmp(back, src, slice), "part_read_back", "(part %u: %s)", me,
 	      r ? kcoll_strerror(r) : "compared");
 	kcoll_rseg_close(rs);
 	kcoll_seg_unregister(ls);
 	buf_free(k, src, shm);
 	kcoll_disconnect(k);
-	free(e);
+	for (int i = 0; i < depth; i++)
+		free(e[i]);
 	return failed;
 }
 
@@ -636,7 +658,7 @@ int main(int argc, char **argv)
 		return count_owner(argv[2], strtoull(argv[3], NULL, 0), atoi(argv[4]), atoi(argv[5]));
 	if (argc >= 6 && !strcmp(argv[1], "part"))
 		return part(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
-			    argc >= 7 && !strcmp(argv[6], "shm"));
+			    argc >= 7 && !strcmp(argv[6], "shm"), argc >= 8 ? atoi(argv[7]) : 1);
 	if (argc >= 4 && !strcmp(argv[1], "victim"))
 		return victim(argv[2], strtoull(argv[3], NULL, 0), shm);
 	if (argc >= 3 && !strcmp(argv[1], "stream"))
@@ -644,7 +666,7 @@ int main(int argc, char **argv)
 	if (argc >= 3 && !strcmp(argv[1], "after"))
 		return after(argv[2], argc >= 4 && !strcmp(argv[3], "shm"));
 	fprintf(stderr, "usage: kv_peer owner|unreg DIR SIZE [shm] | init|flood DIR [shm] | "
-		"count DIR SIZE N K | part DIR I K R [shm] | victim DIR SIZE [shm] | "
+		"count DIR SIZE N K | part DIR I K R [shm|malloc [DEPTH]] | victim DIR SIZE [shm] | "
 		"stream|after DIR [shm]\n");
 	return 2;
 }

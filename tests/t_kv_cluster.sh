@@ -70,6 +70,29 @@ for mem in malloc shm; do
 	cat "$T"/*.out >>"$T/all.log"
 done
 
+# ---- several batches in flight per initiator (kcolld's stream threads take
+# frames of queued batches as they go): two parts on host 1, one from a
+# kcoll_mem_alloc buffer and one from malloc, each writing its half of host
+# 0's 64 MiB segment in 8 notifying batches of 1 B .. 64 KiB blocks (4 MiB,
+# several frames each), 4 batches in flight; the owner checks the counter
+# is exactly 16 and both halves intact, each part reads its half back.
+mkdir -p "$T/c"
+"$C" exec 0 "$PEER" count "$T/c" $((64 * 1024 * 1024)) 16 2 >"$T/c/count.out" 2>&1 &
+owner=$!
+"$C" exec 1 timeout -k 5 120 "$PEER" part "$T/c" 0 2 8 shm 4 >"$T/c/part0.out" 2>&1 &
+p0=$!
+"$C" exec 1 timeout -k 5 120 "$PEER" part "$T/c" 1 2 8 malloc 4 >"$T/c/part1.out" 2>&1
+p1rc=$?
+wait "$p0"
+p0rc=$?
+wait "$owner"
+orc=$?
+sed -i "s/^check \([a-z_]*\):/check depth4:\1:/" "$T/c"/*.out
+for f in part0 part1 count; do tap_checks "$T/c/$f.out"; done
+[ $p0rc -eq 0 ] && [ $p1rc -eq 0 ] && [ $orc -eq 0 ]
+ok $? "depth4: both parts and the owner exit 0 (parts $p0rc $p1rc, owner $orc)"
+cat "$T/c"/*.out >>"$T/all.log"
+
 # ---- the initiator's side dies mid-batch (docs/kv.md "Unregister and death").
 # Host 1's stream initiator writes whole-segment batches, each notifying
 # counter 1, into host 0's victim segment; once two batches are done, kill -9

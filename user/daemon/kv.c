@@ -110,8 +110,9 @@ static __thread uint8_t *kv_stage;
 
 static void remote_free(struct kv_remote *rm);
 static int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out);
-static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
-		      struct kv_side *local, struct kd_seg *rs, uint32_t notify_id, uint64_t *moved);
+static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
+		      bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
+		      uint64_t *moved);
 
 static void seg_put(struct kd_seg *s)
 {
@@ -763,7 +764,14 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 	if (remote.seg->rm) {
 		r = side_resolve(&local);
 		if (!r)
-			r = run_remote(c, p, x->nr_entries, write, &local, remote.seg, x->notify_id, &moved);
+			r = run_remote(c, sqe->user_data, p, x->nr_entries, write, &local, remote.seg,
+				       x->notify_id, &moved);
+		if (r == 1) {	/* in flight: the stream threads complete it */
+			seg_put(remote.seg);
+			free(e);
+			free(p);
+			return;
+		}
 		if (r)
 			why = "transfer to another kcolld failed";
 		goto out;
@@ -843,10 +851,16 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
  *
  * A batch is validated whole here first, then cut into frames of
  * KV_FRAME_MIN..KV_FRAME_BYTES and at most KV_FRAME_ENTRIES blocks (small
- * blocks coalesce, large ones are split), dealt round-robin to the streams; each stream keeps two frames in
- * flight. The notify is one last NOTIFY frame once every data frame was
- * acknowledged. The owner copies a frame into the segment under its reader
- * lock only after the whole frame arrived, so a stalled peer never holds it.
+ * blocks coalesce, large ones are split). A one-frame batch with nothing
+ * in flight goes out on stream 0 from the ring thread; any other joins the
+ * import's queue, and each stream's thread takes the oldest frame nobody
+ * took whenever it has fewer than KV_INFLIGHT unanswered: the streams stay
+ * busy across a client's batches (up to KV_QUEUE_MAX in flight) and a slow
+ * stream carries fewer frames. The notify is one last NOTIFY frame once
+ * every data frame of the batch was answered. The owner receives a frame
+ * in place under the segment's reader lock (into a buffer first when the
+ * segment is not mapped); unregistering shuts the connections down rather
+ * than wait for a slow peer.
  * Another transport (RDMA) replaces the frame exchange of stream_run()
  * and the connection set of remote_connect(); the batch logic stays.
  */
@@ -854,6 +868,9 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
 #define KV_FRAME_MIN		(1u << 20)	/* and so a stream per MiB of a batch at most */
 #define KV_FRAME_ENTRIES	4096
 #define KV_MAX_STREAMS		8
+#define KV_INFLIGHT		2	/* frames unanswered per stream */
+#define KV_QUEUE_MAX		4	/* batches in flight per import */
+#define KV_NOTIFY_FRAME		UINT32_MAX	/* a flight entry for the batch's notify */
 
 struct kv_stream;
 struct kv_remote;
@@ -863,23 +880,30 @@ struct kv_worker {
 	int idx;
 };
 
+struct kv_batch;
+
 struct kv_remote {
 	struct kcoll_seg_wire w;
-	pthread_mutex_t lock;		/* one batch at a time uses the streams */
+	pthread_mutex_t lock;		/* submitters: set-up, RDMA and the queue's tail */
 	int nstreams;
 	int fd[KV_MAX_STREAMS];
-	/* The threads of streams 1.. (stream 0 runs on the batch's ring
-	 * thread), started by the first batch that needs them and kept until
-	 * the import goes: a batch hands each its stream (job) and waits until
-	 * all are back (pending 0), rather than creating and joining threads
-	 * (and their buffers) per batch. */
+	/* Batches over TCP, one thread per stream (started by the first batch
+	 * that needs them, kept until the import goes). A submitter appends
+	 * its batch to the queue and returns; each stream thread takes the
+	 * oldest frame no stream took yet whenever it has fewer than
+	 * KV_INFLIGHT frames unanswered, so the streams stay busy across
+	 * batches and a slow stream takes fewer frames. The thread that reads
+	 * a batch's last answer sends its notify, or completes it. */
 	pthread_mutex_t wlock;
-	pthread_cond_t go, done;
+	pthread_cond_t go;		/* a frame to take, or quit */
+	pthread_cond_t space;		/* a batch left the queue */
+	struct kv_batch *q_head, *q_tail;
+	uint32_t nq;
+	uint64_t seq;			/* tags' high half: the batch's number */
+	int broken;			/* a stream failed: take no frame; reopen once drained */
 	pthread_t tid[KV_MAX_STREAMS];
 	struct kv_worker wk[KV_MAX_STREAMS];
 	bool started[KV_MAX_STREAMS], quit;
-	struct kv_stream *job[KV_MAX_STREAMS];
-	int pending;
 	struct kv_fent *fe[KV_MAX_STREAMS];	/* per stream, kept with the import */
 	struct iovec *iov[KV_MAX_STREAMS];
 	/* RDMA (kv_rdma.h): set up over fd[0] on the first batch whose local
@@ -938,7 +962,7 @@ static int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 	pthread_mutex_init(&rm->lock, NULL);
 	pthread_mutex_init(&rm->wlock, NULL);
 	pthread_cond_init(&rm->go, NULL);
-	pthread_cond_init(&rm->done, NULL);
+	pthread_cond_init(&rm->space, NULL);
 	s->rm = rm;
 	s->size = w->size;
 	s->nr_notify = w->nr_notify;
@@ -968,6 +992,8 @@ static void rdma_drop(struct kv_remote *rm)
 static void remote_free(struct kv_remote *rm)
 {
 	pthread_mutex_lock(&rm->wlock);
+	while (rm->nq)	/* the batches in flight end first (their clients may be gone) */
+		pthread_cond_wait(&rm->space, &rm->wlock);
 	rm->quit = true;
 	pthread_cond_broadcast(&rm->go);
 	pthread_mutex_unlock(&rm->wlock);
@@ -980,7 +1006,7 @@ static void remote_free(struct kv_remote *rm)
 	rdma_drop(rm);
 	remote_close_streams(rm);
 	pthread_cond_destroy(&rm->go);
-	pthread_cond_destroy(&rm->done);
+	pthread_cond_destroy(&rm->space);
 	pthread_mutex_destroy(&rm->wlock);
 	pthread_mutex_destroy(&rm->lock);
 	free(rm);
@@ -1062,10 +1088,32 @@ struct kv_stream {
 	bool write;
 	int fd;
 	int err;
+	uint64_t tag;			/* frame fi's tag: tag | fi */
 	uint64_t moved;
 	struct iovec *iov;		/* KV_FRAME_ENTRIES + 2: a frame sent from the mapping */
 	struct kv_fent *fe;		/* KV_FRAME_ENTRIES: a frame's entries */
 	struct kv_conn node;		/* in the local segment's conns while the batch runs */
+};
+
+/* A batch handed to the stream threads (run_remote), until its last answer. */
+struct kv_batch {
+	struct kd_client *c;		/* held */
+	uint64_t user_data;
+	struct kv_side local;		/* held: the segment and its mapping */
+	bool write;
+	uint32_t notify_id;
+	struct kv_piece *sp;
+	struct kv_frame *fr;
+	uint32_t nfr;
+	uint64_t tag;			/* its frames' tags: tag | frame */
+	/* under the import's wlock: */
+	uint32_t next;			/* the first frame no stream took */
+	uint32_t left;			/* answers due: frames, and the notify */
+	bool notify_sent;
+	int err;			/* the first error */
+	uint64_t moved;
+	struct kv_batch *qnext;
+	struct kv_conn node[KV_MAX_STREAMS];	/* in local's conns: seg_kill shuts the streams */
 };
 
 /* Copy between a frame buffer and the local segment (under its lock). */
@@ -1155,7 +1203,7 @@ static int frame_send(struct kv_stream *st, uint32_t fi, uint8_t *buf, struct kv
 	}
 	rq.op = st->write ? KV_OP_WRITE : KV_OP_READ;
 	rq.nr = f->n;
-	rq.tag = fi;
+	rq.tag = st->tag | fi;
 	total = sizeof(rq) + f->n * sizeof(*fe) + (st->write ? f->bytes : 0);
 	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = (uint32_t)total };
 	if (st->write && st->local->buf.direct)
@@ -1217,7 +1265,7 @@ static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 		return -EPROTO;
 	if (rs.status)	/* an error may answer an earlier frame or none (tag ~0) */
 		return rs.status > 0 ? -EPROTO : rs.status;
-	if (rs.tag != fi || rs.hdr.len != sizeof(rs) + (!st->write ? f->bytes : 0))
+	if (rs.tag != (st->tag | fi) || rs.hdr.len != sizeof(rs) + (!st->write ? f->bytes : 0))
 		return -EPROTO;
 	if (!st->write && st->local->buf.direct) {
 		r = frame_recv_mapped(st, f);
@@ -1282,46 +1330,240 @@ static void *stream_run(void *arg)
 	return NULL;
 }
 
-/* A stream thread of an import: runs the stream each batch hands it. */
-static void *stream_worker(void *arg)
+static int notify_send(int fd, uint32_t id, uint64_t tag)
 {
-	struct kv_remote *rm = ((struct kv_worker *)arg)->rm;
-	int i = ((struct kv_worker *)arg)->idx;
+	struct kv_req rq = { .op = KV_OP_NOTIFY, .notify_id = id, .tag = tag };
 
-	pthread_mutex_lock(&rm->wlock);
-	for (;;) {
-		struct kv_stream *st;
+	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = sizeof(rq) };
+	return io_full(fd, &rq, sizeof(rq), true);
+}
 
-		while (!rm->job[i] && !rm->quit)
-			pthread_cond_wait(&rm->go, &rm->wlock);
-		if (!rm->job[i])
-			break;	/* quit, nothing handed over */
-		st = rm->job[i];
-		pthread_mutex_unlock(&rm->wlock);
-		stream_run(st);
-		pthread_mutex_lock(&rm->wlock);
-		rm->job[i] = NULL;
-		if (!--rm->pending)
-			pthread_cond_signal(&rm->done);
-	}
-	pthread_mutex_unlock(&rm->wlock);
-	return NULL;
+static int notify_recv(int fd, uint64_t tag)
+{
+	struct kv_resp rs;
+	int r = io_full(fd, &rs, sizeof(rs), false);
+
+	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
+		   rs.hdr.len != sizeof(rs) || (rs.tag != tag && !rs.status)))
+		r = -EPROTO;
+	return r ? r : rs.status > 0 ? -EPROTO : rs.status;
 }
 
 static int remote_notify(int fd, uint32_t id)
 {
-	struct kv_req rq = { .op = KV_OP_NOTIFY, .notify_id = id, .tag = UINT32_MAX };
-	struct kv_resp rs;
-	int r;
+	int r = notify_send(fd, id, UINT32_MAX);
 
-	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = sizeof(rq) };
-	r = io_full(fd, &rq, sizeof(rq), true);
-	if (!r)
-		r = io_full(fd, &rs, sizeof(rs), false);
-	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
-		   rs.hdr.len != sizeof(rs) || rs.tag != UINT32_MAX))
-		r = -EPROTO;
-	return r ? r : rs.status > 0 ? -EPROTO : rs.status;
+	return r ? r : notify_recv(fd, UINT32_MAX);
+}
+
+/* Stream s's view of batch b for frame_send / frame_recv. */
+static struct kv_stream batch_stream(struct kv_remote *rm, struct kv_batch *b, int s)
+{
+	return (struct kv_stream){ .c = b->c, .local = &b->local, .sp = b->sp, .frames = b->fr,
+				   .nframes = b->nfr, .write = b->write, .fd = rm->fd[s],
+				   .tag = b->tag, .iov = rm->iov[s], .fe = rm->fe[s] };
+}
+
+/* n of b's answers came (or never will: err). Under wlock. true: b is
+ * over and out of the queue: batch_end it once wlock is dropped. */
+static bool batch_account(struct kv_remote *rm, struct kv_batch *b, int err, uint32_t n)
+{
+	struct kv_batch **pp;
+
+	if (err && !b->err)
+		b->err = err;
+	b->left -= n;
+	if (b->left == 1 && b->err && !b->notify_sent && b->notify_id != KCOLL_NOTIFY_NONE) {
+		b->notify_sent = true;	/* only the notify is due: it will not be sent */
+		b->left = 0;
+	}
+	if (b->left)
+		return false;
+	for (pp = &rm->q_head; *pp != b; pp = &(*pp)->qnext)
+		;
+	*pp = b->qnext;
+	if (rm->q_tail == b)
+		rm->q_tail = NULL;
+	for (struct kv_batch *q = rm->q_head; q; q = q->qnext)
+		rm->q_tail = q;
+	rm->nq--;
+	pthread_cond_broadcast(&rm->space);
+	return true;
+}
+
+/* No stream takes b's frames any more (an error, or its client left): the
+ * untaken frames and an unsent notify are counted out. */
+static bool batch_stop(struct kv_remote *rm, struct kv_batch *b, int err)
+{
+	uint32_t untaken = b->nfr - b->next;
+
+	b->next = b->nfr;
+	if (!b->notify_sent && b->notify_id != KCOLL_NOTIFY_NONE) {
+		b->notify_sent = true;
+		untaken++;
+	}
+	return batch_account(rm, b, err, untaken);
+}
+
+static void batch_free(struct kv_batch *b)
+{
+	free(b->sp);
+	free(b->fr);
+	free(b);
+}
+
+/* Post b's completion and let go of what it held (not under wlock). */
+static void batch_end(struct kv_remote *rm, struct kv_batch *b)
+{
+	struct kd_seg *ls = b->local.seg;
+
+	pthread_mutex_lock(&ls->conns_lock);
+	for (int s = 0; s < rm->nstreams; s++)
+		for (struct kv_conn **pp = &ls->conns; *pp; pp = &(*pp)->next)
+			if (*pp == &b->node[s]) {
+				*pp = b->node[s].next;
+				break;
+			}
+	pthread_mutex_unlock(&ls->conns_lock);
+	atomic_fetch_add(b->err ? &kv.xfers_failed : &kv.xfers_ok, 1);
+	atomic_fetch_add(&kv.bytes, b->moved);
+	if (b->err)
+		kc_dbg("client %u (pid %d): transfer failed: transfer to another kcolld failed (%s)",
+		       b->c->id, b->c->pid, strerror(-b->err));
+	kd_client_post(b->c, b->user_data, b->err, b->moved, KCOLL_RANK_NONE, 0);
+	kd_buf_release(&b->local.buf);
+	seg_put(ls);
+	kd_client_put(b->c);
+	batch_free(b);
+}
+
+/* Under wlock: the oldest frame no stream took, skipping (and ending)
+ * batches that may not go on; NULL: none. */
+static struct kv_batch *frame_take(struct kv_remote *rm, uint32_t *fi)
+{
+	struct kv_batch *b = rm->q_head;
+
+	while (b) {
+		if (b->next == b->nfr) {
+			b = b->qnext;
+			continue;
+		}
+		if (!b->err && !atomic_load(&b->c->stop) && !atomic_load(&b->c->dead)) {
+			*fi = b->next++;
+			return b;
+		}
+		if (batch_stop(rm, b, b->err ? b->err : -ECANCELED)) {
+			pthread_mutex_unlock(&rm->wlock);
+			batch_end(rm, b);
+			pthread_mutex_lock(&rm->wlock);
+		}
+		b = rm->q_head;	/* the queue may have changed */
+	}
+	return NULL;
+}
+
+/* Under wlock: stream failed with err: fail the n batches of what it carried
+ * and every batch with frames nobody took; no stream takes another. */
+static void stream_broke(struct kv_remote *rm, struct kv_batch **carried, uint32_t n, int err)
+{
+	rm->broken = err;
+	for (uint32_t k = 0; k < n; k++)
+		if (batch_account(rm, carried[k], err, 1)) {
+			pthread_mutex_unlock(&rm->wlock);
+			batch_end(rm, carried[k]);
+			pthread_mutex_lock(&rm->wlock);
+		}
+	for (struct kv_batch *q = rm->q_head; q;) {
+		if (q->next < q->nfr && batch_stop(rm, q, err)) {
+			pthread_mutex_unlock(&rm->wlock);
+			batch_end(rm, q);
+			pthread_mutex_lock(&rm->wlock);
+			q = rm->q_head;
+			continue;
+		}
+		q = q->qnext;
+	}
+}
+
+/*
+ * Stream s's thread: keep up to KV_INFLIGHT frames unanswered, taking the
+ * oldest untaken frame of the queue (of any batch), and read the answers in
+ * the order the frames went out. The thread reading a batch's last answer
+ * sends its notify on its own stream (all its data landed), or ends it.
+ * A stream that fails marks the import broken (stream_broke); frames other
+ * streams carry are still answered, and the next batch after the queue
+ * drained opens the streams afresh.
+ */
+static void *stream_worker(void *arg)
+{
+	struct kv_remote *rm = ((struct kv_worker *)arg)->rm;
+	int s = ((struct kv_worker *)arg)->idx;
+	struct kv_batch *flb[KV_INFLIGHT + 1];	/* unanswered, oldest first */
+	uint32_t flf[KV_INFLIGHT + 1], nfl = 0;
+	uint8_t *buf = NULL;	/* frames of unmapped memory, made on first need */
+
+	pthread_mutex_lock(&rm->wlock);
+	for (;;) {
+		struct kv_batch *b = NULL;
+		struct kv_stream st;
+		uint32_t fi = 0;
+		int r;
+
+		if (nfl < KV_INFLIGHT && !rm->broken)
+			b = frame_take(rm, &fi);
+		if (!b && !nfl) {
+			if (rm->quit)
+				break;
+			pthread_cond_wait(&rm->go, &rm->wlock);
+			continue;
+		}
+		pthread_mutex_unlock(&rm->wlock);
+		if (b) {	/* send frame fi of b */
+			st = batch_stream(rm, b, s);
+			r = !b->local.buf.direct && !buf && !(buf = malloc(KV_FRAME_BYTES)) ? -ENOMEM :
+			    frame_send(&st, fi, buf, st.fe);
+			flb[nfl] = b;
+			flf[nfl++] = fi;
+		} else {	/* read the oldest answer */
+			b = flb[0];
+			fi = flf[0];
+			st = batch_stream(rm, b, s);
+			r = fi == KV_NOTIFY_FRAME ? notify_recv(st.fd, b->tag | fi) : frame_recv(&st, fi, buf);
+			if (!r) {
+				bool notify, ended = false;
+
+				nfl--;
+				memmove(flb, flb + 1, nfl * sizeof(*flb));
+				memmove(flf, flf + 1, nfl * sizeof(*flf));
+				pthread_mutex_lock(&rm->wlock);
+				b->moved += st.moved;
+				ended = batch_account(rm, b, 0, 1);
+				/* every frame answered: the notify now, on this stream */
+				notify = !ended && b->left == 1 && !b->notify_sent &&
+					 b->notify_id != KCOLL_NOTIFY_NONE;
+				if (notify)
+					b->notify_sent = true;	/* left's last 1 is its answer */
+				pthread_mutex_unlock(&rm->wlock);
+				if (ended)
+					batch_end(rm, b);
+				if (notify) {
+					r = notify_send(st.fd, b->notify_id, b->tag | KV_NOTIFY_FRAME);
+					flb[nfl] = b;
+					flf[nfl++] = KV_NOTIFY_FRAME;
+				}
+			}
+		}
+		if (r == -ECONNRESET)
+			r = atomic_load(&b->local.seg->dead) ? -EIDRM : last_word(st.fd, r);
+		pthread_mutex_lock(&rm->wlock);
+		if (r) {
+			stream_broke(rm, flb, nfl, r);
+			nfl = 0;
+		}
+	}
+	pthread_mutex_unlock(&rm->wlock);
+	free(buf);
+	return NULL;
 }
 
 /* ---- the initiator's RDMA path --------------------------------------------
@@ -1600,26 +1842,49 @@ static int stream_bufs(struct kv_remote *rm, uint32_t used)
 	return 0;
 }
 
-static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
-		      struct kv_side *local, struct kd_seg *rs, uint32_t notify_id, uint64_t *moved)
+/* Streams 0..nstreams-1: their buffers and threads (kept with the import). */
+static int stream_threads(struct kv_remote *rm)
+{
+	int r = stream_bufs(rm, (uint32_t)rm->nstreams);
+
+	for (int s = 0; !r && s < rm->nstreams; s++) {
+		if (rm->started[s])
+			continue;
+		rm->wk[s] = (struct kv_worker){ rm, s };
+		r = -pthread_create(&rm->tid[s], NULL, stream_worker, &rm->wk[s]);
+		rm->started[s] = !r;
+	}
+	return r;
+}
+
+/*
+ * A batch with one import. Over RDMA, or as a single frame while no batch is
+ * in flight, it runs here (0 or an error); otherwise it joins the import's
+ * queue for the stream threads (1: the batch posts its own completion and
+ * now holds local's segment and mapping).
+ */
+static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
+		      bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
+		      uint64_t *moved)
 {
 	struct kv_remote *rm = rs->rm;
-	struct kv_stream st[KV_MAX_STREAMS];
 	struct kv_piece *sp = NULL;
 	struct kv_frame *fr = NULL;
+	struct kv_batch *b;
 	uint64_t nsp = 0, total = 0, fb;
-	uint32_t nfr = 0, used;
+	uint32_t nfr = 0;
+	bool busy;
 	int r;
 
-	/* Frames small enough that a batch of a few MiB spreads over every
-	 * stream, large enough to keep per-frame costs low. A batch of up
-	 * to 1 MiB is one frame on stream 0 (the ring thread): handing a few
-	 * hundred KiB to the stream threads and waiting for them costs more
-	 * than their parallel sends win (docs/perf.md section 6: 64 x 4 KiB
-	 * moved 0.73 of iperf3 on one stream, 0.49 on four). */
+	/* Frames small enough that a batch of a few MiB gives every stream
+	 * two (a slow stream takes fewer), large enough to keep per-frame
+	 * costs low. A batch of up to 1 MiB is one frame: with no batch in
+	 * flight it runs right here on stream 0 (handing a few hundred KiB
+	 * to a stream thread costs more than it wins: docs/perf.md
+	 * section 6). */
 	for (uint32_t i = 0; i < n; i++)
 		total += p[i].len;
-	fb = (total / rm->nstreams + 4095) & ~4095ULL;
+	fb = (total / (2 * rm->nstreams) + 4095) & ~4095ULL;
 	fb = fb < KV_FRAME_MIN ? KV_FRAME_MIN : fb > KV_FRAME_BYTES ? KV_FRAME_BYTES : fb;
 	for (uint32_t i = 0; i < n; i++)
 		nsp += (p[i].len + fb - 1) / fb;
@@ -1645,81 +1910,106 @@ static int run_remote(struct kd_client *c, const struct kv_piece *p, uint32_t n,
 		fr[nfr - 1].bytes += sp[i].len;
 	}
 	pthread_mutex_lock(&rm->lock);
-	if (rm->rd && (!local->buf.direct || !fd_idle(rm->fd[0]))) {
-		/* A batch from unmapped memory goes over TCP, and fd[0] is in
-		 * RDMA mode on the owner's side; or the owner ended the
-		 * session: start afresh either way. */
-		rdma_drop(rm);
-		remote_close_streams(rm);
+	/* Join the batches in flight if they are healthy, few enough and use
+	 * the same local segment (unregistering one shuts the streams down:
+	 * that must not fail another segment's batch). */
+	pthread_mutex_lock(&rm->wlock);
+	while (rm->nq && (rm->broken || !nfr || rm->nq >= KV_QUEUE_MAX ||
+			  rm->q_tail->local.seg != local->seg))
+		pthread_cond_wait(&rm->space, &rm->wlock);
+	busy = rm->nq;
+	if (!busy && rm->broken) {
+		remote_close_streams(rm);	/* mid-frame state unknown: start afresh */
+		rm->broken = 0;
 	}
-	r = remote_connect(rm);
-	if (!r && local->buf.direct) {
-		r = rdma_ready(rm, local);
-		if (r == 0) {
-			r = run_rdma(c, p, n, write, local, rm, notify_id, moved);
-			if (r) {
-				rdma_drop(rm);
-				remote_close_streams(rm);
+	pthread_mutex_unlock(&rm->wlock);
+	if (!busy) {
+		if (rm->rd && (!local->buf.direct || !fd_idle(rm->fd[0]))) {
+			/* A batch from unmapped memory goes over TCP, and fd[0]
+			 * is in RDMA mode on the owner's side; or the owner
+			 * ended the session: start afresh either way. */
+			rdma_drop(rm);
+			remote_close_streams(rm);
+		}
+		r = remote_connect(rm);
+		if (!r && local->buf.direct) {
+			r = rdma_ready(rm, local);
+			if (r == 0) {
+				r = run_rdma(c, p, n, write, local, rm, notify_id, moved);
+				if (r) {
+					rdma_drop(rm);
+					remote_close_streams(rm);
+				}
+				goto out_unlock;
 			}
+			r = r == 1 ? 0 : r;
+		}
+		if (r)
+			goto out_unlock;
+		if (nfr <= 1) {
+			struct kv_stream st = { .c = c, .local = local, .sp = sp, .frames = fr,
+						.nframes = nfr, .step = 1, .write = write,
+						.fd = rm->fd[0], .tag = ++rm->seq << 32 };
+
+			r = stream_bufs(rm, 1);
+			if (r)
+				goto out_unlock;
+			st.iov = rm->iov[0];
+			st.fe = rm->fe[0];
+			st.node = (struct kv_conn){ .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
+			pthread_mutex_lock(&local->seg->conns_lock);
+			st.node.next = local->seg->conns;
+			local->seg->conns = &st.node;
+			pthread_mutex_unlock(&local->seg->conns_lock);
+			stream_run(&st);
+			pthread_mutex_lock(&local->seg->conns_lock);
+			for (struct kv_conn **pp = &local->seg->conns; *pp; pp = &(*pp)->next) {
+				if (*pp == &st.node) {
+					*pp = st.node.next;
+					break;
+				}
+			}
+			pthread_mutex_unlock(&local->seg->conns_lock);
+			r = st.err;
+			*moved += st.moved;
+			if (!r && notify_id != KCOLL_NOTIFY_NONE)
+				r = remote_notify(rm->fd[0], notify_id);
+			if (r)
+				remote_close_streams(rm);	/* mid-frame state unknown */
 			goto out_unlock;
 		}
-		r = r == 1 ? 0 : r;
 	}
-	if (r)
+	r = stream_threads(rm);
+	b = r ? NULL : calloc(1, sizeof(*b));
+	if (!b) {
+		r = r ? r : -ENOMEM;
 		goto out_unlock;
-	used = nfr < (uint32_t)rm->nstreams ? nfr : (uint32_t)rm->nstreams;
-	r = stream_bufs(rm, used);
-	if (r)
-		goto out_unlock;
-	for (uint32_t s = 0; s < used; s++) {
-		st[s] = (struct kv_stream){ .c = c, .local = local, .sp = sp, .frames = fr,
-					    .nframes = nfr, .first = s, .step = used, .write = write,
-					    .fd = rm->fd[s], .iov = rm->iov[s], .fe = rm->fe[s] };
-		st[s].node = (struct kv_conn){ .fd = rm->fd[s], .how = SHUT_RDWR, .seg = local->seg };
-		pthread_mutex_lock(&local->seg->conns_lock);
-		st[s].node.next = local->seg->conns;
-		local->seg->conns = &st[s].node;
-		pthread_mutex_unlock(&local->seg->conns_lock);
 	}
-	/* Streams 1.. on the import's threads (started on first use), 0 here. */
+	*b = (struct kv_batch){ .c = c, .user_data = user_data, .local = *local, .write = write,
+				.notify_id = notify_id, .sp = sp, .fr = fr, .nfr = nfr,
+				.tag = ++rm->seq << 32,
+				.left = nfr + (notify_id != KCOLL_NOTIFY_NONE) };
+	kd_client_get(c);
+	local->seg = NULL;	/* the batch's now */
+	local->buf = (struct kd_buf){ 0 };
+	pthread_mutex_lock(&b->local.seg->conns_lock);
+	for (int s = 0; s < rm->nstreams; s++) {
+		b->node[s] = (struct kv_conn){ .fd = rm->fd[s], .how = SHUT_RDWR, .seg = b->local.seg,
+					       .next = b->local.seg->conns };
+		b->local.seg->conns = &b->node[s];
+	}
+	pthread_mutex_unlock(&b->local.seg->conns_lock);
 	pthread_mutex_lock(&rm->wlock);
-	for (uint32_t s = 1; s < used; s++) {
-		if (!rm->started[s]) {
-			rm->wk[s] = (struct kv_worker){ rm, (int)s };
-			rm->started[s] = !pthread_create(&rm->tid[s], NULL, stream_worker, &rm->wk[s]);
-		}
-		if (rm->started[s]) {
-			rm->job[s] = &st[s];
-			rm->pending++;
-		} else {
-			st[s].err = -EAGAIN;
-		}
-	}
+	if (rm->q_tail)
+		rm->q_tail->qnext = b;
+	else
+		rm->q_head = b;
+	rm->q_tail = b;
+	rm->nq++;
 	pthread_cond_broadcast(&rm->go);
 	pthread_mutex_unlock(&rm->wlock);
-	if (used)
-		stream_run(&st[0]);
-	pthread_mutex_lock(&rm->wlock);
-	while (rm->pending)
-		pthread_cond_wait(&rm->done, &rm->wlock);
-	pthread_mutex_unlock(&rm->wlock);
-	for (uint32_t s = 0; s < used; s++) {
-		if (st[s].err && !r)
-			r = st[s].err;
-		*moved += st[s].moved;
-		pthread_mutex_lock(&local->seg->conns_lock);
-		for (struct kv_conn **pp = &local->seg->conns; *pp; pp = &(*pp)->next) {
-			if (*pp == &st[s].node) {
-				*pp = st[s].node.next;
-				break;
-			}
-		}
-		pthread_mutex_unlock(&local->seg->conns_lock);
-	}
-	if (!r && notify_id != KCOLL_NOTIFY_NONE)
-		r = remote_notify(rm->fd[0], notify_id);
-	if (r)
-		remote_close_streams(rm);	/* mid-frame state unknown: start afresh */
+	pthread_mutex_unlock(&rm->lock);
+	return 1;
 out_unlock:
 	pthread_mutex_unlock(&rm->lock);
 out:
