@@ -1323,7 +1323,7 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 	} else if (m->kind == KD_CONN_LANE) {
 		if (mh->hosts[m->from_host].lane >= 0)
 			return reject(pc, "duplicate lane");
-		/* Kept for the local rank, which takes it (kd_net_take_lane). */
+		/* Kept for the local rank, which takes it (kd_comm_take_lane). */
 		mh->hosts[m->from_host].lane = pc->fd;
 		epoll_ctl(kd.epfd, EPOLL_CTL_DEL, pc->fd, NULL);
 		pc->fd = -1;
