@@ -509,6 +509,7 @@ struct row {
 	uint32_t batch;
 	double gbps, avg_us, p50_us, p99_us, p999_us;
 	uint64_t batches;
+	uint64_t bytes;		/* moved by all threads in the measured time */
 	double anchor_gbps;
 };
 
@@ -614,7 +615,7 @@ static int measure(struct worker *ws, struct row *rows)
 				sum += all[nall++] = ws[i].lat[j];
 		qsort(all, nall, sizeof(*all), cmp_d);
 		rows[b] = (struct row){
-			.block = block, .batch = batch, .batches = n,
+			.block = block, .batch = batch, .batches = n, .bytes = bytes,
 			.gbps = t1 > t0 ? bytes / (t1 - t0) / 1e9 : 0,
 			.avg_us = nall ? sum / nall * 1e6 : 0,
 			.p50_us = nall ? all[nall / 2] * 1e6 : 0,
@@ -1125,11 +1126,12 @@ int main(int argc, char **argv)
 		       opt.threads, opt.many_to_one ? "many-to-one" : "pairwise", opt.depth,
 		       opt.shm ? "shm" : "malloc", opt.seg_bytes);
 		for (int b = 0; b < opt.nblocks; b++) {
-			printf("%s{\"block\":%zu,\"batch\":%u,\"batches\":%llu,\"GBps\":%.4f,\"avg_us\":%.2f,"
-			       "\"p50_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f", b ? "," : "",
+			printf("%s{\"block\":%zu,\"batch\":%u,\"batches\":%llu,\"bytes\":%llu,"
+			       "\"GBps\":%.4f,\"avg_us\":%.2f,\"p50_us\":%.2f,\"p99_us\":%.2f,"
+			       "\"p999_us\":%.2f", b ? "," : "",
 			       rows[b].block, rows[b].batch, (unsigned long long)rows[b].batches,
-			       rows[b].gbps, rows[b].avg_us, rows[b].p50_us, rows[b].p99_us,
-			       rows[b].p999_us);
+			       (unsigned long long)rows[b].bytes, rows[b].gbps, rows[b].avg_us,
+			       rows[b].p50_us, rows[b].p99_us, rows[b].p999_us);
 			if (opt.anchor)
 				printf(",\"memcpy_GBps\":%.4f,\"ratio\":%.4f", rows[b].anchor_gbps,
 				       rows[b].anchor_gbps > 0 ? rows[b].gbps / rows[b].anchor_gbps : 0);
