@@ -18,6 +18,11 @@ ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not o
 "$KV" --batch 5000 >/dev/null 2>&1; [ $? -eq 2 ]; ok $? "batch over the limit: usage error (exit 2)"
 "$KV" --mode initiator >/dev/null 2>"$T/err"; [ $? -eq 2 ] && grep -q "need --desc" "$T/err"
 ok $? "initiator without --desc: says what is missing"
+# No kcolld: the forked target fails and local mode ends, saying why (it
+# used to wait for the target for ever).
+KCOLL_SOCKET="$T/none.sock" timeout 60 "$KV" -d 0.1 -b 64K -s 8M >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "kcolld is not running" "$T/err" && grep -q "target 0 failed to start" "$T/err"
+ok $? "no kcolld: local mode exits 1, naming the cause (exit $rc)"
 
 # JSON checks: rows, fields, order of percentiles; bytes is every batch
 # counted, and the time it implies at GBps is at least a quarter of -d (a

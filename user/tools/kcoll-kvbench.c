@@ -1075,31 +1075,42 @@ int main(int argc, char **argv)
 		if (read_descs(opt.desc_path))
 			return 1;
 	} else {
-		int p[2];
-
 		ndescs = opt.many_to_one ? 1 : opt.threads;
 		shared = mmap(NULL, sizeof(*shared) * ndescs, PROT_READ | PROT_WRITE,
 			      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-		if (shared == MAP_FAILED || pipe(p))
+		if (shared == MAP_FAILED)
 			return 1;
+		/* A pipe per target, our write end closed: one that dies before it
+		 * is ready leaves read() at EOF instead of blocking for ever. */
 		for (int i = 0; i < ndescs; i++) {
+			int p[2];
+			pid_t pid;
 			char c;
+			bool up;
 
-			kids[nkids] = fork();
-			if (kids[nkids] == 0) {
+			if (pipe(p)) {
+				fprintf(stderr, "kcoll-kvbench: pipe: %s\n", strerror(errno));
+				r = 1;
+				goto out;
+			}
+			pid = fork();
+			if (pid == 0) {
 				close(p[0]);
 				_exit(target_run(&shared[i], NULL, p[1]));
 			}
-			nkids++;
-			if (read(p[0], &c, 1) != 1) {
-				fprintf(stderr, "kcoll-kvbench: a target failed to start\n");
+			close(p[1]);
+			if (pid > 0)
+				kids[nkids++] = pid;
+			up = pid > 0 && read(p[0], &c, 1) == 1;
+			close(p[0]);
+			if (!up) {
+				fprintf(stderr, "kcoll-kvbench: target %d failed to start%s\n", i,
+					pid > 0 ? " (its error is above)" : ": fork failed");
 				r = 1;
 				goto out;
 			}
 			descs[i] = shared[i];
 		}
-		close(p[0]);
-		close(p[1]);
 	}
 	for (int i = 0; i < opt.threads && !r; i++) {
 		ws[i].idx = i;
