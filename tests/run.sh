@@ -3,6 +3,12 @@
 # ($BUILD/tests/test_*) and TAP script (tests/t_*.sh), and sums them up.
 #   tests/run.sh BUILD [NAME...]   NAME filters tests by substring
 # Output: each test's TAP lines, then "N passed, N failed, N skipped".
+# It builds nothing: `make` builds kcolld, the libraries and the scripts'
+# helpers (mh_rank, ...); the test_* programs are built by `make check` (or by
+# name: make [SAN=1] BUILD=B B/tests/test_x). A selected test_* program or a
+# helper that make would rebuild (make -q: older than BUILD's libkcoll.a, the
+# daemon objects it links, or its source) is stale: run.sh bails out at once,
+# naming them and the make command that rebuilds them; it never runs them.
 set -u
 BUILD=${1:-build}; shift || true
 filters=("$@")
@@ -63,6 +69,25 @@ run_one() {	# name, command...
 }
 
 [ -x "$KCOLL_BUILD/bin/kcolld" ] || { echo "Bail out! $KCOLL_BUILD/bin/kcolld missing: run make"; exit 1; }
+# Stale test programs: what make would rebuild (make -q: 1 = out of date).
+stale=()
+if command -v make >/dev/null; then
+	for t in "$KCOLL_BUILD"/tests/*; do
+		[ -f "$t" ] || continue
+		[ -x "$t" ] || continue
+		case "$(basename "$t")" in test_*) selected "$(basename "$t")" || continue ;; esac
+		make -C "$top" -q ${KCOLL_TEST_SAN:+SAN=1} BUILD="$BUILD" "$BUILD/tests/$(basename "$t")" \
+			>/dev/null 2>&1
+		[ $? -eq 1 ] && stale+=("$BUILD/tests/$(basename "$t")")
+	done
+fi
+if [ ${#stale[@]} -gt 0 ]; then
+	echo "Bail out! stale test programs (make would rebuild them: older than $BUILD's" \
+		"libkcoll.a or another input): ${stale[*]}; rebuild them with" \
+		"make -j2 ${KCOLL_TEST_SAN:+SAN=1 }BUILD=$BUILD ${stale[*]} (add CC=clang for a clang" \
+		"build), or run make check"
+	exit 1
+fi
 start_daemon
 
 for t in "$KCOLL_BUILD"/tests/test_*; do

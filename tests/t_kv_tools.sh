@@ -18,31 +18,46 @@ ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not o
 "$KV" --batch 5000 >/dev/null 2>&1; [ $? -eq 2 ]; ok $? "batch over the limit: usage error (exit 2)"
 "$KV" --mode initiator >/dev/null 2>"$T/err"; [ $? -eq 2 ] && grep -q "need --desc" "$T/err"
 ok $? "initiator without --desc: says what is missing"
+# No kcolld: the forked target fails and local mode ends, saying why (it
+# used to wait for the target for ever).
+KCOLL_SOCKET="$T/none.sock" timeout 60 "$KV" -d 0.1 -b 64K -s 8M >/dev/null 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "kcolld is not running" "$T/err" && grep -q "target 0 failed to start" "$T/err"
+ok $? "no kcolld: local mode exits 1, naming the cause (exit $rc)"
 
-# JSON checks: rows, fields, order of percentiles.
-jcheck() {	# file nrows anchor(0/1)
+# JSON checks: rows, fields, order of percentiles; bytes is every batch
+# counted, and the time it implies at GBps is at least a quarter of -d (a
+# row measures about -d seconds) and, over all rows, no more than the wall
+# time of the whole run (no tighter: the machine may be loaded).
+jcheck() {	# file nrows anchor(0/1) duration start(date +%s.%N)
 	python3 - "$@" <<'PY'
-import json, sys
+import json, sys, time
 d = json.load(open(sys.argv[1]))
 rows = d["rows"]
+dur, wall = float(sys.argv[4]), time.time() - float(sys.argv[5])
 assert len(rows) == int(sys.argv[2]), rows
 for r in rows:
     assert r["batches"] > 0 and r["GBps"] > 0, r
+    assert r["bytes"] == r["batches"] * r["batch"] * r["block"], r
+    assert r["bytes"] / 1e9 / r["GBps"] >= dur / 4, (r, dur)
     assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"], r
     if sys.argv[3] == "1":
         assert r["memcpy_GBps"] > 0 and abs(r["ratio"] - r["GBps"] / r["memcpy_GBps"]) < 0.01, r
+assert sum(r["bytes"] / 1e9 / r["GBps"] for r in rows) <= wall, (rows, wall)
 PY
 }
+t0=$(date +%s.%N)
 "$KV" -d 0.2 -b 4K,64K,1M -B 32 -s 16M --json >"$T/a.json" 2>"$T/a.err"
-jcheck "$T/a.json" 3 1; ok $? "local write sweep: 3 rows with GB/s, percentiles and the memcpy ratio"
+jcheck "$T/a.json" 3 1 0.2 "$t0"; ok $? "local write sweep: 3 rows with GB/s, percentiles and the memcpy ratio"
+t0=$(date +%s.%N)
 "$KV" -d 0.2 -b 64K -B 16 -s 8M -o read -M malloc -t 2 -p many-to-one --json >"$T/b.json" 2>"$T/b.err"
-jcheck "$T/b.json" 1 1; ok $? "read, malloc buffers, 2 threads many-to-one"
+jcheck "$T/b.json" 1 1 0.2 "$t0"; ok $? "read, malloc buffers, 2 threads many-to-one"
 "$KV" -d 0.2 -b 4K,1M -B 8 -s 8M | grep -cE '^ +[0-9]+ +8 ' | grep -qx 2; ok $? "table: one row per block size"
 
 "$KV" --mode target --desc "$T/desc" -s 8M 2>"$T/t.err" &
 tgt=$!
+t0=$(date +%s.%N)
 "$KV" --mode initiator --desc "$T/desc" -d 0.2 -b 64K -B 16 -s 8M --json >"$T/c.json" 2>"$T/c.err"
-jcheck "$T/c.json" 1 0; ok $? "target and initiator processes through a descriptor file"
+jcheck "$T/c.json" 1 0 0.2 "$t0"; ok $? "target and initiator processes through a descriptor file"
 kill -TERM $tgt; wait $tgt; ok $? "the target ends cleanly on SIGTERM"
 
 # The raw TCP anchor (tcp-sink / tcp-source) on loopback: every byte sent is

@@ -118,24 +118,35 @@ meet up 300 || skip_all "the other guest never came up (see its output)"
 ping -c 2 -W 5 "$(addr "$peer")" >"$T/ping" 2>&1
 ok $? "ping $(addr "$peer") (the other guest) over the wire"
 
+# A client/server pair of perftest-style tools across the wire: guest 1
+# serves (CMD), guest 2 connects (CMD ADDR_OF_GUEST_1) once guest 1 said
+# TAG-listen, retrying up to 5 times while OUT matches RETRY (a BRE: the
+# server not listening yet). Status: the tool's (guest 1), 0/1 (guest 2).
+pair_run() {	# TAG OUT SECONDS RETRY CMD...
+	local tag=$1 out=$2 secs=$3 retry=$4 p
+	shift 4
+	if [ "$role" -eq 1 ]; then
+		timeout "$secs" "$@" >"$out" 2>&1 &
+		p=$!
+		sleep 1
+		put "$tag-listen"
+		wait $p
+		return
+	fi
+	await "$tag-listen" 300 >/dev/null
+	for _ in 1 2 3 4 5; do
+		timeout "$secs" "$@" "$(addr 1)" >"$out" 2>&1 && return 0
+		grep -q "$retry" "$out" || return 1
+		sleep 1
+	done
+	return 1
+}
+
 # RC traffic: ibv_rc_pingpong between the two rxe devices (guest 1 serves).
 # GID index 1 is each device's RoCE v2 GID of its first address.
 r0=$(ctr rcvd_pkts) s0=$(ctr sent_pkts)
-if [ "$role" -eq 1 ]; then
-	timeout 90 ibv_rc_pingpong -d "$RXE" -g 1 -n 100 -s 4096 >"$T/pp" 2>&1 &
-	ppid=$!
-	sleep 1
-	put pp-listen
-	wait $ppid; pprc=$?
-else
-	await pp-listen 300 >/dev/null
-	pprc=1
-	for _ in 1 2 3 4 5; do
-		timeout 90 ibv_rc_pingpong -d "$RXE" -g 1 -n 100 -s 4096 "$(addr 1)" >"$T/pp" 2>&1 && { pprc=0; break; }
-		grep -q "Couldn't connect" "$T/pp" || break
-		sleep 1
-	done
-fi
+pair_run pp "$T/pp" 90 "Couldn't connect" ibv_rc_pingpong -d "$RXE" -g 1 -n 100 -s 4096
+pprc=$?
 dr=$(($(ctr rcvd_pkts) - r0)) ds=$(($(ctr sent_pkts) - s0))
 sed 's/^/# /' "$T/pp"
 # 100 round trips of 4 KiB at an MTU of at most 4 KiB: at least 100 packets
@@ -146,21 +157,9 @@ meet pp-done 300
 
 # perftest's ib_write_bw across the wire, 1 MiB messages on 2 QPs (guest 1
 # serves): what rxe alone carries between the two kernels.
-if [ "$role" -eq 1 ]; then
-	timeout 120 ib_write_bw -d "$RXE" -x 1 -s 1048576 -n 20 -q 2 -F >"$T/bw" 2>&1 &
-	bwp=$!
-	sleep 1
-	put bw-listen
-	wait $bwp; bwrc=$?
-else
-	await bw-listen 300 >/dev/null
-	bwrc=1
-	for _ in 1 2 3 4 5; do
-		timeout 120 ib_write_bw -d "$RXE" -x 1 -s 1048576 -n 20 -q 2 -F "$(addr 1)" >"$T/bw" 2>&1 && { bwrc=0; break; }
-		grep -q "Couldn't connect\|Unable to init the socket" "$T/bw" || break
-		sleep 1
-	done
-fi
+pair_run bw "$T/bw" 120 "Couldn't connect\|Unable to init the socket" \
+	ib_write_bw -d "$RXE" -x 1 -s 1048576 -n 20 -q 2 -F
+bwrc=$?
 mbs=$(awk '$1 == 1048576 && NF >= 4 { print $4 }' "$T/bw" | tail -1)
 [ $bwrc -eq 0 ] && [ -n "$mbs" ]
 ok $? "ib_write_bw across the wire: 20 x 1 MiB on 2 QPs (status $bwrc, ${mbs:-no} MB/sec)"

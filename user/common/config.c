@@ -20,7 +20,7 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_LISTEN", "0.0.0.0:0", "kcolld: TCP address:port other daemons connect to (port 0: any free port)" },
 	{ "KCOLL_ADDRS", "", "kcolld: IPv4 addresses to advertise to other daemons, comma separated (empty: every up interface)" },
 	{ "KCOLL_ALGO", "auto", "multi-host all-reduce: auto, ring, rd (recursive doubling), rabenseifner, direct (one exchange with every host)" },
-	{ "KCOLL_LANE_BYTES", "65536", "kcolld (the id's root decides for the communicator): with one rank per host on 2..8 hosts, all-reduces up to this many bytes run in the ranks over a direct connection per host pair that the daemons set up (\"lanes\"; 0: off, every op through the daemons; max 1 MiB)" },
+	{ "KCOLL_LANE_BYTES", "65536", "kcolld (the id's root decides for the communicator): with one rank per host on 2..8 hosts, all-reduces up to this many bytes run in the ranks over a direct connection per host pair that the daemons set up (\"lanes\"; 0: off, every op through the daemons; at most 1048576 = 1 MiB: more is logged and 1 MiB used)" },
 	{ "KCOLL_NET_STREAMS", "0", "TCP streams per peer daemon, spread over the interfaces (1..8; 0: one per network both hosts are on)" },
 	{ "KCOLL_KV_STREAMS", "4", "KV transfers to another host: TCP streams per imported segment (1..8)" },
 	{ "KCOLL_NET_CHUNK_BYTES", "1048576", "bytes per piece of a transfer between daemons (pieces alternate between streams)" },

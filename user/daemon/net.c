@@ -474,7 +474,12 @@ int kd_net_start(const char *listen_spec, const char *addrs_spec)
 			kcoll_knob_str("KCOLL_ALGO"));
 	atomic_store(&net.algo, a);
 	lanes = kcoll_knob_ll("KCOLL_LANE_BYTES");
-	atomic_store(&net.lane_bytes, lanes <= 0 ? 0 : lanes > KD_LANE_MAX_BYTES ? KD_LANE_MAX_BYTES : (uint32_t)lanes);
+	if (lanes > KD_LANE_MAX_BYTES) {	/* as kcollctl set lane_bytes refuses it, but start */
+		kc_warn("KCOLL_LANE_BYTES=%lld is over the limit of %u (0 turns lanes off); using %u",
+			lanes, KD_LANE_MAX_BYTES, KD_LANE_MAX_BYTES);
+		lanes = KD_LANE_MAX_BYTES;
+	}
+	atomic_store(&net.lane_bytes, lanes <= 0 ? 0 : (uint32_t)lanes);
 	atomic_store(&net.nstreams, ns > KD_MAX_STREAMS ? KD_MAX_STREAMS : ns);
 	if (getrandom(&kd.nonce, sizeof(kd.nonce), 0) != sizeof(kd.nonce))
 		return -EIO;
@@ -660,6 +665,15 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 	    t->piece < 4096 || t->piece > (64u << 20) ||
 	    len < sizeof(*t) + t->nhosts * sizeof(t->hosts[0]) + t->nranks * sizeof(uint16_t)) {
 		member_fail(comm, -EPROTO, "the root daemon sent a malformed table");
+		return;
+	}
+	if (t->lane_bytes > KD_LANE_MAX_BYTES) {
+		char msg[200];
+
+		snprintf(msg, sizeof(msg), "the root's table gives lanes of %u bytes, over the limit "
+			 "%u (KCOLL_LANE_BYTES): run one kcolld version on all hosts",
+			 t->lane_bytes, KD_LANE_MAX_BYTES);
+		member_fail(comm, -EPROTO, msg);
 		return;
 	}
 	for (uint32_t r = 0; r < t->nranks; r++) {
@@ -1323,7 +1337,7 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 	} else if (m->kind == KD_CONN_LANE) {
 		if (mh->hosts[m->from_host].lane >= 0)
 			return reject(pc, "duplicate lane");
-		/* Kept for the local rank, which takes it (kd_net_take_lane). */
+		/* Kept for the local rank, which takes it (kd_comm_take_lane). */
 		mh->hosts[m->from_host].lane = pc->fd;
 		epoll_ctl(kd.epfd, EPOLL_CTL_DEL, pc->fd, NULL);
 		pc->fd = -1;

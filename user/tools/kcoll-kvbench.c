@@ -509,6 +509,7 @@ struct row {
 	uint32_t batch;
 	double gbps, avg_us, p50_us, p99_us, p999_us;
 	uint64_t batches;
+	uint64_t bytes;		/* moved by all threads in the measured time */
 	double anchor_gbps;
 };
 
@@ -614,7 +615,7 @@ static int measure(struct worker *ws, struct row *rows)
 				sum += all[nall++] = ws[i].lat[j];
 		qsort(all, nall, sizeof(*all), cmp_d);
 		rows[b] = (struct row){
-			.block = block, .batch = batch, .batches = n,
+			.block = block, .batch = batch, .batches = n, .bytes = bytes,
 			.gbps = t1 > t0 ? bytes / (t1 - t0) / 1e9 : 0,
 			.avg_us = nall ? sum / nall * 1e6 : 0,
 			.p50_us = nall ? all[nall / 2] * 1e6 : 0,
@@ -1074,31 +1075,42 @@ int main(int argc, char **argv)
 		if (read_descs(opt.desc_path))
 			return 1;
 	} else {
-		int p[2];
-
 		ndescs = opt.many_to_one ? 1 : opt.threads;
 		shared = mmap(NULL, sizeof(*shared) * ndescs, PROT_READ | PROT_WRITE,
 			      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-		if (shared == MAP_FAILED || pipe(p))
+		if (shared == MAP_FAILED)
 			return 1;
+		/* A pipe per target, our write end closed: one that dies before it
+		 * is ready leaves read() at EOF instead of blocking for ever. */
 		for (int i = 0; i < ndescs; i++) {
+			int p[2];
+			pid_t pid;
 			char c;
+			bool up;
 
-			kids[nkids] = fork();
-			if (kids[nkids] == 0) {
+			if (pipe(p)) {
+				fprintf(stderr, "kcoll-kvbench: pipe: %s\n", strerror(errno));
+				r = 1;
+				goto out;
+			}
+			pid = fork();
+			if (pid == 0) {
 				close(p[0]);
 				_exit(target_run(&shared[i], NULL, p[1]));
 			}
-			nkids++;
-			if (read(p[0], &c, 1) != 1) {
-				fprintf(stderr, "kcoll-kvbench: a target failed to start\n");
+			close(p[1]);
+			if (pid > 0)
+				kids[nkids++] = pid;
+			up = pid > 0 && read(p[0], &c, 1) == 1;
+			close(p[0]);
+			if (!up) {
+				fprintf(stderr, "kcoll-kvbench: target %d failed to start%s\n", i,
+					pid > 0 ? " (its error is above)" : ": fork failed");
 				r = 1;
 				goto out;
 			}
 			descs[i] = shared[i];
 		}
-		close(p[0]);
-		close(p[1]);
 	}
 	for (int i = 0; i < opt.threads && !r; i++) {
 		ws[i].idx = i;
@@ -1125,11 +1137,12 @@ int main(int argc, char **argv)
 		       opt.threads, opt.many_to_one ? "many-to-one" : "pairwise", opt.depth,
 		       opt.shm ? "shm" : "malloc", opt.seg_bytes);
 		for (int b = 0; b < opt.nblocks; b++) {
-			printf("%s{\"block\":%zu,\"batch\":%u,\"batches\":%llu,\"GBps\":%.4f,\"avg_us\":%.2f,"
-			       "\"p50_us\":%.2f,\"p99_us\":%.2f,\"p999_us\":%.2f", b ? "," : "",
+			printf("%s{\"block\":%zu,\"batch\":%u,\"batches\":%llu,\"bytes\":%llu,"
+			       "\"GBps\":%.4f,\"avg_us\":%.2f,\"p50_us\":%.2f,\"p99_us\":%.2f,"
+			       "\"p999_us\":%.2f", b ? "," : "",
 			       rows[b].block, rows[b].batch, (unsigned long long)rows[b].batches,
-			       rows[b].gbps, rows[b].avg_us, rows[b].p50_us, rows[b].p99_us,
-			       rows[b].p999_us);
+			       (unsigned long long)rows[b].bytes, rows[b].gbps, rows[b].avg_us,
+			       rows[b].p50_us, rows[b].p99_us, rows[b].p999_us);
 			if (opt.anchor)
 				printf(",\"memcpy_GBps\":%.4f,\"ratio\":%.4f", rows[b].anchor_gbps,
 				       rows[b].anchor_gbps > 0 ? rows[b].gbps / rows[b].anchor_gbps : 0);
