@@ -850,25 +850,25 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
  *   owner -> initiator   KV_RESP {status, tag} [payload of a read]
  *
  * A batch is validated whole here first, then cut into frames of
- * KV_FRAME_MIN..KV_FRAME_BYTES and at most KV_FRAME_ENTRIES blocks (small
+ * KV_FRAME_MIN..KV_FRAME_CUT and at most KV_FRAME_ENTRIES blocks (small
  * blocks coalesce, large ones are split). A one-frame batch with nothing
  * in flight goes out on stream 0 from the ring thread; any other joins the
  * import's queue, and each stream's thread takes the oldest frame nobody
- * took whenever it has fewer than KV_INFLIGHT unanswered: the streams stay
- * busy across a client's batches (up to KV_QUEUE_MAX in flight) and a slow
- * stream carries fewer frames. The notify is one last NOTIFY frame once
- * every data frame of the batch was answered. The owner receives a frame
- * in place under the segment's reader lock (into a buffer first when the
+ * took whenever its last one was answered: the streams stay busy across a
+ * client's batches (up to KV_QUEUE_MAX in flight) and a slow stream
+ * carries fewer frames. The notify is one last NOTIFY frame once every
+ * data frame of the batch was answered. The owner receives a frame in
+ * place under the segment's reader lock (into a buffer first when the
  * segment is not mapped); unregistering shuts the connections down rather
  * than wait for a slow peer.
  * Another transport (RDMA) replaces the frame exchange of stream_run()
  * and the connection set of remote_connect(); the batch logic stays.
  */
-#define KV_FRAME_BYTES		(4u << 20)
+#define KV_FRAME_BYTES		(4u << 20)	/* the largest frame an owner takes */
+#define KV_FRAME_CUT		(2u << 20)	/* the largest an initiator sends */
 #define KV_FRAME_MIN		(1u << 20)	/* and so a stream per MiB of a batch at most */
 #define KV_FRAME_ENTRIES	4096
 #define KV_MAX_STREAMS		8
-#define KV_INFLIGHT		2	/* frames unanswered per stream */
 #define KV_QUEUE_MAX		4	/* batches in flight per import */
 #define KV_NOTIFY_FRAME		UINT32_MAX	/* a flight entry for the batch's notify */
 
@@ -890,10 +890,8 @@ struct kv_remote {
 	/* Batches over TCP, one thread per stream (started by the first batch
 	 * that needs them, kept until the import goes). A submitter appends
 	 * its batch to the queue and returns; each stream thread takes the
-	 * oldest frame no stream took yet whenever it has fewer than
-	 * KV_INFLIGHT frames unanswered, so the streams stay busy across
-	 * batches and a slow stream takes fewer frames. The thread that reads
-	 * a batch's last answer sends its notify, or completes it. */
+	 * oldest frame no stream took yet whenever its last one was answered
+	 * (stream_worker). */
 	pthread_mutex_t wlock;
 	pthread_cond_t go;		/* a frame to take, or quit */
 	pthread_cond_t space;		/* a batch left the queue */
@@ -1486,20 +1484,21 @@ static void stream_broke(struct kv_remote *rm, struct kv_batch **carried, uint32
 }
 
 /*
- * Stream s's thread: keep up to KV_INFLIGHT frames unanswered, taking the
- * oldest untaken frame of the queue (of any batch), and read the answers in
- * the order the frames went out. The thread reading a batch's last answer
- * sends its notify on its own stream (all its data landed), or ends it.
- * A stream that fails marks the import broken (stream_broke); frames other
- * streams carry are still answered, and the next batch after the queue
- * drained opens the streams afresh.
+ * Stream s's thread: take the oldest frame no stream took yet (of any
+ * queued batch), send it, read its answer, and again: each stream has one
+ * frame unanswered at a time, so every stream carries a batch's frames as
+ * soon as it is free, a stream the kernel serves slower takes fewer, and
+ * at most streams x frame bytes are in flight (docs/perf.md section 6:
+ * more in flight moved less here). The thread reading a batch's last
+ * answer sends its notify on its own stream (all its data landed), or ends
+ * it. A stream that fails marks the import broken (stream_broke); frames
+ * other streams carry are still answered, and the next batch after the
+ * queue drained opens the streams afresh.
  */
 static void *stream_worker(void *arg)
 {
 	struct kv_remote *rm = ((struct kv_worker *)arg)->rm;
 	int s = ((struct kv_worker *)arg)->idx;
-	struct kv_batch *flb[KV_INFLIGHT + 1];	/* unanswered, oldest first */
-	uint32_t flf[KV_INFLIGHT + 1], nfl = 0;
 	uint8_t *buf = NULL;	/* frames of unmapped memory, made on first need */
 
 	pthread_mutex_lock(&rm->wlock);
@@ -1509,57 +1508,45 @@ static void *stream_worker(void *arg)
 		uint32_t fi = 0;
 		int r;
 
-		if (nfl < KV_INFLIGHT && !rm->broken)
+		if (!rm->broken)
 			b = frame_take(rm, &fi);
-		if (!b && !nfl) {
+		if (!b) {
 			if (rm->quit)
 				break;
 			pthread_cond_wait(&rm->go, &rm->wlock);
 			continue;
 		}
 		pthread_mutex_unlock(&rm->wlock);
-		if (b) {	/* send frame fi of b */
-			st = batch_stream(rm, b, s);
-			r = !b->local.buf.direct && !buf && !(buf = malloc(KV_FRAME_BYTES)) ? -ENOMEM :
-			    frame_send(&st, fi, buf, st.fe);
-			flb[nfl] = b;
-			flf[nfl++] = fi;
-		} else {	/* read the oldest answer */
-			b = flb[0];
-			fi = flf[0];
-			st = batch_stream(rm, b, s);
-			r = fi == KV_NOTIFY_FRAME ? notify_recv(st.fd, b->tag | fi) : frame_recv(&st, fi, buf);
-			if (!r) {
-				bool notify, ended = false;
+		st = batch_stream(rm, b, s);
+		r = !b->local.buf.direct && !buf && !(buf = malloc(KV_FRAME_BYTES)) ? -ENOMEM :
+		    frame_send(&st, fi, buf, st.fe);
+		if (!r)
+			r = frame_recv(&st, fi, buf);
+		while (!r) {	/* answered: count it; the batch's notify, if its turn */
+			bool notify, ended;
 
-				nfl--;
-				memmove(flb, flb + 1, nfl * sizeof(*flb));
-				memmove(flf, flf + 1, nfl * sizeof(*flf));
-				pthread_mutex_lock(&rm->wlock);
-				b->moved += st.moved;
-				ended = batch_account(rm, b, 0, 1);
-				/* every frame answered: the notify now, on this stream */
-				notify = !ended && b->left == 1 && !b->notify_sent &&
-					 b->notify_id != KCOLL_NOTIFY_NONE;
-				if (notify)
-					b->notify_sent = true;	/* left's last 1 is its answer */
-				pthread_mutex_unlock(&rm->wlock);
-				if (ended)
-					batch_end(rm, b);
-				if (notify) {
-					r = notify_send(st.fd, b->notify_id, b->tag | KV_NOTIFY_FRAME);
-					flb[nfl] = b;
-					flf[nfl++] = KV_NOTIFY_FRAME;
-				}
-			}
+			pthread_mutex_lock(&rm->wlock);
+			b->moved += st.moved;
+			st.moved = 0;
+			ended = batch_account(rm, b, 0, 1);
+			notify = !ended && b->left == 1 && !b->notify_sent &&
+				 b->notify_id != KCOLL_NOTIFY_NONE;
+			if (notify)
+				b->notify_sent = true;	/* left's last 1 is its answer */
+			pthread_mutex_unlock(&rm->wlock);
+			if (ended)
+				batch_end(rm, b);
+			if (!notify)
+				break;
+			r = notify_send(st.fd, b->notify_id, b->tag | KV_NOTIFY_FRAME);
+			if (!r)
+				r = notify_recv(st.fd, b->tag | KV_NOTIFY_FRAME);
 		}
 		if (r == -ECONNRESET)
 			r = atomic_load(&b->local.seg->dead) ? -EIDRM : last_word(st.fd, r);
 		pthread_mutex_lock(&rm->wlock);
-		if (r) {
-			stream_broke(rm, flb, nfl, r);
-			nfl = 0;
-		}
+		if (r)
+			stream_broke(rm, &b, 1, r);
 	}
 	pthread_mutex_unlock(&rm->wlock);
 	free(buf);
@@ -1877,15 +1864,15 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 	int r;
 
 	/* Frames small enough that a batch of a few MiB gives every stream
-	 * two (a slow stream takes fewer), large enough to keep per-frame
-	 * costs low. A batch of up to 1 MiB is one frame: with no batch in
+	 * two (a slow stream takes fewer) and little is in flight, large
+	 * enough to keep per-frame costs low. A batch of up to 1 MiB is one frame: with no batch in
 	 * flight it runs right here on stream 0 (handing a few hundred KiB
 	 * to a stream thread costs more than it wins: docs/perf.md
 	 * section 6). */
 	for (uint32_t i = 0; i < n; i++)
 		total += p[i].len;
 	fb = (total / (2 * rm->nstreams) + 4095) & ~4095ULL;
-	fb = fb < KV_FRAME_MIN ? KV_FRAME_MIN : fb > KV_FRAME_BYTES ? KV_FRAME_BYTES : fb;
+	fb = fb < KV_FRAME_MIN ? KV_FRAME_MIN : fb > KV_FRAME_CUT ? KV_FRAME_CUT : fb;
 	for (uint32_t i = 0; i < n; i++)
 		nsp += (p[i].len + fb - 1) / fb;
 	sp = malloc((nsp ? nsp : 1) * sizeof(*sp));
