@@ -1746,7 +1746,7 @@ static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, b
 			inflight--;
 			if (wc[k].status != IBV_WC_SUCCESS && !r)
 				r = kv_rdma_wc_err(&wc[k]);
-			else if (wc[k].wr_id != UINT64_MAX)
+			if (wc[k].status == IBV_WC_SUCCESS && wc[k].wr_id != UINT64_MAX)
 				bytes += wc[k].wr_id;
 		}
 		if (got > 0) {
