@@ -6,12 +6,8 @@
 # docs/perf/bpf-overhead.png. Needs gnuplot (scripts/deps.sh --bench).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-in=${1:-$(ls -t "$top"/docs/perf/bpf-overhead-*.json 2>/dev/null | head -1)}
-out=${2:-$top/docs/perf/bpf-overhead.png}
-[ -n "$in" ] && [ -f "$in" ] || { echo "plot-bpf: no input (run scripts/bench-bpf.sh --json FILE)" >&2; exit 1; }
-command -v gnuplot >/dev/null || { echo "plot-bpf: gnuplot missing: scripts/deps.sh --bench" >&2; exit 1; }
-tmp=$(mktemp -d /tmp/kcoll-plot.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+. "$top/scripts/plot-lib.sh"
+plot_begin plot-bpf "$top/docs/perf/bpf-overhead-*.json" "$top/docs/perf/bpf-overhead.png" "run scripts/bench-bpf.sh --json FILE" "$@"
 n=$(python3 - "$in" "$tmp" <<'PY'
 import json, statistics, sys
 d = json.load(open(sys.argv[1]))

@@ -10,13 +10,8 @@
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
-in=${1:-$(ls -t "$top"/docs/perf/kv-2*.json 2>/dev/null | head -1)}
-out=${2:-$top/docs/perf/kv.png}
-[ -n "$in" ] && [ -f "$in" ] || { echo "plot-kv: no input (run scripts/bench-kv.sh)" >&2; exit 1; }
-command -v gnuplot >/dev/null || { echo "plot-kv: gnuplot missing: scripts/deps.sh --bench" >&2; exit 1; }
-
-tmp=$(mktemp -d /tmp/kcoll-plot.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+. "$top/scripts/plot-lib.sh"
+plot_begin plot-kv "$top/docs/perf/kv-2*.json" "$top/docs/perf/kv.png" "run scripts/bench-kv.sh" "$@"
 
 # One data file per series ("block GB/s") and the gnuplot plot clause.
 python3 - "$in" "$tmp" >"$tmp/plot.gp" <<'EOF'

@@ -7,13 +7,8 @@
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
-in=${1:-$(ls -t "$top"/docs/perf/intra-*.json 2>/dev/null | head -1)}
-out=${2:-$top/docs/perf/allreduce-intra.png}
-[ -n "$in" ] && [ -f "$in" ] || { echo "plot-perf: no input (run scripts/bench-intra.sh)" >&2; exit 1; }
-command -v gnuplot >/dev/null || { echo "plot-perf: gnuplot missing: scripts/deps.sh --bench" >&2; exit 1; }
-
-tmp=$(mktemp -d /tmp/kcoll-plot.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+. "$top/scripts/plot-lib.sh"
+plot_begin plot-perf "$top/docs/perf/intra-*.json" "$top/docs/perf/allreduce-intra.png" "run scripts/bench-intra.sh" "$@"
 
 # One data file per series ("size busbw"), and a gnuplot plot clause naming them.
 python3 - "$in" "$tmp" >"$tmp/plot.gp" <<'EOF'
