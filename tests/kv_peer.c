@@ -347,8 +347,8 @@ static int flood(const char *dir, int shm, int any)
 	}
 	kcoll_rseg_close(rs);
 	kcoll_seg_unregister(ls);
+	buf_free(k, src, shm);	/* before the disconnect: kcoll_mem_free needs k */
 	kcoll_disconnect(k);
-	buf_free(k, src, shm);
 	return failed;
 }
 
