@@ -142,6 +142,27 @@ static void seg_kill(struct kd_seg *s)
 	pthread_rwlock_unlock(&s->lock);
 }
 
+/* seg_kill shuts cn down while it is in s's conns. */
+static void conn_link(struct kd_seg *s, struct kv_conn *cn)
+{
+	pthread_mutex_lock(&s->conns_lock);
+	cn->next = s->conns;
+	s->conns = cn;
+	pthread_mutex_unlock(&s->conns_lock);
+}
+
+static void conn_unlink(struct kd_seg *s, struct kv_conn *cn)
+{
+	pthread_mutex_lock(&s->conns_lock);
+	for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
+		if (*pp == cn) {
+			*pp = cn->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->conns_lock);
+}
+
 static int seg_counters_create(struct kd_seg *s, int *fd_out)
 {
 	size_t len = ((size_t)s->nr_notify * sizeof(uint32_t) + 4095) & ~(size_t)4095;
@@ -861,7 +882,7 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
  * place under the segment's reader lock (into a buffer first when the
  * segment is not mapped); unregistering shuts the connections down rather
  * than wait for a slow peer.
- * Another transport (RDMA) replaces the frame exchange of stream_run()
+ * Another transport (RDMA) replaces the frame exchange of frame_xchg()
  * and the connection set of remote_connect(); the batch logic stays.
  */
 #define KV_FRAME_BYTES		(4u << 20)	/* the largest frame an owner takes */
@@ -1077,20 +1098,17 @@ struct kv_frame {
 	uint64_t bytes;
 };
 
+/* One stream's view of a batch, for sending its frames and reading their answers. */
 struct kv_stream {
-	struct kd_client *c;
 	struct kv_side *local;
 	const struct kv_piece *sp;	/* sub-pieces: src/dst in the batch's direction */
 	const struct kv_frame *frames;
-	uint32_t nframes, first, step;	/* frames first, first + step, ... */
 	bool write;
 	int fd;
-	int err;
 	uint64_t tag;			/* frame fi's tag: tag | fi */
 	uint64_t moved;
 	struct iovec *iov;		/* KV_FRAME_ENTRIES + 2: a frame sent from the mapping */
 	struct kv_fent *fe;		/* KV_FRAME_ENTRIES: a frame's entries */
-	struct kv_conn node;		/* in the local segment's conns while the batch runs */
 };
 
 /* A batch handed to the stream threads (run_remote), until its last answer. */
@@ -1294,38 +1312,29 @@ static int last_word(int fd, int err)
 	       rs.status : err;
 }
 
-/* One stream's frames, two in flight: send the next before the previous'
- * answer is read (a read's answer is large, its request small, so neither
- * side can block the other). */
-static void *stream_run(void *arg)
+/*
+ * Frame fi out on st's stream and its answer in. A mapped local segment is
+ * sent from and received into in place; other memory needs a frame buffer
+ * (*buf, made on first need: a write's frame is staged before it is sent,
+ * a read's answer received before it is copied out).
+ */
+static int frame_xchg(struct kv_stream *st, uint32_t fi, uint8_t **buf)
 {
-	struct kv_stream *st = arg;
-	/* A mapped local segment is sent from and received into in place;
-	 * other memory needs a frame buffer (a write's frame is staged before
-	 * it is sent, a read's answer received before it is copied out). */
-	bool mapped = st->local->buf.direct;
-	uint8_t *buf = mapped ? NULL : malloc(KV_FRAME_BYTES);
-	struct kv_fent *fe = st->fe;
-	uint32_t prev = UINT32_MAX;
-	int r = mapped || buf ? 0 : -ENOMEM;
+	int r;
 
-	for (uint32_t fi = st->first; fi < st->nframes && !r; fi += st->step) {
-		if (atomic_load(&st->c->stop) || atomic_load(&st->c->dead)) {
-			r = -ECANCELED;
-			break;
-		}
-		r = frame_send(st, fi, buf, fe);
-		if (!r && prev != UINT32_MAX)
-			r = frame_recv(st, prev, buf);
-		prev = fi;
-	}
-	if (!r && prev != UINT32_MAX)
-		r = frame_recv(st, prev, buf);
-	if (r == -ECONNRESET)
-		r = atomic_load(&st->local->seg->dead) ? -EIDRM : last_word(st->fd, r);
-	st->err = r;
-	free(buf);
-	return NULL;
+	if (!st->local->buf.direct && !*buf && !(*buf = malloc(KV_FRAME_BYTES)))
+		return -ENOMEM;
+	r = frame_send(st, fi, *buf, st->fe);
+	return r ? r : frame_recv(st, fi, *buf);
+}
+
+/* A stream broke (-ECONNRESET): say why when we can, the local segment
+ * unregistered under it or the owner's last word. */
+static int stream_err(const struct kv_stream *st, int r)
+{
+	if (r != -ECONNRESET)
+		return r;
+	return atomic_load(&st->local->seg->dead) ? -EIDRM : last_word(st->fd, r);
 }
 
 static int notify_send(int fd, uint32_t id, uint64_t tag)
@@ -1357,9 +1366,9 @@ static int remote_notify(int fd, uint32_t id)
 /* Stream s's view of batch b for frame_send / frame_recv. */
 static struct kv_stream batch_stream(struct kv_remote *rm, struct kv_batch *b, int s)
 {
-	return (struct kv_stream){ .c = b->c, .local = &b->local, .sp = b->sp, .frames = b->fr,
-				   .nframes = b->nfr, .write = b->write, .fd = rm->fd[s],
-				   .tag = b->tag, .iov = rm->iov[s], .fe = rm->fe[s] };
+	return (struct kv_stream){ .local = &b->local, .sp = b->sp, .frames = b->fr,
+				   .write = b->write, .fd = rm->fd[s], .tag = b->tag,
+				   .iov = rm->iov[s], .fe = rm->fe[s] };
 }
 
 /* n of b's answers came (or never will: err). Under wlock. true: b is
@@ -1415,14 +1424,8 @@ static void batch_end(struct kv_remote *rm, struct kv_batch *b)
 {
 	struct kd_seg *ls = b->local.seg;
 
-	pthread_mutex_lock(&ls->conns_lock);
 	for (int s = 0; s < rm->nstreams; s++)
-		for (struct kv_conn **pp = &ls->conns; *pp; pp = &(*pp)->next)
-			if (*pp == &b->node[s]) {
-				*pp = b->node[s].next;
-				break;
-			}
-	pthread_mutex_unlock(&ls->conns_lock);
+		conn_unlink(ls, &b->node[s]);
 	atomic_fetch_add(b->err ? &kv.xfers_failed : &kv.xfers_ok, 1);
 	atomic_fetch_add(&kv.bytes, b->moved);
 	if (b->err)
@@ -1518,10 +1521,7 @@ static void *stream_worker(void *arg)
 		}
 		pthread_mutex_unlock(&rm->wlock);
 		st = batch_stream(rm, b, s);
-		r = !b->local.buf.direct && !buf && !(buf = malloc(KV_FRAME_BYTES)) ? -ENOMEM :
-		    frame_send(&st, fi, buf, st.fe);
-		if (!r)
-			r = frame_recv(&st, fi, buf);
+		r = frame_xchg(&st, fi, &buf);
 		while (!r) {	/* answered: count it; the batch's notify, if its turn */
 			bool notify, ended;
 
@@ -1542,8 +1542,7 @@ static void *stream_worker(void *arg)
 			if (!r)
 				r = notify_recv(st.fd, b->tag | KV_NOTIFY_FRAME);
 		}
-		if (r == -ECONNRESET)
-			r = atomic_load(&b->local.seg->dead) ? -EIDRM : last_word(st.fd, r);
+		r = stream_err(&st, r);
 		pthread_mutex_lock(&rm->wlock);
 		if (r)
 			stream_broke(rm, &b, 1, r);
@@ -1709,10 +1708,7 @@ static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, b
 	int r;
 
 	/* seg_kill of the local segment shuts fd[0] down: rdma_wait wakes. */
-	pthread_mutex_lock(&local->seg->conns_lock);
-	node.next = local->seg->conns;
-	local->seg->conns = &node;
-	pthread_mutex_unlock(&local->seg->conns_lock);
+	conn_link(local->seg, &node);
 	r = lock_sides(local, local);
 	locked = !r;
 	while (!r && (i < n || inflight || !notified)) {
@@ -1783,14 +1779,7 @@ static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, b
 	}
 	if (locked)
 		unlock_sides(local, local);
-	pthread_mutex_lock(&local->seg->conns_lock);
-	for (struct kv_conn **pp = &local->seg->conns; *pp; pp = &(*pp)->next) {
-		if (*pp == &node) {
-			*pp = node.next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&local->seg->conns_lock);
+	conn_unlink(local->seg, &node);
 	*moved += bytes;
 	atomic_fetch_add(&kv.rdma_bytes, bytes);
 	if (r && (r == -EACCES || r == -EHOSTUNREACH || r == -ECONNRESET || r == -EIO)) {
@@ -1934,30 +1923,21 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 		if (r)
 			goto out_unlock;
 		if (nfr <= 1) {
-			struct kv_stream st = { .c = c, .local = local, .sp = sp, .frames = fr,
-						.nframes = nfr, .step = 1, .write = write,
+			struct kv_stream st = { .local = local, .sp = sp, .frames = fr, .write = write,
 						.fd = rm->fd[0], .tag = ++rm->seq << 32 };
+			struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
+			uint8_t *buf = NULL;
 
 			r = stream_bufs(rm, 1);
 			if (r)
 				goto out_unlock;
 			st.iov = rm->iov[0];
 			st.fe = rm->fe[0];
-			st.node = (struct kv_conn){ .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
-			pthread_mutex_lock(&local->seg->conns_lock);
-			st.node.next = local->seg->conns;
-			local->seg->conns = &st.node;
-			pthread_mutex_unlock(&local->seg->conns_lock);
-			stream_run(&st);
-			pthread_mutex_lock(&local->seg->conns_lock);
-			for (struct kv_conn **pp = &local->seg->conns; *pp; pp = &(*pp)->next) {
-				if (*pp == &st.node) {
-					*pp = st.node.next;
-					break;
-				}
-			}
-			pthread_mutex_unlock(&local->seg->conns_lock);
-			r = st.err;
+			conn_link(local->seg, &node);
+			r = !nfr ? 0 : atomic_load(&c->stop) || atomic_load(&c->dead) ? -ECANCELED :
+			    stream_err(&st, frame_xchg(&st, 0, &buf));
+			conn_unlink(local->seg, &node);
+			free(buf);
 			*moved += st.moved;
 			if (!r && notify_id != KCOLL_NOTIFY_NONE)
 				r = remote_notify(rm->fd[0], notify_id);
@@ -1979,13 +1959,10 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 	kd_client_get(c);
 	local->seg = NULL;	/* the batch's now */
 	local->buf = (struct kd_buf){ 0 };
-	pthread_mutex_lock(&b->local.seg->conns_lock);
 	for (int s = 0; s < rm->nstreams; s++) {
-		b->node[s] = (struct kv_conn){ .fd = rm->fd[s], .how = SHUT_RDWR, .seg = b->local.seg,
-					       .next = b->local.seg->conns };
-		b->local.seg->conns = &b->node[s];
+		b->node[s] = (struct kv_conn){ .fd = rm->fd[s], .how = SHUT_RDWR, .seg = b->local.seg };
+		conn_link(b->local.seg, &b->node[s]);
 	}
-	pthread_mutex_unlock(&b->local.seg->conns_lock);
 	pthread_mutex_lock(&rm->wlock);
 	if (rm->q_tail)
 		rm->q_tail->qnext = b;
@@ -2262,14 +2239,7 @@ answer:
 	free(buf);
 	free(fe);
 	free(iov);
-	pthread_mutex_lock(&s->conns_lock);
-	for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
-		if (*pp == cn) {
-			*pp = cn->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&s->conns_lock);
+	conn_unlink(s, cn);
 	close(cn->fd);	/* only now: seg_kill must not shut down a reused number */
 	seg_put(s);
 	free(cn);
@@ -2309,24 +2279,14 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 		cn->fd = fd;
 		cn->how = SHUT_RD;	/* kv_serve may still answer -EIDRM */
 		cn->seg = s;
-		pthread_mutex_lock(&s->conns_lock);
-		cn->next = s->conns;
-		s->conns = cn;
-		pthread_mutex_unlock(&s->conns_lock);
+		conn_link(s, cn);
 		pthread_attr_init(&attr);
 		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 		if (pthread_create(&tid, &attr, kv_serve, cn)) {
 			ack.status = -EAGAIN;	/* the peer sees the connection close */
 			/* Not necessarily the head any more: a batch of ours may
 			 * have added its streams meanwhile. */
-			pthread_mutex_lock(&s->conns_lock);
-			for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
-				if (*pp == cn) {
-					*pp = cn->next;
-					break;
-				}
-			}
-			pthread_mutex_unlock(&s->conns_lock);
+			conn_unlink(s, cn);
 		}
 		pthread_attr_destroy(&attr);
 	}
