@@ -342,8 +342,8 @@ struct worker {
 	uint32_t batch;
 	pthread_t tid;
 	int err;
-	uint64_t batches;
-	double t0, t1;
+	uint64_t batches;	/* completed after t0, up to t1 */
+	double t0, t1;		/* t0: the first completion after the warm-up */
 	double *lat;		/* seconds per batch */
 	size_t nlat, cap;
 	/* connection kept across block sizes */
@@ -441,7 +441,7 @@ static void *worker_run(void *arg)
 			     0x9e3779b97f4a7c15ULL + w->idx * 1000 + i);
 	warm = now_s() + (opt.duration > 1 ? 0.2 : opt.duration / 5);
 	end = warm + opt.duration;
-	w->t0 = 0;
+	w->t0 = w->t1 = 0;
 	for (;;) {
 		double t = now_s();
 
@@ -460,13 +460,19 @@ static void *worker_run(void *arg)
 		if (r)
 			break;
 		t = now_s();
-		if (sub[head] >= warm) {
-			if (!w->t0)
-				w->t0 = sub[head];
+		/* Throughput counts completions after a completion: from a
+		 * submission instead, a batch queued behind one submitted
+		 * before the warm-up would pay for that one's bytes too (a
+		 * whole batch of time, which is 10% of a run of 4 MiB x 8
+		 * batches over rxe). Latency is per batch submitted after it. */
+		if (t >= warm && !w->t0)
+			w->t0 = t;
+		else if (w->t0) {
 			w->t1 = t;
 			w->batches++;
-			lat_add(w, t - sub[head]);
 		}
+		if (sub[head] >= warm)
+			lat_add(w, t - sub[head]);
 		head = (head + 1) % opt.depth;
 		inflight--;
 	}
@@ -579,7 +585,7 @@ static int measure(struct worker *ws, struct row *rows)
 		size_t block = opt.blocks[b];
 		uint32_t batch = opt.batch;
 		double t0 = 1e30, t1 = 0, sum = 0;
-		uint64_t n = 0, bytes = 0;
+		uint64_t n = 0, bytes = 0, marks = 0;
 		double *all;
 		size_t nall = 0;
 
@@ -600,13 +606,18 @@ static int measure(struct worker *ws, struct row *rows)
 				fprintf(stderr, "kcoll-kvbench: thread %d: %s\n", i, kcoll_strerror(ws[i].err));
 				return ws[i].err;
 			}
-			if (ws[i].batches) {
+			if (ws[i].t0) {	/* this thread completed one after warm-up */
 				t0 = ws[i].t0 < t0 ? ws[i].t0 : t0;
+				t1 = ws[i].t0 > t1 ? ws[i].t0 : t1;
 				t1 = ws[i].t1 > t1 ? ws[i].t1 : t1;
+				n += ws[i].batches + 1;
+				marks++;
 			}
-			n += ws[i].batches;
 			nall += ws[i].nlat;
 		}
+		/* The window opens at the first thread's first completion: the
+		 * other threads' first ones fall inside it, its own does not. */
+		n -= marks > 0;
 		bytes = n * batch * block;
 		all = malloc((nall ? nall : 1) * sizeof(*all));
 		nall = 0;
