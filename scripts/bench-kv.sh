@@ -11,7 +11,10 @@
 #      (kcoll-kvbench -m tcp-sink on host 0, -m tcp-source on host 1: the
 #      same generator, seeds and 256 MiB buffers, KCOLL_KV_STREAMS plain TCP
 #      streams, each batch split evenly over them, one sendmsg/recvmsg of
-#      iovecs per stream and batch straight from/into the blocks).
+#      iovecs per stream and batch straight from/into the blocks); and the
+#      same two again with 64 KiB..4 MiB blocks of the first 8 MiB of each
+#      segment only, which stay in cache like iperf3's one buffer, so that
+#      kcoll meets iperf3 on the bytes iperf3 moves.
 #   scripts/bench-kv.sh [BUILD [BASE]]  (root for part 2; run under flock
 #                                        /tmp/kcoll-heavy.lock on shared machines)
 # KV_BENCH_ROUNDS=N (default 1) repeats part 2 N times, each round iperf3 then
@@ -87,8 +90,14 @@ kvrun() {	# BUILD TAG: restart both kcollds from BUILD, kvbench target/initiator
 		--json >"$T/$2.json"
 	"$C" exec 1 "$bin/kcoll-kvbench" -m initiator -D "$T/desc" -d "$DUR" -b 4K -B 1024 \
 		--json >"$T/$2-4k.json"
+	"$C" exec 1 "$bin/kcoll-kvbench" -m initiator -D "$T/desc" -d "$DUR" -s "$CACHE_SEG" \
+		-b "$CACHE_BLOCKS" -B 64 --json >"$T/$2-c.json"
 	kill "$tgt"; wait "$tgt" 2>/dev/null
 }
+# The cache-resident rows: blocks of the first CACHE_SEG bytes of both
+# segments only, which stay in cache as iperf3's one buffer does (the 256 MiB
+# rows sweep DRAM, where iperf3 never goes).
+CACHE_SEG=8M CACHE_BLOCKS=64K,1M,4M
 RAWMEM=(${KV_BENCH_RAW_MEM:-anon})
 rawtcp() {	# TAG KIND: the raw TCP anchor, same batches, no kcolld (BUILD's kvbench)
 	# streams over both of host 0's addresses in turn, as kcolld's (a
@@ -101,6 +110,13 @@ rawtcp() {	# TAG KIND: the raw TCP anchor, same batches, no kcolld (BUILD's kvbe
 	"$C" exec 1 "$BIN/kcoll-kvbench" -m tcp-source -A "$A0:47811,$A0b:47811" -s 256M -d "$DUR" \
 		"${mem[@]}" -b 4K -B 1024 --json >"$T/$1-4k.json" ||
 		{ echo "bench-kv: the raw TCP anchor failed" >&2; kill "$snk"; exit 1; }
+	kill "$snk"; wait "$snk" 2>/dev/null
+	[ "$2" = "${RAWMEM[0]}" ] || return 0	# cache-resident: the first kind only
+	"$C" exec 0 "$BIN/kcoll-kvbench" -m tcp-sink -A 0.0.0.0:47812 -s "$CACHE_SEG" "${mem[@]}" 2>/dev/null &
+	snk=$!
+	"$C" exec 1 "$BIN/kcoll-kvbench" -m tcp-source -A "$A0:47812,$A0b:47812" -s "$CACHE_SEG" -d "$DUR" \
+		"${mem[@]}" -b "$CACHE_BLOCKS" -B 64 --json >"$T/$1-c.json" ||
+		{ echo "bench-kv: the raw TCP anchor (cache-resident) failed" >&2; kill "$snk"; exit 1; }
 	kill "$snk"; wait "$snk" 2>/dev/null
 }
 case ,$PARTS, in *,net,*) ;; *) ROUNDS=0 ;; esac
@@ -117,9 +133,9 @@ done
 ip_before=$(awk 'NR == 1 { print $2 }' "$T/iperf" 2>/dev/null)
 ip_after=$(awk 'END { print $2 }' "$T/iperf" 2>/dev/null)
 
-python3 - "$T" "$out" "$STREAMS" "$ROUNDS" "$B" "$BASE" "${RAWMEM[*]}" <<'PY'
+python3 - "$T" "$out" "$STREAMS" "$ROUNDS" "$B" "$BASE" "${RAWMEM[*]}" "$CACHE_SEG" <<'PY'
 import json, os, statistics, sys
-d, out, streams, rounds, build, base, rawmem = sys.argv[1:8]
+d, out, streams, rounds, build, base, rawmem, cache_seg = sys.argv[1:9]
 rawmem = rawmem.split()
 rounds = int(rounds)
 load = lambda n: json.load(open(f"{d}/{n}.json"))
@@ -130,12 +146,15 @@ res["iperf3_streams"] = int(streams)
 res["loadavg"] = [l.strip() for l in open(f"{d}/load")] if rounds else []	# at each round's start
 res["rawtcp_rounds"] = [load(f"raw{r}")["rows"] + load(f"raw{r}-4k")["rows"] for r in range(rounds)]
 res["rawtcp_mem"] = rawmem	# the kinds; rawtcp_rounds is the first
+res["cache_seg"] = cache_seg
+res["rawtcp_cache_rounds"] = [load(f"raw{r}-c")["rows"] for r in range(rounds)]
 for m in rawmem[1:]:
     res[f"rawtcp_{m}_rounds"] = [load(f"raw{r}-{m}")["rows"] + load(f"raw{r}-{m}-4k")["rows"]
                                  for r in range(rounds)]
 res["builds"] = {"net": build, "base": base or None}
 for k in ("net", "base") if base else ("net",):
     res[f"{k}_rounds"] = [load(f"{k}{r}")["rows"] + load(f"{k}{r}-4k")["rows"] for r in range(rounds)]
+    res[f"{k}_cache_rounds"] = [load(f"{k}{r}-c")["rows"] for r in range(rounds)]
 if rounds:
     res["net"], res["net-4k"] = load("net0"), load("net0-4k")	# round 0 as before
 json.dump(res, open(out, "w"), indent=1)
@@ -175,6 +194,22 @@ if rounds:
             cells += [f"{med(g):.2f}", f"{med(q):.2f} [{' '.join(f'{x:.2f}' for x in q)}]",
                       f"{med(w):.2f} [{' '.join(f'{x:.2f}' for x in w)}]",
                       f"{med(x['p50_us'] for x in rows):.0f} / {med(x['p99_us'] for x in rows):.0f}"]
+        print(f"| {r0['block']} | {r0['batch']} | " + " | ".join(cells) + " |")
+    print(f"\ncache-resident blocks: the first {res['cache_seg']} of each segment only, kcoll and the "
+          f"raw TCP anchor alike (iperf3 resends one buffer from cache); same rounds, same iperf3 "
+          f"ceilings; medians, per-round ratios in brackets")
+    print("| block | batch | iperf3 GB/s | raw TCP GB/s | " + " | ".join(
+        f"{name[k]} GB/s | {name[k]} / iperf3 | {name[k]} / raw TCP" for k in keys) + " |")
+    print("|---" * (4 + 3 * len(keys)) + "|")
+    for i, r0 in enumerate(res["net_cache_rounds"][0]):
+        raw = [res["rawtcp_cache_rounds"][r][i]["GBps"] for r in range(rounds)]
+        cells = [f"{med(ceil):.2f}", f"{med(raw):.2f}"]
+        for k in keys:
+            g = [res[f"{k}_cache_rounds"][r][i]["GBps"] for r in range(rounds)]
+            q = [g[r] / ceil[r] if ceil[r] > 0 else 0 for r in range(rounds)]
+            w = [g[r] / raw[r] if raw[r] > 0 else 0 for r in range(rounds)]
+            cells += [f"{med(g):.2f}", f"{med(q):.2f} [{' '.join(f'{x:.2f}' for x in q)}]",
+                      f"{med(w):.2f} [{' '.join(f'{x:.2f}' for x in w)}]"]
         print(f"| {r0['block']} | {r0['batch']} | " + " | ".join(cells) + " |")
     for m in rawmem[1:]:
         print(f"\nraw TCP anchor on {m} memory beside it on {rawmem[0]} (same rounds): medians, "
