@@ -4,6 +4,8 @@
 # A/B base build when the run had one) beside its two ceilings measured in
 # the same run, the raw TCP anchor (same batches, no kcolld) and iperf3, as
 # medians over the rounds; same host kcoll beside memcpy when part 1 ran.
+# From a scripts/bench-kv-rdma-vm.sh result (kv-rdma-vm-*.json): kcoll over
+# rxe beside ib_write_bw at the same message size.
 #   scripts/plot-kv.sh [IN.json [OUT.png]]
 # IN defaults to the newest docs/perf/kv-*.json, OUT to docs/perf/kv.png.
 # Needs gnuplot (scripts/deps.sh --bench).
@@ -14,7 +16,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 plot_begin plot-kv "$top/docs/perf/kv-2*.json" "$top/docs/perf/kv.png" "run scripts/bench-kv.sh" "$@"
 
 # One data file per series ("block GB/s") and the gnuplot plot clause.
-python3 - "$in" "$tmp" >"$tmp/plot.gp" <<'EOF'
+python3 - "$in" "$tmp" "$(basename "$in")" >"$tmp/plot.gp" <<'EOF'
 import json, os, statistics, sys
 
 doc = json.load(open(sys.argv[1]))
@@ -56,7 +58,19 @@ if shm:
                    [(r["block"], r["GBps"]) for r in shm]))
     series.append(("local", "memcpy of the same batches", "lw 2 lc rgb '#d62728' pt 5",
                    [(r["block"], r["memcpy_GBps"]) for r in shm]))
-clauses = {"net": [], "local": []}
+# scripts/bench-kv-rdma-vm.sh's result: kcoll over rxe beside ib_write_bw
+rd = doc.get("kvbench", {}).get("large", {}).get("rows", [])
+if rd:
+    series.append(("rdma", "kcoll over rxe (batches of %d)" % rd[0]["batch"], "lw 2 lc rgb '#1f77b4' pt 7",
+                   [(r["block"], r["GBps"]) for r in rd]))
+    sm = doc.get("kvbench", {}).get("small", {}).get("rows", [])
+    if sm:
+        series.append(("rdma", "kcoll over rxe, %d KiB x %d" % (sm[0]["block"] // 1024, sm[0]["batch"]),
+                       "lc rgb '#1f77b4' pt 6 ps 1.5", [(r["block"], r["GBps"]) for r in sm]))
+    pf = doc.get("ib_write_bw_MBps", {})	# MiB/s, before and after
+    series.append(("rdma", "ib_write_bw, same message size (higher reading)", "lw 2 lc rgb '#d62728' pt 5",
+                   [(int(k), max(v) * 1048576 / 1e9) for k, v in pf.items() if v]))
+clauses = {"net": [], "local": [], "rdma": []}
 for k, (panel, title, style, pts) in enumerate(series):
     path = os.path.join(tmp, "s%d.dat" % k)
     with open(path, "w") as fh:
@@ -64,8 +78,10 @@ for k, (panel, title, style, pts) in enumerate(series):
             fh.write("%d %g\n" % (x, y))
     clauses[panel].append("'%s' using 1:2 with linespoints %s title '%s'" % (path, style, title))
 panels = [(p, t) for p, t in (("net", "across namespaces (TCP between kcollds), medians over rounds"),
-                             ("local", "same host")) if clauses[p]]
-print("set multiplot layout 1,%d" % len(panels))
+                             ("local", "same host"),
+                             ("rdma", "Soft-RoCE in the QEMU/TCG guest")) if clauses[p]]
+print("set multiplot layout 1,%d title '%s%s'" % (len(panels), "" if rd else "batches of 64 blocks, ",
+                                                  sys.argv[3]))
 for p, t in panels:
     print("set title '%s'" % t)
     print("plot " + ", \\\n     ".join(clauses[p]))
@@ -81,7 +97,6 @@ set xtics ("4 KiB" 4096, "16 KiB" 16384, "64 KiB" 65536, "256 KiB" 262144, "1 Mi
 set xrange [3000:5600000]
 set ylabel "GB/s"
 set key bottom right
-set label 1 "batches of 64 blocks, $(basename "$in")" at screen 0.01,0.975
 set grid
 set yrange [0:*]
 load "$tmp/plot.gp"
