@@ -98,7 +98,7 @@ kvrun() {	# BUILD TAG: restart both kcollds from BUILD, kvbench target/initiator
 # segments only, which stay in cache as iperf3's one buffer does (the 256 MiB
 # rows sweep DRAM, where iperf3 never goes).
 CACHE_SEG=8M CACHE_BLOCKS=64K,1M,4M
-RAWMEM=(${KV_BENCH_RAW_MEM:-anon})
+read -r -a RAWMEM <<<"${KV_BENCH_RAW_MEM:-anon}"
 rawtcp() {	# TAG KIND: the raw TCP anchor, same batches, no kcolld (BUILD's kvbench)
 	# streams over both of host 0's addresses in turn, as kcolld's (a
 	# descriptor carries every address of the owner's host)
@@ -130,8 +130,6 @@ for ((r = 0; r < ROUNDS; r++)); do
 	else kvrun "$B" "net$r"; fi
 done
 ((ROUNDS)) && echo "iperf3 $(iperf)" >>"$T/iperf"
-ip_before=$(awk 'NR == 1 { print $2 }' "$T/iperf" 2>/dev/null)
-ip_after=$(awk 'END { print $2 }' "$T/iperf" 2>/dev/null)
 
 python3 - "$T" "$out" "$STREAMS" "$ROUNDS" "$B" "$BASE" "${RAWMEM[*]}" "$CACHE_SEG" <<'PY'
 import json, os, statistics, sys
