@@ -96,6 +96,27 @@ for f in part0 part1 count; do tap_checks "$T/c/$f.out"; done
 ok $? "depth4: both parts and the owner exit 0 (parts $p0rc $p1rc, owner $orc)"
 cat "$T/c"/*.out >>"$T/all.log"
 
+# ---- the same with one-frame batches: 16 MiB, 32 batches of 256 KiB per
+# part, 4 in flight. A batch of one frame runs on the ring thread only when
+# nothing waits behind it in the ring; here most join the import's queue
+# and go out on several streams at once. Counter exactly 64.
+mkdir -p "$T/c1"
+"$C" exec 0 "$PEER" count "$T/c1" $((16 * 1024 * 1024)) 64 2 >"$T/c1/count.out" 2>&1 &
+owner=$!
+"$C" exec 1 timeout -k 5 120 "$PEER" part "$T/c1" 0 2 32 shm 4 >"$T/c1/part0.out" 2>&1 &
+p0=$!
+"$C" exec 1 timeout -k 5 120 "$PEER" part "$T/c1" 1 2 32 malloc 4 >"$T/c1/part1.out" 2>&1
+p1rc=$?
+wait "$p0"
+p0rc=$?
+wait "$owner"
+orc=$?
+sed -i "s/^check \([a-z_]*\):/check depth4-one-frame:\1:/" "$T/c1"/*.out
+for f in part0 part1 count; do tap_checks "$T/c1/$f.out"; done
+[ $p0rc -eq 0 ] && [ $p1rc -eq 0 ] && [ $orc -eq 0 ]
+ok $? "depth4-one-frame: both parts and the owner exit 0 (parts $p0rc $p1rc, owner $orc)"
+cat "$T/c1"/*.out >>"$T/all.log"
+
 # ---- the initiator's side dies mid-batch (docs/kv.md "Unregister and death").
 # Host 1's stream initiator writes whole-segment batches, each notifying
 # counter 1, into host 0's victim segment; once two batches are done, kill -9

@@ -253,6 +253,7 @@ static void *ring_thread(void *arg)
 
 			kcoll_queue_copy(&c->sq, n, &sqe);
 			n++;
+			c->sq_behind = (uint32_t)(ready - n);
 			atomic_fetch_add(&c->inflight, 1);
 			dispatch(c, &sqe);
 			if (atomic_load(&c->dead))

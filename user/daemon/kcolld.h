@@ -81,6 +81,7 @@ struct kd_client {
 	struct kcoll_queue cq;	/* producer view */
 	pthread_mutex_t cq_lock;
 	atomic_uint inflight;	/* admitted, not yet completed */
+	uint32_t sq_behind;	/* ring thread only: SQEs seen ready behind the one dispatched */
 	pthread_t ring_thread;
 
 	pthread_mutex_t lock;	/* regions and members */

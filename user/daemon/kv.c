@@ -1854,10 +1854,13 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 
 	/* Frames small enough that a batch of a few MiB gives every stream
 	 * two (a slow stream takes fewer) and little is in flight, large
-	 * enough to keep per-frame costs low. A batch of up to 1 MiB is one frame: with no batch in
-	 * flight it runs right here on stream 0 (handing a few hundred KiB
-	 * to a stream thread costs more than it wins: docs/perf.md
-	 * section 6). */
+	 * enough to keep per-frame costs low. A batch of up to 1 MiB is one
+	 * frame: with no batch in flight and no request behind it in the
+	 * ring it runs right here on stream 0 (handing a few hundred KiB to
+	 * a stream thread costs more than it wins when the client waits for
+	 * each batch: docs/perf.md section 6). With requests behind it, it
+	 * joins the queue, and so do they: run here, it would hold them in
+	 * the ring until its answer, one batch at a time for good. */
 	for (uint32_t i = 0; i < n; i++)
 		total += p[i].len;
 	fb = (total / (2 * rm->nstreams) + 4095) & ~4095ULL;
@@ -1922,7 +1925,7 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 		}
 		if (r)
 			goto out_unlock;
-		if (nfr <= 1) {
+		if (nfr <= 1 && !c->sq_behind) {
 			struct kv_stream st = { .local = local, .sp = sp, .frames = fr, .write = write,
 						.fd = rm->fd[0], .tag = ++rm->seq << 32 };
 			struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
