@@ -76,46 +76,36 @@ done
 # ---- several batches in flight per initiator (kcolld's stream threads take
 # frames of queued batches as they go): two parts on host 1, one from a
 # kcoll_mem_alloc buffer and one from malloc, each writing its half of host
-# 0's 64 MiB segment in 8 notifying batches of 1 B .. 64 KiB blocks (4 MiB,
-# several frames each), 4 batches in flight; the owner checks the counter
-# is exactly 16 and both halves intact, each part reads its half back.
-mkdir -p "$T/c"
-"$C" exec 0 "$PEER" count "$T/c" $((64 * 1024 * 1024)) 16 2 >"$T/c/count.out" 2>&1 &
-owner=$!
-"$C" exec 1 timeout -k 5 120 "$PEER" part "$T/c" 0 2 8 shm 4 >"$T/c/part0.out" 2>&1 &
-p0=$!
-"$C" exec 1 timeout -k 5 120 "$PEER" part "$T/c" 1 2 8 malloc 4 >"$T/c/part1.out" 2>&1
-p1rc=$?
-wait "$p0"
-p0rc=$?
-wait "$owner"
-orc=$?
-sed -i "s/^check \([a-z_]*\):/check depth4:\1:/" "$T/c"/*.out
-for f in part0 part1 count; do tap_checks "$T/c/$f.out"; done
-[ $p0rc -eq 0 ] && [ $p1rc -eq 0 ] && [ $orc -eq 0 ]
-ok $? "depth4: both parts and the owner exit 0 (parts $p0rc $p1rc, owner $orc)"
-cat "$T/c"/*.out >>"$T/all.log"
-
-# ---- the same with one-frame batches: 16 MiB, 32 batches of 256 KiB per
-# part, 4 in flight. A batch of one frame runs on the ring thread only when
-# nothing waits behind it in the ring; here most join the import's queue
-# and go out on several streams at once. Counter exactly 64.
-mkdir -p "$T/c1"
-"$C" exec 0 "$PEER" count "$T/c1" $((16 * 1024 * 1024)) 64 2 >"$T/c1/count.out" 2>&1 &
-owner=$!
-"$C" exec 1 timeout -k 5 120 "$PEER" part "$T/c1" 0 2 32 shm 4 >"$T/c1/part0.out" 2>&1 &
-p0=$!
-"$C" exec 1 timeout -k 5 120 "$PEER" part "$T/c1" 1 2 32 malloc 4 >"$T/c1/part1.out" 2>&1
-p1rc=$?
-wait "$p0"
-p0rc=$?
-wait "$owner"
-orc=$?
-sed -i "s/^check \([a-z_]*\):/check depth4-one-frame:\1:/" "$T/c1"/*.out
-for f in part0 part1 count; do tap_checks "$T/c1/$f.out"; done
-[ $p0rc -eq 0 ] && [ $p1rc -eq 0 ] && [ $orc -eq 0 ]
-ok $? "depth4-one-frame: both parts and the owner exit 0 (parts $p0rc $p1rc, owner $orc)"
-cat "$T/c1"/*.out >>"$T/all.log"
+# 0's segment in notifying batches of 1 B .. 64 KiB blocks, 4 batches in
+# flight; the owner checks the counter is exact and both halves intact, each
+# part reads its half back.
+#   depth_case NAME SEGMENT_BYTES BATCHES_PER_PART
+depth_case() {
+	local name=$1 size=$2 rounds=$3 d="$T/$1" owner p0 p0rc p1rc orc f
+	mkdir -p "$d"
+	"$C" exec 0 "$PEER" count "$d" "$size" $((2 * rounds)) 2 >"$d/count.out" 2>&1 &
+	owner=$!
+	"$C" exec 1 timeout -k 5 120 "$PEER" part "$d" 0 2 "$rounds" shm 4 >"$d/part0.out" 2>&1 &
+	p0=$!
+	"$C" exec 1 timeout -k 5 120 "$PEER" part "$d" 1 2 "$rounds" malloc 4 >"$d/part1.out" 2>&1
+	p1rc=$?
+	wait "$p0"
+	p0rc=$?
+	wait "$owner"
+	orc=$?
+	sed -i "s/^check \([a-z_]*\):/check $name:\1:/" "$d"/*.out
+	for f in part0 part1 count; do tap_checks "$d/$f.out"; done
+	[ $p0rc -eq 0 ] && [ $p1rc -eq 0 ] && [ $orc -eq 0 ]
+	ok $? "$name: both parts and the owner exit 0 (parts $p0rc $p1rc, owner $orc)"
+	cat "$d"/*.out >>"$T/all.log"
+}
+# 64 MiB in 8 batches of 4 MiB per part: several frames each; counter 16.
+depth_case depth4 $((64 * 1024 * 1024)) 8
+# 16 MiB in 32 batches of 256 KiB per part: one frame each. A one-frame
+# batch runs on the ring thread only when nothing waits behind it in the
+# ring; here most join the import's queue and go out on several streams at
+# once. Counter 64.
+depth_case depth4-one-frame $((16 * 1024 * 1024)) 32
 
 # ---- the initiator's side dies mid-batch (docs/kv.md "Unregister and death").
 # Host 1's stream initiator writes whole-segment batches, each notifying
