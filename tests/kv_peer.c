@@ -456,6 +456,20 @@ static int part(const char *dir, uint32_t me, uint32_t parts, uint32_t rounds, i
 	}
 	check(r == 0 && done == rounds, "part_writes", "(part %u: %llu of %u batches, %d in flight: %s)",
 	      me, (unsigned long long)done, rounds, depth, kcoll_strerror(r));
+	/* An empty batch with a request right behind it in the ring, 16 times:
+	 * it has no frame for the streams, so it must not wait on them. */
+	for (int i = 0; i < 16 && !r; i++) {
+		struct kcoll_xfer_entry one = { 0, me * slice, slice < 4096 ? slice : 4096 };
+		struct kcoll_req *eq = NULL, *wq = NULL;
+		int x = kcoll_xfer_write(ls, rs, e[0], 0, KCOLL_NOTIFY_NONE, &eq);
+
+		r = x ? x : kcoll_xfer_write(ls, rs, &one, 1, KCOLL_NOTIFY_NONE, &wq);
+		r = wq ? kcoll_wait(wq, 20000) : r;
+		x = eq ? kcoll_wait(eq, 20000) : x;
+		r = r ? r : x;
+	}
+	check(r == 0, "part_empty_batches", "(part %u: 16 empty batches, each with a write behind it: %s)",
+	      me, kcoll_strerror(r));
 	memset(back, 0, slice);
 	e[0][0] = (struct kcoll_xfer_entry){ slice, me * slice, slice };
 	r = xfer_sync(0, ls, rs, e[0], 1, KCOLL_NOTIFY_NONE);

@@ -1925,7 +1925,8 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 		}
 		if (r)
 			goto out_unlock;
-		if (nfr <= 1 && !c->sq_behind) {
+		/* An empty batch has nothing for the streams: here, always. */
+		if (!nfr || (nfr == 1 && !c->sq_behind)) {
 			struct kv_stream st = { .local = local, .sp = sp, .frames = fr, .write = write,
 						.fd = rm->fd[0], .tag = ++rm->seq << 32 };
 			struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
