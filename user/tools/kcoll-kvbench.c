@@ -342,7 +342,7 @@ struct worker {
 	uint32_t batch;
 	pthread_t tid;
 	int err;
-	uint64_t batches;	/* completed after t0, up to t1 */
+	uint64_t batches;	/* completed from t0 to t1, both counted */
 	double t0, t1;		/* t0: the first completion after the warm-up */
 	double *lat;		/* seconds per batch */
 	size_t nlat, cap;
@@ -465,9 +465,8 @@ static void *worker_run(void *arg)
 		 * before the warm-up would pay for that one's bytes too (a
 		 * whole batch of time, which is 10% of a run of 4 MiB x 8
 		 * batches over rxe). Latency is per batch submitted after it. */
-		if (t >= warm && !w->t0)
-			w->t0 = t;
-		else if (w->t0) {
+		if (t >= warm) {
+			w->t0 = w->t0 ? w->t0 : t;
 			w->t1 = t;
 			w->batches++;
 		}
@@ -585,7 +584,7 @@ static int measure(struct worker *ws, struct row *rows)
 		size_t block = opt.blocks[b];
 		uint32_t batch = opt.batch;
 		double t0 = 1e30, t1 = 0, sum = 0;
-		uint64_t n = 0, bytes = 0, marks = 0;
+		uint64_t n = 0, bytes = 0;
 		double *all;
 		size_t nall = 0;
 
@@ -606,18 +605,16 @@ static int measure(struct worker *ws, struct row *rows)
 				fprintf(stderr, "kcoll-kvbench: thread %d: %s\n", i, kcoll_strerror(ws[i].err));
 				return ws[i].err;
 			}
-			if (ws[i].t0) {	/* this thread completed one after warm-up */
+			if (ws[i].batches) {
 				t0 = ws[i].t0 < t0 ? ws[i].t0 : t0;
-				t1 = ws[i].t0 > t1 ? ws[i].t0 : t1;
 				t1 = ws[i].t1 > t1 ? ws[i].t1 : t1;
-				n += ws[i].batches + 1;
-				marks++;
 			}
+			n += ws[i].batches;
 			nall += ws[i].nlat;
 		}
 		/* The window opens at the first thread's first completion: the
 		 * other threads' first ones fall inside it, its own does not. */
-		n -= marks > 0;
+		n -= n > 0;
 		bytes = n * batch * block;
 		all = malloc((nall ? nall : 1) * sizeof(*all));
 		nall = 0;
