@@ -3,13 +3,36 @@
 #   make V=1        show commands
 #   make CC=clang   build with clang
 #   make SAN=1      ASan+UBSan build (into build-asan/ unless BUILD is given)
+#   make WITH_BPF=0 leave a probed part out (WITH_BPF, WITH_CUDA, WITH_GLOO:
+#                   auto (default) = build it where its tools exist, 0 = never,
+#                   1 = required: stop with an error naming what is missing)
+#   make config     what the probes found and the flags, as $(BUILD)/config.mk
 #   make deps       install missing Debian packages (idempotent; needs root)
 #   make check      deps + build + host-tier tests (+ the same tests under ASan/UBSan)
 #   make demo       deps + build + start kcolld + 4-rank all-reduce sweep
-#   make vmtest     the VM tier (kernel module, Soft-RoCE, BPF tracing) under QEMU
+#   make vmtest     deps + the VM tier (kernel module, Soft-RoCE, BPF tracing) under QEMU
 #   make fuzz       libFuzzer run over the ring consumer (FUZZ_SECONDS=60)
 #   make install    install the build (PREFIX=/usr/local, DESTDIR=; uninstall undoes it)
 
+# demo, check and vmtest install packages first and only then read the rest
+# of this file in a second make: every probe below (clang, bpftool, nvcc,
+# libgloo, mpicc) must see what deps.sh installed, not the machine before it.
+DEPS_GOALS := demo check vmtest
+ifneq ($(filter $(DEPS_GOALS),$(MAKECMDGOALS)),)
+ifneq ($(KCOLL_DEPS_DONE),1)
+KCOLL_STAGE1 := 1
+endif
+endif
+
+ifeq ($(KCOLL_STAGE1),1)
+stage1_first := $(firstword $(MAKECMDGOALS))
+.PHONY: $(MAKECMDGOALS)
+$(stage1_first):
+	@scripts/deps.sh $(if $(filter vmtest,$(MAKECMDGOALS)),--vm)
+	@$(MAKE) --no-print-directory KCOLL_DEPS_DONE=1 $(MAKECMDGOALS)
+$(filter-out $(stage1_first),$(MAKECMDGOALS)): $(stage1_first)
+	@:
+else
 SAN ?= 0
 ifeq ($(SAN),1)
 BUILD ?= build-asan
@@ -42,11 +65,36 @@ BIN := $(BUILD)/bin
 LIB := $(BUILD)/lib
 TBIN := $(BUILD)/tests
 
-# Fragments append to these.
+# Fragments append to these. KCOLL_CONFIG: NAME=value words, one per probe
+# result, written to $(BUILD)/config.mk.
 ALL_TARGETS :=
 CHECK_TARGETS :=
+KCOLL_CONFIG :=
 
-.PHONY: all deps check check-host check-san demo vmtest fuzz install uninstall clean help
+# ---- Commands that remember themselves (Kbuild's if_changed, in short).
+# A rule whose recipe is $(call if_changed,NAME) runs cmd_NAME when the target
+# is missing, a prerequisite is newer, or cmd_NAME expands to another command
+# line than the one that made the target (a probe result, CC, CFLAGS, a
+# target-specific flag): it saves the line in $@.cmd, which the next make
+# reads back. So exactly the objects whose command changed are rebuilt, and
+# what links them relinks because they are newer. Such rules list FORCE.
+empty :=
+space := $(empty) $(empty)
+squote := '
+escsq = $(subst $(squote),'\$(squote)',$(1))
+cmd_line = $(strip $(cmd_$(1)))
+# Empty when the two lines are equal (each one would vanish from the other).
+cmd_changed = $(subst $(savedcmd_$@),,$(call cmd_line,$(1)))$(subst $(call cmd_line,$(1)),,$(savedcmd_$@))
+if_changed = $(if $(filter-out FORCE,$?)$(call cmd_changed,$(1)),$(call run_cmd,$(1)),@:)
+run_cmd = $(call msg,$(quiet_$(1)),$(or $(msg_$(1)),$<)) mkdir -p $(dir $@) && $(cmd_$(1)) && \
+	printf '%s\n' 'savedcmd_$@ := $(call escsq,$(subst $$,$$$$,$(call cmd_line,$(1))))' > $@.cmd
+.DEFAULT_GOAL := all
+# Keep intermediate objects (examples link through a chain of pattern rules).
+.SECONDARY:
+.PHONY: FORCE
+FORCE:
+
+.PHONY: all config deps check check-host check-san demo vmtest fuzz install uninstall clean help
 all:
 
 # Order matters where a fragment names another's variables in prerequisites:
@@ -57,31 +105,46 @@ include $(wildcard rdma/build.mk bpf/build.mk examples/build.mk) tests/build.mk
 
 # The ABI proofs: compile-only, native and 32-bit (needs gcc-multilib).
 ABI_CHECKS := $(sort $(wildcard include/kcoll/abi_check*.c))
-$(OBJ)/abi/%.o: include/kcoll/%.c include/uapi/linux/kcoll.h
-	$(call msg,ABI,$<)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CPPFLAGS) -std=gnu11 -Wall -Werror -c -o $@ $<
-$(OBJ)/abi/%.m32.o: include/kcoll/%.c include/uapi/linux/kcoll.h
-	$(call msg,ABI-m32,$<)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CPPFLAGS) -m32 -std=gnu11 -Wall -Werror -c -o $@ $<
+quiet_abi := ABI
+cmd_abi = $(CC) $(CPPFLAGS) -std=gnu11 -Wall -Werror -c -o $@ $<
+quiet_abi32 := ABI-m32
+cmd_abi32 = $(CC) $(CPPFLAGS) -m32 -std=gnu11 -Wall -Werror -c -o $@ $<
+$(OBJ)/abi/%.o: include/kcoll/%.c include/uapi/linux/kcoll.h FORCE
+	$(Q)$(call if_changed,abi)
+$(OBJ)/abi/%.m32.o: include/kcoll/%.c include/uapi/linux/kcoll.h FORCE
+	$(Q)$(call if_changed,abi32)
 ALL_TARGETS += $(ABI_CHECKS:include/kcoll/%.c=$(OBJ)/abi/%.o) $(ABI_CHECKS:include/kcoll/%.c=$(OBJ)/abi/%.m32.o)
 
 all: $(ALL_TARGETS)
 
-$(OBJ)/%.o: %.c
-	$(call msg,CC,$<)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
+quiet_cc := CC
+cmd_cc = $(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
+$(OBJ)/%.o: %.c FORCE
+	$(Q)$(call if_changed,cc)
 
--include $(shell find $(OBJ) -name '*.d' 2>/dev/null)
+-include $(shell find $(OBJ) -name '*.d' -o -name '*.cmd' 2>/dev/null)
+
+# ---- The build's configuration: every probe result and the flags, rewritten
+# only when it changes (make config prints it; tests read it).
+KCOLL_CONFIG += CC=$(CC) SAN=$(SAN)
+define newline
+
+
+endef
+config_text = $(subst $(space),$(newline),$(strip $(KCOLL_CONFIG)))
+$(shell mkdir -p $(BUILD))
+ifneq ($(file <$(BUILD)/config.mk),$(config_text))
+$(file >$(BUILD)/config.mk,$(config_text))
+endif
+config:
+	@cat $(BUILD)/config.mk
 
 deps:
 	$(Q)scripts/deps.sh
 
 # The host tier: plain build, then the same tests under ASan+UBSan, then a
 # clang -Werror build. Prints TAP and a final "N passed, N failed" line.
-check: deps
+check:
 	$(Q)$(MAKE) --no-print-directory check-host
 	$(Q)$(MAKE) --no-print-directory SAN=1 check-san
 	$(Q)$(MAKE) --no-print-directory CC=clang BUILD=build-clang all
@@ -92,10 +155,10 @@ check-host: all $(CHECK_TARGETS)
 check-san: all $(CHECK_TARGETS)
 	$(Q)KCOLL_TEST_SAN=1 tests/run.sh $(BUILD)
 
-demo: deps all
+demo: all
 	$(Q)scripts/demo.sh $(BUILD)
 
-vmtest: deps all $(CHECK_TARGETS)
+vmtest: all $(CHECK_TARGETS)
 	$(Q)scripts/vmtest.sh --suite
 
 # Coverage-guided fuzzing of the ring consumer front end (clang libFuzzer).
@@ -121,4 +184,5 @@ clean:
 	rm -rf build build-asan build-clang build-fuzz
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,16p' Makefile | sed 's/^# \{0,1\}//'
+endif # KCOLL_STAGE1

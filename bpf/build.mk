@@ -6,8 +6,15 @@
 # the object relocates itself on whatever kernel loads it).
 BPF_CLANG ?= clang
 BPFTOOL ?= $(shell command -v bpftool 2>/dev/null || echo /usr/sbin/bpftool)
-BPF_HAVE := $(and $(shell command -v $(BPF_CLANG) 2>/dev/null),$(wildcard $(BPFTOOL)),\
+# WITH_BPF=0 leaves it out, WITH_BPF=1 insists on it (see the Makefile's head).
+WITH_BPF ?= auto
+BPF_FOUND := $(and $(shell command -v $(BPF_CLANG) 2>/dev/null),$(wildcard $(BPFTOOL)),\
 	$(wildcard /usr/include/bpf/libbpf.h),$(wildcard /sys/kernel/btf/vmlinux))
+BPF_HAVE := $(if $(filter 0,$(WITH_BPF)),,$(BPF_FOUND))
+ifeq ($(WITH_BPF)$(BPF_FOUND),1)
+$(error WITH_BPF=1, but clang, bpftool, libbpf-dev or /sys/kernel/btf/vmlinux is missing: run make deps)
+endif
+KCOLL_CONFIG += BPF=$(if $(BPF_HAVE),y,n)
 ifneq ($(BPF_HAVE),)
 BPF_OUT := $(OBJ)/bpf
 BPF_VMLINUX := $(BPF_OUT)/vmlinux.h

@@ -47,7 +47,15 @@ $(OBJ)/gpu/cuda_abi_check.o: CPPFLAGS += -I$(CUDA_HOME)/include
 ALL_TARGETS += $(OBJ)/gpu/cuda_abi_check.o
 endif
 
-ifneq ($(shell command -v $(NVCC) 2>/dev/null),)
+# WITH_CUDA=0 builds no kernels, WITH_CUDA=1 insists on nvcc.
+WITH_CUDA ?= auto
+NVCC_FOUND := $(shell command -v $(NVCC) 2>/dev/null)
+NVCC_HAVE := $(if $(filter 0,$(WITH_CUDA)),,$(NVCC_FOUND))
+ifeq ($(WITH_CUDA)$(NVCC_FOUND),1)
+$(error WITH_CUDA=1, but $(NVCC) is missing: install the CUDA toolkit or set NVCC=)
+endif
+KCOLL_CONFIG += CUDA_NVCC=$(if $(NVCC_HAVE),y,n) CUDA_HEADERS=$(if $(wildcard $(CUDA_HOME)/include/cuda.h),y,n)
+ifneq ($(NVCC_HAVE),)
 GPU_LIB := $(LIB)/libkcoll_gpu.so
 # Host flags stay nvcc's own: no sanitizers (SAN=1) and the host compiler nvcc
 # supports whatever $(CC) is. -fmad=false: no FMA contraction, like the CPU.
@@ -58,12 +66,12 @@ GPU_NVCCFLAGS := -std=c++17 -O3 -fmad=false -lineinfo -Werror all-warnings \
 	$(NVCCFLAGS)
 
 # Rebuild when the command line changes (another GPU_ARCHS, another nvcc).
-$(OBJ)/gpu/nvcc.cmd: FORCE_GPU_CMD
+$(OBJ)/gpu/nvcc.flags: FORCE_GPU_CMD
 	@mkdir -p $(dir $@)
 	@echo '$(NVCC) $(GPU_NVCCFLAGS)' | cmp -s - $@ || echo '$(NVCC) $(GPU_NVCCFLAGS)' > $@
 
 $(GPU_LIB): gpu/reduce.cu gpu/reduce_core.h gpu/kernels.h gpu/cuda_abi.h gpu/libkcoll_gpu.map \
-	    include/uapi/linux/kcoll.h $(OBJ)/gpu/nvcc.cmd
+	    include/uapi/linux/kcoll.h $(OBJ)/gpu/nvcc.flags
 	$(call msg,NVCC,$@)
 	@mkdir -p $(dir $@)
 	$(Q)$(NVCC) $(GPU_NVCCFLAGS) -shared -Xlinker --version-script=gpu/libkcoll_gpu.map \

@@ -32,6 +32,12 @@
 #include "kcolld_bpf.h"
 #endif
 
+#ifdef KCOLL_HAVE_BPF
+static const bool have_bpf = true;
+#else
+static const bool have_bpf = false;
+#endif
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -516,7 +522,13 @@ int main(int argc, char **argv)
 		case 'P': listen_spec = optarg; break;
 		case 'A': addrs_spec = optarg; break;
 		case 'h': usage(stdout); return 0;
-		case 'V': printf("kcolld %s (ring ABI %d)\n", KCOLL_VERSION, KCOLL_ABI_VERSION); return 0;
+		case 'V':
+			printf("kcolld %s (ring ABI %d)\n", KCOLL_VERSION, KCOLL_ABI_VERSION);
+			printf("built with: rdma (libibverbs), gpu (CUDA driver, loaded at run time)%s\n",
+			       have_bpf ? ", bpf (flow tracking, KCOLL_BPF=1)" : "");
+			if (!have_bpf)
+				printf("built without: bpf (clang, bpftool or libbpf-dev missing, or WITH_BPF=0)\n");
+			return 0;
 		default: usage(stderr); return 2;
 		}
 	}

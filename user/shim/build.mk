@@ -11,6 +11,7 @@
 SHIM_OMPI_CC := $(or $(shell command -v mpicc.openmpi 2>/dev/null),$(shell command -v mpicc 2>/dev/null))
 SHIM_MPICH_CC := $(shell command -v mpicc.mpich 2>/dev/null)
 SHIM_MPIS := $(if $(SHIM_OMPI_CC),ompi) $(if $(SHIM_MPICH_CC),mpich)
+KCOLL_CONFIG += SHIM_OMPI=$(if $(SHIM_OMPI_CC),y,n) SHIM_MPICH=$(if $(SHIM_MPICH_CC),y,n)
 SHIM_CC_ompi := $(SHIM_OMPI_CC)
 SHIM_CC_mpich := $(SHIM_MPICH_CC)
 # Both wrappers wrap $(CC): Open MPI's reads OMPI_CC, MPICH's MPICH_CC.

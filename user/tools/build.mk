@@ -59,7 +59,14 @@ GLOO_CXX ?= g++
 GLOO_CC ?= gcc
 GLOO_HEADER := $(wildcard /usr/include/gloo/allreduce.h)
 GLOO_HAVE_CXX := $(shell command -v $(GLOO_CXX) 2>/dev/null)
-ifneq ($(and $(GLOO_HEADER),$(GLOO_HAVE_CXX)),)
+WITH_GLOO ?= auto
+GLOO_FOUND := $(and $(GLOO_HEADER),$(GLOO_HAVE_CXX))
+GLOO_HAVE := $(if $(filter 0,$(WITH_GLOO)),,$(GLOO_FOUND))
+ifeq ($(WITH_GLOO)$(GLOO_FOUND),1)
+$(error WITH_GLOO=1, but libgloo-dev or $(GLOO_CXX) is missing: run scripts/deps.sh --bench)
+endif
+KCOLL_CONFIG += GLOO=$(if $(GLOO_HAVE),y,n) MPICC=$(if $(BENCH_MPICC),y,n)
+ifneq ($(GLOO_HAVE),)
 GLOO_BENCH := $(BIN)/gloo-allreduce-bench
 GLOO_OBJ := $(OBJ)/user/tools/gloo/gloo-allreduce-bench.o
 GLOO_COMMON_OBJ := $(OBJ)/user/tools/gloo/bench_common.o
