@@ -140,8 +140,8 @@ wait_lines() {	# tag n
 # Median busbw of rank 0's lines with t_ms in [from, to).
 busbw() {	# tag from to
 	awk -v a="$2" -v b="$3" '/^t_ms=/ { split($1, t, "="); split($3, w, "=");
-		if (t[2] >= a && t[2] < b) v[n++] = w[2] }
-		END { if (!n) { print 0; exit } asort(v); print v[int((n + 1) / 2)] }' "$T/$1.0.out"
+		if (t[2] >= a && t[2] < b) print w[2] }' "$T/$1.0.out" | sort -g |
+		awk '{ v[NR] = $1 } END { if (!NR) { print 0; exit } print v[int((NR + 1) / 2)] }'
 }
 
 # ---- (d) healthy soak --------------------------------------------------------
