@@ -84,6 +84,13 @@ remove_root() {
 	if grep -q " $root[/ ]" /proc/self/mountinfo; then
 		die "$root still has mounts (see /proc/self/mountinfo): unmount them first"
 	fi
+	local p users=
+	for p in /proc/[0-9]*; do
+		case "$(readlink "$p/root" 2>/dev/null)" in
+		"$root"|"$root"/*) users="$users ${p#/proc/}" ;;
+		esac
+	done
+	[ -z "$users" ] || die "processes$users still run in $root: kill them first"
 	rm -rf --one-file-system "$root"
 }
 
@@ -146,6 +153,10 @@ done
 # Inside a new mount and PID namespace: the root a mount point of its own,
 # the kernel's file systems, then chroot. The namespaces die with the
 # command, taking every mount (and any network namespace made by name) along.
+# The namespace's init is the bash that runs the command (the trailing exit
+# keeps it from exec'ing the last command): it reaps orphans, as init must,
+# or a daemonized kcolld that died would linger as a zombie that kill -0
+# still finds.
 inner=$(cat <<'EOF'
 set -e
 r=$1; shift
@@ -175,10 +186,24 @@ EOF
 t0=$SECONDS
 echo "fresh-root: running '$cmd' in $root (a fresh Debian 12 minbase root)"
 set +e
-unshare --mount --pid --fork --kill-child --propagation private \
+unshare --mount --pid --fork --propagation private \
 	bash -c "$inner" inner "$root" "${cuda_dirs[@]}" -- "${envs[@]}" \
-	bash -c "cd /work/kcoll && $cmd"
+	bash -c "cd /work/kcoll && { $cmd
+}; exit \$?" &
+ushare=$!
+# Stopped early (Ctrl-C, a CI timeout): the namespace's init is immune to its
+# parent-death signal, so kill it from here, which ends every process in it.
+stop_ns() {
+	local init
+	init=$(grep -l "^PPid:[[:space:]]*$ushare\$" /proc/[0-9]*/status 2>/dev/null | head -1 | cut -d/ -f3)
+	[ -n "$init" ] && kill -KILL "$init" 2>/dev/null
+	kill -KILL "$ushare" 2>/dev/null
+}
+trap 'stop_ns; exit 130' INT
+trap 'stop_ns; exit 143' TERM HUP
+wait "$ushare"
 rc=$?
+trap - INT TERM HUP
 set -e
 echo "fresh-root: '$cmd' exited $rc after $((SECONDS - t0)) s"
 [ "$keep" -eq 1 ] || remove_root
