@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <kcoll/futex.h>
@@ -15,16 +14,6 @@
 #include "kcoll_gpu.h"
 #include "kcolld.h"
 #include "log.h"
-
-struct kd_daemon kd;
-
-int64_t kd_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 struct kd_client *kd_client_new(int sock)
 {

@@ -226,6 +226,7 @@ struct kd_daemon {
 	struct kd_stats stats;
 };
 
+/* daemon.c: the global state and the monotonic clock every room reads. */
 extern struct kd_daemon kd;
 
 int64_t kd_now_ns(void);

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# kcolld's seams may only get better: no call cycle among daemon files
+# beyond the recorded ones, no library (rdma/, bpf/, gpu/) newly reaching
+# into user/daemon/ (scripts/layering.py reads the objects with nm and the
+# compile records; scripts/layering.baseline is the debt still owed). Then
+# a planted new edge must be caught.
+set -u
+: "${KCOLL_BUILD:?run through tests/run.sh}" "${KCOLL_TOP:?}"
+skip_all() { echo "1..0 # SKIP $1"; exit 0; }
+[ -n "${KCOLL_TEST_SAN:-}" ] && skip_all "the same objects' graph: the plain pass ran it"
+command -v nm >/dev/null || skip_all "nm missing (binutils)"
+py=/usr/bin/python3
+out=$($py "$KCOLL_TOP/scripts/layering.py" --build "$KCOLL_BUILD" --check "$KCOLL_TOP/scripts/layering.baseline" 2>&1)
+rc=$?
+printf '%s\n' "$out" | grep -v '^1\.\.'
+n=$(grep -cE '^(not )?ok ' <<<"$out")
+ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fi; }
+[ "$rc" -eq 0 ] || grep -q '^not ok' <<<"$out"
+ok $? "layering.py's exit status ($rc) agrees with its TAP"
+
+# A baseline without the cycle stands for "a new cycle appeared".
+T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/layer.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+$py -c 'import json,sys; b=json.load(open(sys.argv[1])); b["cycles"]=[]; b["library_reaches_daemon"]=b["library_reaches_daemon"][1:]; json.dump(b,open(sys.argv[2],"w"))' \
+	"$KCOLL_TOP/scripts/layering.baseline" "$T/b.json"
+bad=$($py "$KCOLL_TOP/scripts/layering.py" --build "$KCOLL_BUILD" --check "$T/b.json" 2>&1); rc=$?
+if ! grep -q '"user/daemon/' "$KCOLL_TOP/scripts/layering.baseline"; then
+	ok 0 "# SKIP the baseline records no debt: nothing to take out"
+else
+	[ $rc -ne 0 ] && grep -q '^not ok 1 ' <<<"$bad" && grep -q '^not ok 2 ' <<<"$bad"
+	ok $? "with the recorded debt taken out of the baseline, both checks fail (exit $rc)"
+fi
+echo "1..$n"
