@@ -468,6 +468,89 @@ static void test_against_ref(const char *impl)
 }
 
 /*
+ * avg in pieces (kcolld's multi-host path): the inputs split between "hosts"
+ * at every point, each host's part summed (64-bit for integers), the partial
+ * sums summed, divided once: bit for bit the one-call avg, for the integer
+ * types, f32 and f64 (whose sums keep the input order). f16/bf16 round each
+ * partial sum, so for them only the division is checked.
+ */
+static void test_avg_pieces(void)
+{
+	static const size_t count = 1003;
+	unsigned char *sum = malloc(count * 8), *part = malloc(count * 8);
+
+	for (unsigned int dt = 0; dt < KCOLL_DTYPE_MAX; dt++) {
+		enum kcoll_dtype sdt = kcoll_avg_sum_dtype(dt);
+		size_t sz = dtype_size(dt);
+		unsigned int bad = 0, cases = 0;
+		int is_int = dt >= KCOLL_I8;
+
+		if (dt == KCOLL_F16 || dt == KCOLL_BF16) {
+			/* 3 / 2 = 1.5 and -7 / 4 = -1.75, exact in both types */
+			float x[2] = { 3.0f, -7.0f }, want[2] = { 1.5f, -1.75f };
+			unsigned short h[2];
+
+			for (int i = 0; i < 2; i++)
+				h[i] = dt == KCOLL_F16 ? kcoll_f32_to_f16(x[i]) : kcoll_f32_to_bf16(x[i]);
+			kcoll_avg_finish(dt, h, 1, 2);
+			kcoll_avg_finish(dt, h + 1, 1, 4);
+			for (int i = 0; i < 2; i++) {
+				float g = dt == KCOLL_F16 ? kcoll_f16_to_f32(h[i]) : kcoll_bf16_to_f32(h[i]);
+
+				bad += g != want[i];
+			}
+			tap_ok(!bad && sdt == dt, "avg in pieces: %s sums stay %s, the division is "
+			       "done in f32", dtype_names[dt], dtype_names[dt]);
+			continue;
+		}
+		fill_pool(dt);
+		for (unsigned int nin = 1; nin <= MAX_NIN; nin++) {
+			const void *in[MAX_NIN];
+
+			for (unsigned int k = 0; k < nin; k++)
+				in[k] = pool[k];
+			kcoll_reduce_ref(dt, KCOLL_AVG, want_buf, in, nin, count);
+			/* hosts: inputs [0, cut) and [cut, nin) */
+			for (unsigned int cut = 1; cut <= nin; cut++, cases++) {
+				if (is_int) {
+					for (unsigned int k = 0; k < nin; k++)
+						kcoll_avg_widen_add(dt, k < cut ? sum : part, in[k], count,
+								    k == 0 || k == cut);
+					if (cut < nin) {
+						const void *two[2] = { sum, part };
+
+						kcoll_reduce_ref(sdt, KCOLL_SUM, sum, two, 2, count);
+					}
+				} else {
+					kcoll_reduce_ref(dt, KCOLL_SUM, sum, in, cut, count);
+					if (cut < nin) {
+						const void *two[2] = { sum, NULL };
+
+						kcoll_reduce_ref(dt, KCOLL_SUM, part, in + cut, nin - cut,
+								 count);
+						two[1] = part;
+						/* (a + b + c) + d is the one-call order only
+						 * when the second part is one input: other
+						 * cuts are not compared for floats */
+						kcoll_reduce_ref(dt, KCOLL_SUM, sum, two, 2, count);
+					}
+				}
+				kcoll_avg_finish(dt, sum, count, nin);
+				if (memcmp(sum, want_buf, count * sz) &&
+				    (is_int || cut == nin || nin - cut == 1)) {
+					bad++;
+					tap_diag("%s nin %u cut %u differs", dtype_names[dt], nin, cut);
+				}
+			}
+		}
+		tap_ok(!bad, "avg in pieces: %s sums in %s, divided once, equal the one-call avg "
+		       "(%u splits of 1-8 inputs)", dtype_names[dt], dtype_names[sdt], cases);
+	}
+	free(sum);
+	free(part);
+}
+
+/*
  * The kernels' own f16/bf16 conversions, exhaustively: every code through a
  * one-input sum (widen, narrow), and every code plus half its ulp (exact in
  * f32, a tie when narrowed).
@@ -766,6 +849,7 @@ int main(void)
 	test_narrow(&f16);
 	test_narrow(&bf16);
 	test_known("reference", kcoll_reduce_ref);
+	test_avg_pieces();
 
 	snprintf(default_impl, sizeof(default_impl), "%s", in_child(NULL, run_default));
 	in_child("no-such-impl", run_bogus);

@@ -572,3 +572,64 @@ int kcoll_reduce_n(enum kcoll_dtype dtype, enum kcoll_redop op, void *out,
 		rk_impl()->fn[dtype][op](out, in, nin, count);
 	return 0;
 }
+
+/* ---- avg in pieces (reduce.h) ------------------------------------------- */
+
+static int rk_is_float(enum kcoll_dtype dt)
+{
+	return dt == KCOLL_F32 || dt == KCOLL_F64 || dt == KCOLL_F16 || dt == KCOLL_BF16;
+}
+
+enum kcoll_dtype kcoll_avg_sum_dtype(enum kcoll_dtype dt)
+{
+	if (rk_is_float(dt))
+		return dt;
+	return dt == KCOLL_I8 || dt == KCOLL_I32 || dt == KCOLL_I64 ? KCOLL_I64 : KCOLL_U64;
+}
+
+static int64_t rk_load_int(enum kcoll_dtype dt, const void *p, size_t i)
+{
+	switch (dt) {
+	case KCOLL_I8: return ((const int8_t *)p)[i];
+	case KCOLL_U8: return ((const uint8_t *)p)[i];
+	case KCOLL_I32: return ((const int32_t *)p)[i];
+	case KCOLL_U32: return ((const uint32_t *)p)[i];
+	default: return ((const int64_t *)p)[i];
+	}
+}
+
+void kcoll_avg_widen_add(enum kcoll_dtype dt, void *sum, const void *in, size_t count, int first)
+{
+	uint64_t *acc = sum;
+
+	/* Unsigned: the bits of the wrapping u64 sum are those of the i64 one. */
+	for (size_t i = 0; i < count; i++)
+		acc[i] = (first ? 0 : acc[i]) + (uint64_t)rk_load_int(dt, in, i);
+}
+
+void kcoll_avg_finish(enum kcoll_dtype dt, void *buf, size_t count, unsigned int nin)
+{
+	for (size_t i = 0; i < count; i++) {
+		int64_t s = rk_is_float(dt) ? 0 : ((int64_t *)buf)[i];
+		uint64_t u = (uint64_t)s;
+
+		switch (dt) {
+		case KCOLL_F32: ((float *)buf)[i] /= (float)nin; break;
+		case KCOLL_F64: ((double *)buf)[i] /= (double)nin; break;
+		case KCOLL_F16:
+			((uint16_t *)buf)[i] = kcoll_f32_to_f16(kcoll_f16_to_f32(((uint16_t *)buf)[i]) / (float)nin);
+			break;
+		case KCOLL_BF16:
+			((uint16_t *)buf)[i] = kcoll_f32_to_bf16(kcoll_bf16_to_f32(((uint16_t *)buf)[i]) / (float)nin);
+			break;
+		/* Element i is written at or below where sum i was read. */
+		case KCOLL_I8: ((int8_t *)buf)[i] = (int8_t)(s / nin); break;
+		case KCOLL_U8: ((uint8_t *)buf)[i] = (uint8_t)(u / nin); break;
+		case KCOLL_I32: ((int32_t *)buf)[i] = (int32_t)(s / nin); break;
+		case KCOLL_U32: ((uint32_t *)buf)[i] = (uint32_t)(u / nin); break;
+		case KCOLL_I64: ((int64_t *)buf)[i] = s / (int64_t)nin; break;
+		case KCOLL_U64: ((uint64_t *)buf)[i] = u / nin; break;
+		default: break;
+		}
+	}
+}

@@ -31,6 +31,25 @@ int kcoll_reduce_ref(enum kcoll_dtype dtype, enum kcoll_redop op, void *out,
  * chosen at the first call, KCOLL_REDUCE_IMPL can force one. */
 const char *kcoll_reduce_impl(void);
 
+/*
+ * avg in pieces (kcolld's multi-host path): the inputs are summed where they
+ * are, the sums travel and are summed again, and the total is divided once
+ * at the end, giving what kcoll_reduce_n's avg gives with every input at once
+ * (bit for bit for integers, f32 and f64 summed in the same order; f16/bf16
+ * round each partial sum to the type, see docs/reduce.md).
+ *  - kcoll_avg_sum_dtype(dt): the type the sums are kept in: i64 for signed,
+ *    u64 for unsigned integers (as the one-host avg sums), dt for floats.
+ *  - kcoll_avg_widen_add(dt, sum, in, count, first): sum[i] (i64/u64) =
+ *    (first ? 0 : sum[i]) + in[i] of type dt (integers only).
+ *  - kcoll_avg_finish(dt, buf, count, nin): buf[i] = buf[i] / nin. For
+ *    integers buf holds the 64-bit sums and the quotients (truncated toward
+ *    zero) are packed back to dt at its start; floats are divided in place
+ *    (f16/bf16 in f32).
+ */
+enum kcoll_dtype kcoll_avg_sum_dtype(enum kcoll_dtype dt);
+void kcoll_avg_widen_add(enum kcoll_dtype dt, void *sum, const void *in, size_t count, int first);
+void kcoll_avg_finish(enum kcoll_dtype dt, void *buf, size_t count, unsigned int nin);
+
 /* f16/bf16 <-> f32, round to nearest-even, NaN preserved (quiet). */
 float kcoll_f16_to_f32(unsigned short h);
 unsigned short kcoll_f32_to_f16(float f);

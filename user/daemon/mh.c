@@ -566,48 +566,6 @@ static const uint8_t *fused_input(struct kd_mh *mh, struct kd_op *op, uint64_t b
 	return ct->sbuf.direct;
 }
 
-static bool is_float(uint8_t dt)
-{
-	return dt == KCOLL_F32 || dt == KCOLL_F64 || dt == KCOLL_F16 || dt == KCOLL_BF16;
-}
-
-/* avg: x / n, as one rank's reduction divides its sum (f16/bf16 in f32). */
-static void scale(uint8_t dt, void *p, uint64_t n, uint32_t div)
-{
-	for (uint64_t i = 0; i < n; i++) {
-		switch (dt) {
-		case KCOLL_F32:
-			((float *)p)[i] /= (float)div;
-			break;
-		case KCOLL_F64:
-			((double *)p)[i] /= (double)div;
-			break;
-		case KCOLL_F16:
-			((uint16_t *)p)[i] = kcoll_f32_to_f16(kcoll_f16_to_f32(((uint16_t *)p)[i]) / (float)div);
-			break;
-		case KCOLL_BF16:
-			((uint16_t *)p)[i] = kcoll_f32_to_bf16(kcoll_bf16_to_f32(((uint16_t *)p)[i]) / (float)div);
-			break;
-		}
-	}
-}
-
-static bool is_signed(uint8_t dt)
-{
-	return dt == KCOLL_I8 || dt == KCOLL_I32 || dt == KCOLL_I64;
-}
-
-static int64_t load_int(uint8_t dt, const uint8_t *p, uint64_t i)
-{
-	switch (dt) {
-	case KCOLL_I8: return ((const int8_t *)p)[i];
-	case KCOLL_U8: return ((const uint8_t *)p)[i];
-	case KCOLL_I32: return ((const int32_t *)p)[i];
-	case KCOLL_U32: return ((const uint32_t *)p)[i];
-	default: return ((const int64_t *)p)[i];
-	}
-}
-
 /* Integer avg, phase 1: acc (64-bit) = sum of the local ranks' inputs. */
 static int local_widen(struct kd_mh *mh, struct kd_op *op, uint64_t n, uint32_t *bad)
 {
@@ -630,32 +588,11 @@ static int local_widen(struct kd_mh *mh, struct kd_op *op, uint64_t n, uint32_t 
 				*bad = rk;
 				return r;
 			}
-			/* unsigned: the 64-bit pattern of the wrapping u64 sum is the same */
-			for (uint64_t i = 0; i < m; i++)
-				acc[e + i] = (first ? 0 : acc[e + i]) + (uint64_t)load_int(op->dtype, p, i);
+			kcoll_avg_widen_add(op->dtype, acc + e, p, m, first);
 			first = false;
 		}
 	}
 	return r;
-}
-
-/* Integer avg, phase 3: 64-bit sums / n, truncated toward zero, packed
- * back to the element type at the start of acc. */
-static void narrow_avg(uint8_t dt, uint8_t *acc, uint64_t n, uint32_t div)
-{
-	for (uint64_t i = 0; i < n; i++) {
-		int64_t s = ((int64_t *)acc)[i];
-		uint64_t u = ((uint64_t *)acc)[i];
-
-		switch (dt) {
-		case KCOLL_I8: ((int8_t *)acc)[i] = (int8_t)(s / div); break;
-		case KCOLL_U8: ((uint8_t *)acc)[i] = (uint8_t)(u / div); break;
-		case KCOLL_I32: ((int32_t *)acc)[i] = (int32_t)(s / div); break;
-		case KCOLL_U32: ((uint32_t *)acc)[i] = (uint32_t)(u / div); break;
-		case KCOLL_I64: ((int64_t *)acc)[i] = s / (int64_t)div; break;
-		case KCOLL_U64: ((uint64_t *)acc)[i] = u / div; break;
-		}
-	}
 }
 
 static uint32_t op_sig(const struct kd_op *op)
@@ -696,7 +633,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	struct run x = { .mh = mh, .op = op, .bad_host = KCOLL_RANK_NONE };
 	uint64_t bytes = 0, block = 0, wbytes, wblock;
 	uint32_t bad = KCOLL_RANK_NONE, root_host = 0;
-	bool wide;
+	bool wide, avg;
 	int r = 0;
 
 	kd_c4_op_start(mh, op);
@@ -723,9 +660,10 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	/* avg: sum everywhere, divide once at the end; integers are summed in
 	 * 64 bits (as on one host), so the wire and accumulator are 64-bit. */
 	mh->redop = op->redop == KCOLL_AVG ? KCOLL_SUM : op->redop;
-	wide = op->redop == KCOLL_AVG && !is_float(op->dtype) &&
-	       (op->opcode == KCOLL_OP_ALLREDUCE || op->opcode == KCOLL_OP_REDUCE_SCATTER);
-	mh->dtype = wide ? (is_signed(op->dtype) ? KCOLL_I64 : KCOLL_U64) : op->dtype;
+	avg = op->redop == KCOLL_AVG &&
+	      (op->opcode == KCOLL_OP_ALLREDUCE || op->opcode == KCOLL_OP_REDUCE_SCATTER);
+	mh->dtype = avg ? kcoll_avg_sum_dtype(op->dtype) : op->dtype;
+	wide = mh->dtype != op->dtype;
 	mh->esz = kcoll_dtype_size(mh->dtype);
 	block = op->count * op->esz;
 	switch (op->opcode) {
@@ -837,11 +775,8 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		net_fail(mh, op, r, x.bad_host);
 		goto done;
 	}
-	if (wide)
-		narrow_avg(op->dtype, mh->acc, bytes / op->esz, comm->nranks);
-	else if (op->redop == KCOLL_AVG && (op->opcode == KCOLL_OP_ALLREDUCE ||
-					    op->opcode == KCOLL_OP_REDUCE_SCATTER))
-		scale(op->dtype, mh->acc, bytes / op->esz, comm->nranks);
+	if (avg)
+		kcoll_avg_finish(op->dtype, mh->acc, bytes / op->esz, comm->nranks);
 
 	/* 3. local outputs */
 	for (uint32_t rk = 0; rk < comm->nranks && bytes; rk++) {
