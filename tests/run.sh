@@ -76,7 +76,7 @@ if command -v make >/dev/null; then
 		[ -f "$t" ] || continue
 		[ -x "$t" ] || continue
 		case "$(basename "$t")" in test_*) selected "$(basename "$t")" || continue ;; esac
-		make -C "$top" -q ${KCOLL_TEST_SAN:+SAN=1} BUILD="$BUILD" "$BUILD/tests/$(basename "$t")" \
+		make -C "$top" -q MTIME_ONLY=1 ${KCOLL_TEST_SAN:+SAN=1} BUILD="$BUILD" "$BUILD/tests/$(basename "$t")" \
 			>/dev/null 2>&1
 		[ $? -eq 1 ] && stale+=("$BUILD/tests/$(basename "$t")")
 	done
