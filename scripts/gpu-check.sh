@@ -77,7 +77,8 @@ say() { printf '%s\n' "$*" | tee -a "$tap"; }
 # Indent a file into the TAP stream as comments.
 say_file() { [ -s "$1" ] && sed 's/^/#   /' "$1" | tee -a "$tap"; }
 json_str() {	# a JSON string of $1
-	local s=$1
+	local s
+	s=$(printf '%s' "$1" | tr -d '\000-\010\013\014\016-\037')	# control bytes but \t \n \r
 	s=${s//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\t'/\\t}; s=${s//$'\r'/}; s=${s//$'\n'/\\n}
 	printf '"%s"' "$s"
 }
