@@ -722,14 +722,18 @@ static int bench_kv(void)
 		check(kcoll_connect(&o, &k), "connect");
 		check(kcoll_seg_register(k, h, 1u << 20, NULL, &mine), "host segment");
 		rc[1] = kcoll_seg_import(k, desc, &rs);
-		if (!rc[1])
+		if (!rc[1]) {
 			rc[1] = kcoll_xfer_read(mine, rs, &e, 1, KCOLL_NOTIFY_NONE, &req);
-		if (!rc[1])
-			rc[1] = kcoll_wait(req, 30000);
+			if (!rc[1])
+				rc[1] = kcoll_wait(req, 30000);
+			kcoll_rseg_close(rs);
+		}
 		rc[4] = !rc[1];
 		for (size_t i = 0; !rc[1] && i < 65536; i++)
 			rc[4] &= ((uint8_t *)h)[i] == 0x5a;
+		kcoll_seg_unregister(mine);
 		kcoll_disconnect(k);
+		free(h);
 	}
 	__atomic_store_n(&rc[3], 1, __ATOMIC_RELEASE);
 	waitpid(pid, &st, 0);
