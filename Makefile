@@ -185,7 +185,7 @@ uninstall:
 	$(Q)scripts/install.sh --uninstall $(BUILD)
 
 clean:
-	rm -rf build build-asan build-clang build-fuzz
+	rm -rf build build-asan build-clang build-fuzz build-gpu
 
 help:
 	@sed -n '2,16p' Makefile | sed 's/^# \{0,1\}//'

@@ -85,3 +85,28 @@ endif
 # Device buffers through kcolld, on the fake driver (and a real one if present).
 $(OBJ)/tests/test_gpu_ring.o: CPPFLAGS += $(GPU_CPPFLAGS)
 $(TBIN)/test_gpu_ring: | $(GPU_FAKE_CUDA) $(BIN)/kcolld
+
+# ---- The slim build the device check carries (docs/gpu.md "Running the device
+# check"): what scripts/gpu-check.sh runs, in build's layout (binaries find
+# ../lib and ../bin as in build/), plus the shared libraries they need beyond
+# glibc in syslib/ (the GPU machine cannot install any; the script uses them
+# only where ldd finds one missing there).
+GPU_CARRY ?= build-gpu
+GPU_CARRY_BINS := $(BIN)/kcolld $(BIN)/kcollctl $(GPU_DOCTOR) $(BIN)/kcoll-gpu-bench \
+	$(TBIN)/test_gpu $(TBIN)/test_gpu_ring $(TBIN)/test_gpudirect
+GPU_CARRY_SKIP_SO := linux-vdso libc.so libm.so libpthread.so libdl.so librt.so ld-linux
+.PHONY: gpu-carry
+gpu-carry: $(GPU_CARRY_BINS) $(GPU_FAKE_CUDA) $(GPU_LIB)
+	$(if $(GPU_LIB),,$(error gpu-carry: no nvcc ($(NVCC)), so no libkcoll_gpu.so to carry))
+	$(call msg,CARRY,$(GPU_CARRY))
+	$(Q)rm -rf $(GPU_CARRY) && mkdir -p $(GPU_CARRY)/bin $(GPU_CARRY)/lib \
+		$(GPU_CARRY)/tests/fixtures $(GPU_CARRY)/syslib
+	$(Q)cp -p $(filter $(BIN)/%,$(GPU_CARRY_BINS)) $(GPU_CARRY)/bin/
+	$(Q)cp -p $(filter $(TBIN)/%,$(GPU_CARRY_BINS)) $(GPU_CARRY)/tests/
+	$(Q)cp -p $(GPU_FAKE_CUDA) $(GPU_CARRY)/tests/fixtures/
+	$(Q)cp -p $(GPU_LIB) $(GPU_CARRY)/lib/
+	$(Q)ldd $(GPU_CARRY_BINS) $(GPU_LIB) | awk '$$2 == "=>" && $$3 ~ /^\// { print $$3 }' | \
+		grep -v $(foreach s,$(GPU_CARRY_SKIP_SO),-e /$(s)) | sort -u | \
+		xargs -r cp -L -t $(GPU_CARRY)/syslib/
+	$(Q)cp -p $(BUILD)/config.mk $(GPU_CARRY)/
+	$(Q)du -sh $(GPU_CARRY)

@@ -101,3 +101,15 @@ $(BIN)/kcoll-kvbench: $(OBJ)/user/tools/kcoll-kvbench.o $(BENCH_COMMON_OBJ) $(LI
 		$(COMMON_LIB) $(LDFLAGS) -lm
 
 ALL_TARGETS += $(BIN)/kcoll-kvbench
+
+# kcoll-gpu-bench: the GPU benchmarks of scripts/gpu-check.sh, through kcoll's
+# loader (no CUDA at build time; exit 77 at run time without a usable GPU).
+GPU_BENCH := $(BIN)/kcoll-gpu-bench
+$(OBJ)/user/tools/kcoll-gpu-bench.o: CPPFLAGS += $(GPU_CPPFLAGS)
+$(GPU_BENCH): $(OBJ)/user/tools/kcoll-gpu-bench.o $(GPU_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $(OBJ)/user/tools/kcoll-gpu-bench.o $(GPU_OBJS) $(LIB)/libkcoll.a \
+		$(COMMON_LIB) $(LDFLAGS) $(GPU_LDLIBS) -lm
+
+ALL_TARGETS += $(GPU_BENCH)
