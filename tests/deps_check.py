@@ -13,7 +13,8 @@ each simple command, after prefixes such as `timeout 10`, `ip netns exec NS`,
 builtin is not a command. Each command is looked up on PATH, its file's package
 found with dpkg -S, and that package must be in the closure (Depends and
 Pre-Depends, recursively) of the tier's deps.sh list plus the packages of
-priority required (debootstrap's minbase).
+priority required (debootstrap's minbase) and the README's prerequisites
+(make, git, ca-certificates).
 """
 import argparse
 import os
@@ -24,12 +25,15 @@ import sys
 # Which scripts serve which tier, and the deps.sh options that install it.
 TIERS = [
     ("host", [], ["tests/*.sh", "scripts/demo.sh", "scripts/netns-cluster.sh",
-                  "scripts/netns-rsh.sh", "scripts/install.sh"]),
+                  "scripts/netns-rsh.sh", "scripts/install.sh", "scripts/gpu-check.sh"]),
     ("vm", ["--vm"], ["tests/vm/*.sh", "scripts/vmtest.sh", "scripts/vmtest-pair.sh",
                       "scripts/vm-rxe-setup.sh"]),
     ("bench", ["--bench", "--vm"], ["scripts/bench-*.sh", "scripts/plot-*.sh",
                                     "scripts/cluster-anchors.sh", "user/shim/*.sh"]),
 ]
+
+# What the README asks a fresh machine to have before make demo.
+PREREQS = ["make", "git", "ca-certificates"]
 
 BUILTINS = set("""
 alias bg bind break builtin caller cd command compgen complete compopt continue declare
@@ -284,7 +288,7 @@ def main():
 
     for tier, opts, globs in TIERS:
         pkgs = run([os.path.join(top, "scripts/deps.sh"), "--list"] + opts).split()
-        allowed = closure(pkgs) | base | set(pkgs)
+        allowed = closure(pkgs + PREREQS) | base | set(pkgs)
         files = sorted({f for g in globs for f in glob.glob(os.path.join(top, g))})
         uses, gawk_lines = {}, []
         for f in files:
