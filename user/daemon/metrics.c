@@ -631,7 +631,9 @@ static void conn_request(struct mconn *c)
 	if (q)
 		*q = 0;
 	if (strcmp(target, "/metrics")) {
-		respond_error(c, 404, "Not Found", "", "metrics are at /metrics\n");
+		static const char why[] = "metrics are at /metrics\n";
+
+		respond(c, 404, "Not Found", "", why, sizeof(why) - 1, !strcmp(method, "HEAD"));
 		return;
 	}
 	size_t blen;
