@@ -36,7 +36,7 @@ start() {
 	for _ in $(seq 300); do [ -S "$T/$name.sock" ] && return 0; sleep 0.05; done
 	return 1
 }
-stop() { kill -TERM "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
+stop() { kill -TERM "$1" 2>/dev/null && wait "$1"; }
 json_field() { "$B/bin/kcollctl" -s "$1" status --json | "$PY" -c "import json,sys; print(json.load(sys.stdin)['$2'])"; }
 # Listening TCP sockets a process owns (its fds against /proc/net/tcp).
 tcp_listeners() {
@@ -199,7 +199,7 @@ done
 [ $bad -eq 1 ]; ok $? "kcoll_metrics_requests_total counted each error code (400 404 405 408 431 503)"
 "$B/bin/kcoll-bench" allreduce -N 2 -b 1K -e 64K -n 2 -w 1 -s "$T/on.sock" >/dev/null 2>&1
 ok $? "collectives still run on that daemon"
-stop "$on"
+stop "$on"; ok $? "that kcolld exits 0 on SIGTERM (under ASan: no leak, no error)"
 
 # --- a bare port, and the textfile ------------------------------------------------
 port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -215,7 +215,8 @@ sleep 2.5
 v=$("$PY" "$CHECK" value "$T/kcoll.prom" kcoll_ops_total op=allreduce status=ok)
 [ "$v" = 3 ] && [ ! -e "$T/kcoll.prom.tmp" ]
 ok $? "the textfile is rewritten every second (all-reduce ops now $v, want 3), no .tmp left"
-stop "$fpid"
+stop "$fpid" && "$PY" "$CHECK" parse "$T/kcoll.prom" && [ ! -e "$T/kcoll.prom.tmp" ]
+ok $? "SIGTERM: kcolld exits 0 and leaves a final parseable textfile"
 
 echo "1..$n"
 exit $failed
