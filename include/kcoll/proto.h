@@ -31,6 +31,7 @@ enum kcoll_msg_type {
 	KCOLL_MSG_MEM_REG_KDEV = 8,	/* buffer pinned through /dev/kcoll, by handle */
 	KCOLL_MSG_SET = 9,		/* set a run-time tunable (kcollctl set) */
 	KCOLL_MSG_COMM_LANE = 11,	/* -> a lane's socket (docs/multihost.md "Lanes") */
+	KCOLL_MSG_METRICS = 12,		/* kcollctl metrics: reply Prometheus text (docs/metrics.md) */
 	/* KV-cache segments (user/daemon/kv.c, docs/kv.md) */
 	KCOLL_MSG_SEG_REG = 32,		/* -> descriptor + notify counters memfd */
 	KCOLL_MSG_SEG_UNREG = 33,

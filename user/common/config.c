@@ -47,6 +47,9 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_BPF", "0", "kcolld: 1 = attach the eBPF flow tracker (bpf/) on the interfaces of its addresses; runs without it if it cannot" },
 	{ "KCOLL_BPF_PIN", "/sys/fs/bpf/kcoll", "bpffs directory where the flow tracker's maps and programs are pinned (kcolld, kcoll-bpf)" },
 	{ "KCOLL_BPF_CGROUP", "", "kcolld flow tracking: cgroup v2 directory for the sockops program (TCP retransmissions, RTT); empty: where cgroup v2 is mounted" },
+	{ "KCOLL_METRICS", "", "kcolld: serve Prometheus metrics over HTTP at PORT (on 127.0.0.1) or IPV4:PORT, GET /metrics (empty: off; docs/metrics.md)" },
+	{ "KCOLL_METRICS_FILE", "", "kcolld: also write the metrics to this file every KCOLL_METRICS_INTERVAL seconds, atomically (node_exporter textfile collector: a .prom file in its directory; empty: off)" },
+	{ "KCOLL_METRICS_INTERVAL", "15", "kcolld: seconds between KCOLL_METRICS_FILE rewrites (at least 1)" },
 	{ "KCOLL_THP_MIN_BYTES", "4194304", "libkcoll: a host buffer of at least this many bytes outside kcoll memory gets its whole 2 MiB pages collapsed into huge pages (MADV_COLLAPSE, once per buffer) so kcolld's process_vm copies pin 512x fewer pages; 0 = never" },
 };
 

@@ -31,6 +31,7 @@
 #include "config.h"
 #include "kcolld.h"
 #include "log.h"
+#include "metrics.h"
 #include "net.h"
 
 #define KD_C4_TICK	(250 * 1000000LL)
@@ -525,10 +526,12 @@ static void log_event(struct kd_comm *comm, const struct kcoll_c4_event *e)
 	if (e->link != KCOLL_C4_NONE)
 		kd_net_link_addr(mh, e->host, e->link, le->link_addr, sizeof(le->link_addr));
 	event_text(mh, e, le->text, sizeof(le->text));
-	if (e->raised)
+	if (e->raised) {
+		kd_metrics_c4_raised(e->kind);
 		kc_warn("comm %s: C4: %s", comm->name, le->text);
-	else
+	} else {
 		kc_info("comm %s: C4: %s", comm->name, le->text);
+	}
 }
 
 /* ---- the tick ------------------------------------------------------------ */
@@ -554,6 +557,7 @@ static void feed_links(struct kd_mh *mh, struct kd_c4 *c, uint64_t now)
 				if (!o.bytes)
 					continue;
 				kcoll_c4_link_obs(&c->core, &o);
+				kd_metrics_link(hname(mh, h), o.link, d, o.bytes, o.busy_ns);
 				if (o.bytes >= c->core.p.min_obs_bytes)
 					trace(c, "obs %" PRIu64 " %u %u %u %" PRIu64 " %" PRIu64 "\n", now, h, o.link,
 					      d, o.bytes, o.busy_ns);
@@ -582,6 +586,16 @@ static void bpf_read(int64_t now)
 	c4d.bpf_failed = err != 0;
 	c4d.nbpf[0] = err ? 0 : n;
 	c4d.bpf_t[0] = now;
+	/* Retransmissions since the previous read, per link (a key seen for the
+	 * first time counts from then on: its total covers unknown time). */
+	for (uint32_t i = 0; i < c4d.nbpf[0]; i++) {
+		const struct kd_bpf_sum *cur = &c4d.bpf[0][i];
+
+		for (uint32_t k = 0; k < c4d.nbpf[1]; k++)
+			if (c4d.bpf[1][k].host == cur->host && c4d.bpf[1][k].link == cur->link &&
+			    cur->retrans > c4d.bpf[1][k].retrans)
+				kd_metrics_retrans(cur->link, cur->retrans - c4d.bpf[1][k].retrans);
+	}
 }
 
 /* BPF flow statistics since the previous tick as detector observations: per
@@ -756,6 +770,10 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	}
 	kcoll_c4_evaluate(&c->core, (uint64_t)now);
 	trace(c, "eval %" PRId64 "\n", now);
+	for (uint32_t h = 0; h < mh->nhosts; h++)
+		for (uint32_t l = 0; h != mh->self && l < c->core.nlinks; l++)
+			for (uint32_t d = 0; d < 2; d++)
+				kd_metrics_link_rate(hname(mh, h), l, d, c->core.link[h][l][d].rate);
 	nev = kcoll_c4_events(&c->core, c->consumed, ev, 16);
 	if (nev)
 		c->consumed = ev[nev - 1].id;
@@ -817,6 +835,23 @@ void kd_c4_tick(int64_t now)
 }
 
 /* ---- kcollctl ------------------------------------------------------------ */
+
+void kd_c4_active_kinds(uint64_t *n, uint32_t nkinds)
+{
+	for (struct kd_comm *comm = kd.comms; comm; comm = comm->next) {
+		struct kcoll_c4_event act[32];
+		uint32_t na;
+
+		if (!comm->mh || !comm->mh->c4 || comm->state != KD_COMM_ACTIVE)
+			continue;
+		pthread_mutex_lock(&comm->lock);
+		na = kcoll_c4_active(&comm->mh->c4->core, act, 32);
+		pthread_mutex_unlock(&comm->lock);
+		for (uint32_t i = 0; i < na; i++)
+			if (act[i].kind < nkinds)
+				n[act[i].kind]++;
+	}
+}
 
 static size_t render_events(uint64_t since, char *buf, size_t cap, int json)
 {

@@ -12,6 +12,7 @@
 
 #include "kcolld.h"
 #include "log.h"
+#include "metrics.h"
 #include "net.h"
 
 static void comm_free(struct kd_comm *comm)
@@ -263,6 +264,7 @@ static void op_post(struct kd_op *op, int cancel_rank)
 {
 	int err = atomic_load(&op->err);
 	uint32_t err_rank = err ? atomic_load(&op->err_rank) : KCOLL_RANK_NONE;
+	uint64_t bytes = 0;
 
 	if (err)
 		atomic_fetch_add(&kd.stats.ops_failed, 1);
@@ -276,8 +278,10 @@ static void op_post(struct kd_op *op, int cancel_rank)
 		kd_client_post(ct->client, ct->user_data, (int)r == cancel_rank ? -ECANCELED : err,
 			       err ? 0 : ct->rbuf.len, err_rank, err ? op->cqe_flags : 0);
 		if (!err)
-			atomic_fetch_add(&kd.stats.bytes, ct->rbuf.len);
+			bytes += ct->rbuf.len;
 	}
+	atomic_fetch_add(&kd.stats.bytes, bytes);
+	kd_metrics_op(op->opcode, err, bytes, kd_now_ns() - op->first_ns);
 	op_release(op);
 }
 

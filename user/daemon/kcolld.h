@@ -13,6 +13,8 @@
  *             region in place, or process_vm_readv/writev), regions
  *   tune.c    tunables honoured at run time (environment, /sys/kernel/kcoll)
  *   status.c  `kcollctl status` in text and JSON
+ *   metrics.c Prometheus metrics: data-path counters (relaxed atomics), the
+ *             text, the KCOLL_METRICS endpoint and textfile (metrics.h)
  *
  * Lifetimes are reference counts: a client is held by the client list, each
  * communicator it is a member of and each op it contributed to; a comm by

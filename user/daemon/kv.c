@@ -46,6 +46,7 @@
 #include "iov.h"
 #include "log.h"
 #include "config.h"
+#include "metrics.h"
 #include "net.h"
 #include "kv_rdma.h"
 #include "kv_wire.h"
@@ -112,7 +113,7 @@ static void remote_free(struct kv_remote *rm);
 static int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out);
 static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
 		      bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
-		      uint64_t *moved);
+		      int64_t t0, uint64_t *moved);
 
 static void seg_put(struct kd_seg *s)
 {
@@ -731,6 +732,7 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 	struct kcoll_xfer_entry *e = NULL;
 	struct kv_piece *p = NULL;
 	uint64_t moved = 0;
+	int64_t t0 = kd_now_ns();
 	int r = err;
 
 	if (r)
@@ -786,7 +788,7 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 		r = side_resolve(&local);
 		if (!r)
 			r = run_remote(c, sqe->user_data, p, x->nr_entries, write, &local, remote.seg,
-				       x->notify_id, &moved);
+				       x->notify_id, t0, &moved);
 		if (r == 1) {	/* in flight: the stream threads complete it */
 			seg_put(remote.seg);
 			free(e);
@@ -833,6 +835,7 @@ out:
 	free(p);
 	atomic_fetch_add(r ? &kv.xfers_failed : &kv.xfers_ok, 1);
 	atomic_fetch_add(&kv.bytes, moved);
+	kd_metrics_kv(write, r, moved, kd_now_ns() - t0);
 	if (r)
 		kc_dbg("client %u (pid %d): transfer failed: %s (%s)", c->id, c->pid,
 		       why ? why : "", strerror(-r));
@@ -1122,6 +1125,7 @@ struct kv_batch {
 	struct kv_frame *fr;
 	uint32_t nfr;
 	uint64_t tag;			/* its frames' tags: tag | frame */
+	int64_t t0;			/* taken off the ring (metrics) */
 	/* under the import's wlock: */
 	uint32_t next;			/* the first frame no stream took */
 	uint32_t left;			/* answers due: frames, and the notify */
@@ -1428,6 +1432,7 @@ static void batch_end(struct kv_remote *rm, struct kv_batch *b)
 		conn_unlink(ls, &b->node[s]);
 	atomic_fetch_add(b->err ? &kv.xfers_failed : &kv.xfers_ok, 1);
 	atomic_fetch_add(&kv.bytes, b->moved);
+	kd_metrics_kv(b->write, b->err, b->moved, kd_now_ns() - b->t0);
 	if (b->err)
 		kc_dbg("client %u (pid %d): transfer failed: transfer to another kcolld failed (%s)",
 		       b->c->id, b->c->pid, strerror(-b->err));
@@ -1841,7 +1846,7 @@ static int stream_threads(struct kv_remote *rm)
  */
 static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
 		      bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
-		      uint64_t *moved)
+		      int64_t t0, uint64_t *moved)
 {
 	struct kv_remote *rm = rs->rm;
 	struct kv_piece *sp = NULL;
@@ -1957,7 +1962,7 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 		goto out_unlock;
 	}
 	*b = (struct kv_batch){ .c = c, .user_data = user_data, .local = *local, .write = write,
-				.notify_id = notify_id, .sp = sp, .fr = fr, .nfr = nfr,
+				.t0 = t0, .notify_id = notify_id, .sp = sp, .fr = fr, .nfr = nfr,
 				.tag = ++rm->seq << 32,
 				.left = nfr + (notify_id != KCOLL_NOTIFY_NONE) };
 	kd_client_get(c);

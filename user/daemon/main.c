@@ -27,6 +27,7 @@
 #include "kcolld.h"
 #include "net.h"
 #include "log.h"
+#include "metrics.h"
 #include "reduce.h"
 #ifdef KCOLL_HAVE_BPF
 #include "kcolld_bpf.h"
@@ -254,6 +255,16 @@ static void on_status(struct kd_client *c, const struct kcoll_msg_hdr *m)
 	reply_hdr(c, m, buf, sizeof(*h) + n, 0, -1);
 }
 
+/* kcollctl metrics: the text the HTTP endpoint serves, endpoint on or off. */
+static void on_metrics(struct kd_client *c, const struct kcoll_msg_hdr *m)
+{
+	static char buf[KCOLL_MSG_BYTES];
+	struct kcoll_msg_hdr *h = (struct kcoll_msg_hdr *)buf;
+	long n = kd_metrics_render(buf + sizeof(*h), sizeof(buf) - sizeof(*h));
+
+	reply_hdr(c, m, buf, sizeof(*h) + (n < 0 ? 0 : (size_t)n), n < 0 ? (int)n : 0, -1);
+}
+
 /* kcollctl anomalies / events / plan (c4d.c). */
 static void on_c4(struct kd_client *c, const struct kcoll_msg_c4 *m, ssize_t len)
 {
@@ -301,7 +312,8 @@ static bool on_message(struct kd_client *c)
 		return false;
 	}
 	if (m.hdr.type != KCOLL_MSG_HELLO && m.hdr.type != KCOLL_MSG_STATUS &&
-	    m.hdr.type != KCOLL_MSG_SET && m.hdr.type != KCOLL_MSG_C4 && !c->hello_done) {
+	    m.hdr.type != KCOLL_MSG_SET && m.hdr.type != KCOLL_MSG_C4 &&
+	    m.hdr.type != KCOLL_MSG_METRICS && !c->hello_done) {
 		r = -EPROTO;
 		goto reply;
 	}
@@ -320,6 +332,9 @@ static bool on_message(struct kd_client *c)
 		goto out;
 	case KCOLL_MSG_C4:
 		on_c4(c, &m.c4, n);
+		goto out;
+	case KCOLL_MSG_METRICS:
+		on_metrics(c, &m.hdr);
 		goto out;
 	case KCOLL_MSG_MEM_REG:
 		if (n < (ssize_t)sizeof(m.reg) || fd < 0) {
@@ -500,6 +515,7 @@ int main(int argc, char **argv)
 	FILE *logf = NULL;
 	int sigfd, opt, r;
 	int64_t last_watchdog = 0, last_tune = 0;
+	static int metrics_tag;	/* epoll: the metrics endpoint's nested set */
 
 	if (kcoll_log_level_parse(kcoll_knob_str("KCOLL_LOG_LEVEL"), &level))
 		level = KCOLL_LOG_INFO;
@@ -582,6 +598,8 @@ int main(int argc, char **argv)
 	}
 	ep_add(kd.listen_fd, &kd.listen_fd);
 	ep_add(sigfd, &sigfd);
+	if (kd_metrics_start(kd.epfd, &metrics_tag))
+		return 1;
 	if (kd_net_start(listen_spec, addrs_spec))
 		kc_warn("multi-host communicators are disabled: this kcolld cannot listen for peers");
 #ifdef KCOLL_HAVE_BPF
@@ -598,6 +616,8 @@ int main(int argc, char **argv)
 		for (int i = 0; i < n; i++) {
 			if (ev[i].data.ptr == &kd.listen_fd) {
 				on_accept();
+			} else if (ev[i].data.ptr == &metrics_tag) {
+				kd_metrics_event();
 			} else if (ev[i].data.ptr == &sigfd) {
 				struct signalfd_siginfo si;
 
@@ -617,6 +637,7 @@ int main(int argc, char **argv)
 			}
 		}
 		now = kd_now_ns();
+		kd_metrics_tick(now);
 		if (now - last_watchdog > 50000000) {
 			kd_net_watchdog(now);
 			kd_comm_watchdog(now);
@@ -630,6 +651,7 @@ int main(int argc, char **argv)
 	}
 out:
 	drain_and_close();
+	kd_metrics_stop();
 #ifdef KCOLL_HAVE_BPF
 	kd_bpf_stop();
 #endif

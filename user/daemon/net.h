@@ -418,6 +418,9 @@ void kd_c4_on_plan(struct kd_comm *comm, uint32_t from_host, const struct kd_phd
  * that apply from it on take effect; waits while a proposal for it is open. */
 void kd_c4_op_start(struct kd_mh *mh, struct kd_op *op);
 void kd_c4_tick(int64_t now);
+/* Control thread: active anomalies of every communicator, counted by kind
+ * into n[0..nkinds) (metrics.c). */
+void kd_c4_active_kinds(uint64_t *n, uint32_t nkinds);
 /* kcollctl anomalies / events / plan */
 size_t kd_c4_render(uint32_t what, uint64_t since, char *buf, size_t cap, int json);
 

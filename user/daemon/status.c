@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "kcolld.h"
+#include "metrics.h"
 #include "net.h"
 #include "reduce.h"
 
@@ -83,6 +84,7 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 		put(&o, "{\"version\":\"%s\",\"pid\":%d,\"uptime_s\":%.1f,\"socket\":", KCOLL_VERSION,
 		    getpid(), up);
 		put_json_str(&o, kd.socket_path);
+		put(&o, ",\"metrics\":\"%s\"", kd_metrics_addr());
 		put(&o, ",\"workers\":%d,\"reduce_impl\":\"%s\",\"data_path\":\"%s\",\"kernel_module\":\"%s\","
 			"\"tunables\":{%s},%s,%s,"
 			"\"counters\":{\"ops_ok\":%lu,\"ops_failed\":%lu,\"bytes\":%lu,\"clients_total\":%lu,"
@@ -118,6 +120,8 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 	}
 
 	put(&o, "kcolld %s  pid %d  up %.0fs  socket %s\n", KCOLL_VERSION, getpid(), up, kd.socket_path);
+	if (*kd_metrics_addr())
+		put(&o, "metrics: http://%s/metrics\n", kd_metrics_addr());
 	put(&o, "workers %d  reduce %s\ntunables: %s\n%s%s", kd.nworkers, kcoll_reduce_impl(), tune, netst,
 	    kvst);
 	put(&o, "data path: %s\n  moved in place %lu bytes, copied %lu bytes\nkernel module: %s\n", path,

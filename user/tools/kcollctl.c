@@ -25,6 +25,8 @@ static void usage(FILE *f)
 		"Commands:\n"
 		"  status     clients, communicators, operations in flight, counters\n"
 		"  config     every KCOLL_* knob with its value, default and meaning\n"
+		"  metrics    kcolld's Prometheus metrics (the text KCOLL_METRICS serves over HTTP;\n"
+		"             docs/metrics.md lists them)\n"
 		"  set KEY VALUE\n"
 		"             change a running kcolld: algo (auto, ring, rd, rabenseifner, direct: multi-host\n"
 		"             all-reduce), streams (TCP streams per peer, 1..8), lane_bytes (all-reduces\n"
@@ -187,6 +189,31 @@ static int status(const char *path, int json)
 	return 0;
 }
 
+static int metrics(const char *path)
+{
+	struct kcoll_msg_hdr req = {
+		.magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_METRICS, .len = sizeof(req), .seq = 1,
+	};
+	static char buf[KCOLL_MSG_BYTES];
+	const struct kcoll_msg_hdr *h = (const void *)buf;
+	int n = ctl_request(path, &req, sizeof(req), buf, sizeof(buf) - 1, false);
+
+	if (n < 0)
+		return 1;
+	buf[n] = 0;
+	/* A kcolld from before metrics refuses the type (-EPROTO before HELLO). */
+	if (h->status == -EPROTO || h->status == -EOPNOTSUPP) {
+		fprintf(stderr, "kcollctl: this kcolld serves no metrics: run the same kcoll build\n");
+		return 1;
+	}
+	if (h->status) {
+		fprintf(stderr, "kcollctl: kcolld could not render its metrics: %s\n", strerror(-h->status));
+		return 1;
+	}
+	fputs(buf + sizeof(*h), stdout);
+	return 0;
+}
+
 /* anomalies / plan, or events from id 'since' (--follow: poll until killed). */
 static int c4(const char *path, uint32_t what, int json, bool follow, uint64_t since)
 {
@@ -277,6 +304,13 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(cmd, "status"))
 		return status(path, json);
+	if (!strcmp(cmd, "metrics")) {
+		if (json) {
+			fprintf(stderr, "kcollctl: metrics are Prometheus text; there is no --json\n");
+			return 2;
+		}
+		return metrics(path);
+	}
 	if ((follow || since) && strcmp(cmd, "events")) {
 		fprintf(stderr, "kcollctl: --follow and --since go with 'events'\n");
 		return 2;

@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Prometheus metrics of kcolld (docs/metrics.md lists every one).
+ *
+ * The data path only adds to relaxed atomics (kd_metrics_op, kd_metrics_kv):
+ * no lock, no allocation. Everything else runs on the control thread: the
+ * C4 tick feeds link and anomaly counters, the renderer walks the client and
+ * communicator lists as `kcollctl status` does, and the HTTP responder
+ * (KCOLL_METRICS) is a nested epoll set inside the control thread's, every
+ * connection non-blocking with a size and a time limit, so a scraper can
+ * neither block nor grow the daemon. KCOLL_METRICS_FILE rewrites a file for
+ * node_exporter's textfile collector from the same loop.
+ */
+#ifndef KCOLLD_METRICS_H
+#define KCOLLD_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Any thread: a collective finished (err 0 or -errno); bytes it delivered
+ * into the local ranks' receive buffers, ns since its first local rank
+ * submitted it. */
+void kd_metrics_op(uint8_t opcode, int err, uint64_t bytes, int64_t ns);
+/* Any thread: a KV transfer batch finished. */
+void kd_metrics_kv(bool write, int err, uint64_t bytes, int64_t ns);
+
+/* Control thread (the C4 tick, c4d.c). */
+void kd_metrics_c4_raised(uint32_t kind);
+/* Link observation deltas toward peer host 'peer' over our link l, direction
+ * dir (0 rx, 1 tx): bytes of large pieces and the time they took. */
+void kd_metrics_link(const char *peer, uint32_t l, uint32_t dir, uint64_t bytes, uint64_t busy_ns);
+/* The detector's current rate estimate of the same key (B/s). */
+void kd_metrics_link_rate(const char *peer, uint32_t l, uint32_t dir, uint64_t rate);
+/* BPF flow tracker: TCP retransmissions seen on our link l since the last call. */
+void kd_metrics_retrans(uint32_t l, uint64_t n);
+
+/* Control thread: KCOLL_METRICS / KCOLL_METRICS_FILE. 0, or -EINVAL for a
+ * value that does not parse (kcolld refuses to start: it says why). A port
+ * that cannot be bound is logged and leaves the endpoint off. */
+int kd_metrics_start(int epfd, void *tag);
+/* The nested epoll set (tag) is readable. */
+void kd_metrics_event(void);
+/* Periodically: connection deadlines, the textfile. */
+void kd_metrics_tick(int64_t now);
+/* Close the endpoint; write the textfile a last time. */
+void kd_metrics_stop(void);
+/* The exposition text (format 0.0.4) into buf; its length, or -EMSGSIZE
+ * when cap is too small. */
+long kd_metrics_render(char *buf, size_t cap);
+/* "127.0.0.1:9464" while serving, else "" (status). */
+const char *kd_metrics_addr(void);
+
+#endif /* KCOLLD_METRICS_H */
