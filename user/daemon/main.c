@@ -39,6 +39,19 @@ static const bool have_bpf = true;
 static const bool have_bpf = false;
 #endif
 
+static bool bpf_attached(void)
+{
+	return kd_bpf_sums_hook != NULL;
+}
+
+/* The metrics renderer reads these rooms through main (metrics.h). */
+static const struct kd_metrics_src metrics_src = {
+	.c4_active_kinds = kd_c4_active_kinds,
+	.nlinks = kd_net_nlinks,
+	.link_ifname = kd_net_link_ifname,
+	.bpf_on = bpf_attached,
+};
+
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -598,7 +611,7 @@ int main(int argc, char **argv)
 	}
 	ep_add(kd.listen_fd, &kd.listen_fd);
 	ep_add(sigfd, &sigfd);
-	if (kd_metrics_start(kd.epfd, &metrics_tag))
+	if (kd_metrics_start(kd.epfd, &metrics_tag, &metrics_src))
 		return 1;
 	if (kd_net_start(listen_spec, addrs_spec))
 		kc_warn("multi-host communicators are disabled: this kcolld cannot listen for peers");

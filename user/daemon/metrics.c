@@ -24,7 +24,6 @@
 #include "kcolld.h"
 #include "log.h"
 #include "metrics.h"
-#include "net.h"
 
 /* ---- what the data path counts ------------------------------------------ */
 
@@ -56,6 +55,9 @@ static const char *const coll_name[NCOLL] = {
 	[KCOLL_OP_BARRIER] = "barrier",
 };
 static const char *const kv_dir[2] = { "read", "write" };
+
+/* The other rooms' state the renderer shows (metrics.h). */
+static struct kd_metrics_src src;
 
 static struct {
 	atomic_ulong ops[NCOLL][ST_N];
@@ -196,7 +198,7 @@ static const char *our_link(uint32_t l)
 	if (l >= NOURLINKS)
 		return "_other";
 	if (!ctl.ifname[l][0])
-		kd_net_link_ifname(l, ctl.ifname[l], sizeof(ctl.ifname[l]));
+		src.link_ifname(l, ctl.ifname[l], sizeof(ctl.ifname[l]));
 	return ctl.ifname[l];
 }
 
@@ -346,7 +348,7 @@ static void render_c4(struct out *o)
 {
 	uint64_t active[NKINDS] = { 0 };
 
-	kd_c4_active_kinds(active, NKINDS);
+	src.c4_active_kinds(active, NKINDS);
 	head(o, "kcoll_c4_anomalies_total", "counter", "C4 anomalies raised, by kind");
 	for (uint32_t k = KCOLL_C4_COMM_HANG; k < NKINDS; k++)
 		put(o, "kcoll_c4_anomalies_total{kind=\"%s\"} %lu\n", kind_name[k], (unsigned long)ctl.c4_raised[k]);
@@ -393,11 +395,11 @@ static void render_links(struct out *o)
 		link_labels(o, &ctl.link[i]);
 		put(o, " %lu\n", (unsigned long)ctl.link[i].rate);
 	}
-	if (!kd_bpf_sums_hook)
+	if (!src.bpf_on())
 		return;	/* flow tracking off (KCOLL_BPF): nothing counts them */
 	head(o, "kcoll_bpf_tcp_retransmits_total", "counter",
 	     "TCP retransmissions of tracked flows to peer hosts (BPF flow tracker), by our link");
-	for (uint32_t l = 0; l < kd_net_nlinks() && l < NOURLINKS; l++) {
+	for (uint32_t l = 0; l < src.nlinks() && l < NOURLINKS; l++) {
 		put(o, "kcoll_bpf_tcp_retransmits_total{link=\"");
 		put_label(o, our_link(l));
 		put(o, "\"} %lu\n", (unsigned long)ctl.retrans[l]);
@@ -839,7 +841,7 @@ static int listen_on(const struct sockaddr_in *sa)
 	return fd;
 }
 
-int kd_metrics_start(int epfd, void *tag)
+int kd_metrics_start(int epfd, void *tag, const struct kd_metrics_src *from)
 {
 	const char *spec = kcoll_knob_str("KCOLL_METRICS");
 	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = tag };
@@ -847,6 +849,7 @@ int kd_metrics_start(int epfd, void *tag)
 	struct sockaddr_in sa;
 	int r;
 
+	src = *from;
 	if (kcoll_knob_is_set("KCOLL_METRICS_FILE")) {
 		mx.file = kcoll_knob_str("KCOLL_METRICS_FILE");
 		mx.interval_ns = kcoll_knob_ll("KCOLL_METRICS_INTERVAL") * 1000000000LL;

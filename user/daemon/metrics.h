@@ -35,10 +35,23 @@ void kd_metrics_link_rate(const char *peer, uint32_t l, uint32_t dir, uint64_t r
 /* BPF flow tracker: TCP retransmissions seen on our link l since the last call. */
 void kd_metrics_retrans(uint32_t l, uint64_t n);
 
+/*
+ * What the renderer reads from other rooms, installed by main.c: metrics.c
+ * calls none of them directly, so the rooms that count into it (comm, kv,
+ * c4d) and the ones it reads (c4d, net) form no cycle through it
+ * (scripts/layering.py).
+ */
+struct kd_metrics_src {
+	void (*c4_active_kinds)(uint64_t *n, uint32_t nkinds);	/* active anomalies by kind */
+	uint32_t (*nlinks)(void);				/* our links (interfaces) */
+	void (*link_ifname)(uint32_t l, char *buf, size_t len);
+	bool (*bpf_on)(void);					/* flow tracking attached */
+};
+
 /* Control thread: KCOLL_METRICS / KCOLL_METRICS_FILE. 0, or -EINVAL for a
  * value that does not parse (kcolld refuses to start: it says why). A port
  * that cannot be bound is logged and leaves the endpoint off. */
-int kd_metrics_start(int epfd, void *tag);
+int kd_metrics_start(int epfd, void *tag, const struct kd_metrics_src *src);
 /* The nested epoll set (tag) is readable. */
 void kd_metrics_event(void);
 /* Periodically: connection deadlines, the textfile. */
