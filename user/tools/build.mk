@@ -27,7 +27,7 @@ ALL_TARGETS += $(BENCH_MPI)
 endif
 
 # kcollctl: the control tool.
-KCOLLCTL_OBJ := $(OBJ)/user/tools/kcollctl.o
+KCOLLCTL_OBJ := $(OBJ)/user/tools/kcollctl.o $(OBJ)/user/tools/kcollctl_top.o
 
 $(KCOLLCTL_OBJ): CPPFLAGS += $(GPU_CPPFLAGS)
 $(BIN)/kcollctl: $(KCOLLCTL_OBJ) $(GPU_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB)

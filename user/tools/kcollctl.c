@@ -15,6 +15,7 @@
 
 #include "config.h"
 #include "kcoll_gpu.h"
+#include "kcollctl.h"
 #include "reduce.h"
 
 static void usage(FILE *f)
@@ -40,6 +41,10 @@ static void usage(FILE *f)
 		"             printing new ones until interrupted\n"
 		"  plan       C4 planner: the local link each data stream to each peer uses, the\n"
 		"             one the plan wants, and why\n"
+		"  top [-d SECONDS] [-n COUNT]\n"
+		"             live view: operations and MB/s by collective, mean latency, communicators,\n"
+		"             per-link rates and the anomalies active now, refreshed every SECONDS\n"
+		"             (default 1) COUNT times (default: until Ctrl-C); --json: one object a refresh\n"
 		"  gpu        GPU doctor: driver, devices, dma-buf / peer memory, the path kcoll\n"
 		"             takes and, if not the fastest, why and how to fix it\n"
 		"  version    versions of kcollctl, libkcoll and the ring ABI\n\n"
@@ -214,6 +219,33 @@ static int metrics(const char *path)
 	return 0;
 }
 
+int kcollctl_fetch(const char *path, uint32_t type, bool json, uint32_t what, char *out, size_t cap)
+{
+	struct kcoll_msg_c4 req = {
+		.hdr = { .magic = KCOLL_PROTO_MAGIC, .type = type, .flags = json ? 1 : 0, .seq = 1 },
+		.what = what,
+	};
+	static char buf[KCOLL_MSG_BYTES];
+	const struct kcoll_msg_hdr *h = (const void *)buf;
+	size_t len = type == KCOLL_MSG_C4 ? sizeof(req) : sizeof(req.hdr);
+	int n;
+
+	req.hdr.len = len;
+	n = ctl_request(path, &req, len, buf, sizeof(buf) - 1, false);
+	if (n < 0)
+		return 1;
+	buf[n] = 0;
+	if (h->status) {
+		fprintf(stderr, "kcollctl: kcolld refused a %s request: %s%s\n",
+			type == KCOLL_MSG_METRICS ? "metrics" : type == KCOLL_MSG_C4 ? "C4" : "status",
+			strerror(-h->status),
+			h->status == -EPROTO || h->status == -EOPNOTSUPP ? " (run the same kcoll build)" : "");
+		return 1;
+	}
+	snprintf(out, cap, "%s", buf + sizeof(*h));
+	return 0;
+}
+
 /* anomalies / plan, or events from id 'since' (--follow: poll until killed). */
 static int c4(const char *path, uint32_t what, int json, bool follow, uint64_t since)
 {
@@ -266,6 +298,8 @@ int main(int argc, char **argv)
 	int json = 0, nargs = 0;
 	bool follow = false;
 	uint64_t since = 0;
+	double delay = 1.0;
+	long count = 0;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json")) {
@@ -283,6 +317,16 @@ int main(int argc, char **argv)
 
 			if (++i == argc || (since = strtoull(argv[i], &end, 10), *end)) {
 				fprintf(stderr, "kcollctl: --since needs an event id (a number)\n");
+				return 2;
+			}
+		} else if (!strcmp(argv[i], "-d") || !strcmp(argv[i], "--delay") ||
+			   !strcmp(argv[i], "-n") || !strcmp(argv[i], "--count")) {
+			bool d = argv[i][1] == 'd' || argv[i][2] == 'd';
+			char *end;
+
+			if (++i == argc || (d ? (delay = strtod(argv[i], &end)) : (count = strtol(argv[i], &end, 10)),
+					    *end || end == argv[i])) {
+				fprintf(stderr, "kcollctl: %s needs a number\n", argv[i - 1]);
 				return 2;
 			}
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help") || !strcmp(argv[i], "help")) {
@@ -315,6 +359,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kcollctl: --follow and --since go with 'events'\n");
 		return 2;
 	}
+	if (!strcmp(cmd, "top"))
+		return kcollctl_top(path, delay, count, json);
 	if (!strcmp(cmd, "anomalies"))
 		return c4(path, KCOLL_C4_ANOMALIES, json, false, 0);
 	if (!strcmp(cmd, "events"))
