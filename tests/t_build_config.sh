@@ -10,7 +10,7 @@ set -u
 : "${KCOLL_TOP:?run through tests/run.sh}"
 n=0
 ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fi; }
-skip_all() { echo "1..0 # SKIP $1"; exit 0; }
+skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
 [ -n "${KCOLL_TEST_SAN:-}" ] && skip_all "make's logic is the same under SAN=1: the plain pass ran it"
 command -v make >/dev/null || skip_all "make missing"
 

@@ -7,7 +7,7 @@
 # whose test sorts in gawk-only awk must be refused, naming both.
 set -u
 : "${KCOLL_TOP:?run through tests/run.sh}"
-skip_all() { echo "1..0 # SKIP $1"; exit 0; }
+skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
 [ -n "${KCOLL_TEST_SAN:-}" ] && skip_all "nothing here is compiled: the plain pass ran it"
 py=/usr/bin/python3
 [ -x $py ] || skip_all "/usr/bin/python3 missing (scripts/deps.sh installs python3)"

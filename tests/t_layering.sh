@@ -6,7 +6,7 @@
 # a planted new edge must be caught.
 set -u
 : "${KCOLL_BUILD:?run through tests/run.sh}" "${KCOLL_TOP:?}"
-skip_all() { echo "1..0 # SKIP $1"; exit 0; }
+skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
 [ -n "${KCOLL_TEST_SAN:-}" ] && skip_all "the same objects' graph: the plain pass ran it"
 command -v nm >/dev/null || skip_all "nm missing (binutils)"
 py=/usr/bin/python3
