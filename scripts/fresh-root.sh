@@ -199,8 +199,14 @@ stop_ns() {
 	[ -n "$init" ] && kill -KILL "$init" 2>/dev/null
 	kill -KILL "$ushare" 2>/dev/null
 }
-trap 'stop_ns; exit 130' INT
-trap 'stop_ns; exit 143' TERM HUP
+stopped() {
+	stop_ns
+	wait "$ushare" 2>/dev/null
+	[ "$keep" -eq 1 ] || remove_root
+	exit "$1"
+}
+trap 'stopped 130' INT
+trap 'stopped 143' TERM HUP
 wait "$ushare"
 rc=$?
 trap - INT TERM HUP
