@@ -1,0 +1,243 @@
+# SPDX-License-Identifier: MIT
+"""torch.distributed backend "kcoll": ``import kcoll.torch`` registers it.
+
+    import kcoll.torch
+    dist.init_process_group("kcoll", init_method="env://", rank=r, world_size=n)
+
+A ProcessGroup written in Python (torch 1.13 and 2.x let Python subclass
+c10d's ProcessGroup; C++ callers such as DDP's reducer reach the Python
+methods through pybind's trampoline). Each group has its own kcolld
+connection and communicator; a progress thread waits for the collectives in
+submission order (kcoll_wait releases the GIL) and completes the futures
+the Work objects wrap. CPU tensors only.
+"""
+import inspect
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, ReduceOp, _create_work_from_future
+
+import kcoll
+
+BACKEND = "kcoll"
+_UID_KEY = "kcoll/unique_id"
+_GLOO_HINT = "use gloo for it in a second group: dist.new_group(backend='gloo')"
+
+_SUPPORTED = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+              torch.uint8, torch.int32, torch.int64}
+_OPS = [(ReduceOp.SUM, kcoll.SUM), (ReduceOp.PRODUCT, kcoll.PROD), (ReduceOp.MIN, kcoll.MIN),
+        (ReduceOp.MAX, kcoll.MAX), (ReduceOp.AVG, kcoll.AVG)]
+
+
+def _op(reduce_op):
+    for theirs, ours in _OPS:
+        if reduce_op == theirs:
+            return ours
+    # ReduceOp objects print as addresses in 1.13: name the op ourselves.
+    name = next((n for n in ("BAND", "BOR", "BXOR", "PREMUL_SUM")
+                 if hasattr(ReduceOp, n) and reduce_op == getattr(ReduceOp, n)), str(reduce_op))
+    raise RuntimeError(f"kcoll: reduce op {name} is not supported (SUM, PRODUCT, MIN, MAX, AVG "
+                       f"are); {_GLOO_HINT}")
+
+
+def _check(t):
+    if t.device.type != "cpu":
+        raise RuntimeError(f"kcoll: {t.device.type} tensors are not supported by the kcoll torch "
+                           "backend yet (CPU tensors only); use nccl or gloo for them")
+    if t.dtype not in _SUPPORTED:
+        raise RuntimeError(f"kcoll: dtype {t.dtype} is not supported (f16, bf16, f32, f64, i8, u8, "
+                           f"i32, i64); {_GLOO_HINT}")
+    return t
+
+
+def _dense(t):
+    """t itself if libkcoll can use its memory, else a contiguous copy."""
+    _check(t)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _reduce_op(opts):
+    """The ReduceOp of an options struct; pybind also lets callers pass the
+    op itself (pg.allreduce(tensors, ReduceOp.MAX)) or nothing."""
+    if opts is None:
+        return ReduceOp.SUM
+    return getattr(opts, "reduceOp", opts)
+
+
+def _one(tensors, what):
+    if len(tensors) != 1:
+        raise RuntimeError(f"kcoll: {what} takes one tensor per process, got {len(tensors)}")
+    return tensors[0]
+
+
+class ProcessGroupKcoll(ProcessGroup):
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        # The group's timeout is kcolld's hang timeout for this communicator
+        # ($KCOLL_TIMEOUT_MS in the environment overrides it).
+        ms = min(int(timeout.total_seconds() * 1000), 86400000)
+        self._conn = kcoll.Connection(timeout_ms=max(ms, 1))
+        if rank == 0:
+            uid = self._conn.get_unique_id()
+            store.set(_UID_KEY, uid)
+        else:
+            uid = store.get(_UID_KEY)
+        self._comm = kcoll.Comm.init(uid, size, rank, self._conn)
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._progress, name=f"kcoll-pg{rank}", daemon=True)
+        self._thread.start()
+
+    def getBackendName(self):
+        return BACKEND
+
+    def name(self):
+        return BACKEND
+
+    # ---- completion ----------------------------------------------------------
+
+    def _progress(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            req, fut, finish = item
+            try:
+                req.wait()
+                fut.set_result(finish())
+            except Exception as e:  # the op failed: every waiter sees why
+                fut.set_exception(e if isinstance(e, RuntimeError) else RuntimeError(str(e)))
+
+    def _work(self, req, finish):
+        fut = torch.futures.Future()
+        self._queue.put((req, fut, finish))
+        return _create_work_from_future(fut)
+
+    # ---- collectives ------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        op = _op(_reduce_op(opts))
+        t = _one(tensors, "allreduce")
+        d = _dense(t)
+        req = self._comm.allreduce(d, op=op)
+        return self._work(req, lambda: _back(tensors, [(t, d)]))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        outs = _one(output_tensors, "allgather")
+        src = _dense(_one(input_tensors, "allgather"))
+        if len(outs) != self.size():
+            raise RuntimeError(f"kcoll: allgather needs {self.size()} output tensors, got {len(outs)}")
+        for o in outs:
+            _check(o)
+            if o.numel() != src.numel() or o.dtype != src.dtype:
+                raise RuntimeError("kcoll: allgather output tensors must match the input's size and dtype")
+        flat = torch.empty(src.numel() * self.size(), dtype=src.dtype)
+        req = self._comm.allgather(src, flat)
+
+        def finish():
+            for o, piece in zip(outs, flat.split(src.numel())):
+                o.copy_(piece.view(o.shape))
+            return output_tensors
+        return self._work(req, finish)
+
+    def _allgather_base(self, output, input, opts=None):
+        src, dst = _dense(input), _dense(output)
+        req = self._comm.allgather(src, dst)
+        return self._work(req, lambda: _back([output], [(output, dst)]))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        out = _one(output_tensors, "reduce_scatter")
+        ins = _one(input_tensors, "reduce_scatter")
+        if len(ins) != self.size():
+            raise RuntimeError(f"kcoll: reduce_scatter needs {self.size()} input tensors, got {len(ins)}")
+        for i in ins:
+            _check(i)
+        flat = torch.cat([i.reshape(-1) for i in ins])
+        d = _dense(out)
+        req = self._comm.reduce_scatter(flat, d, op=_op(_reduce_op(opts)))
+        return self._work(req, lambda: _back(output_tensors, [(out, d)]))
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        src, dst = _dense(input), _dense(output)
+        req = self._comm.reduce_scatter(src, dst, op=_op(_reduce_op(opts)))
+        return self._work(req, lambda: _back([output], [(output, dst)]))
+
+    def broadcast(self, tensors, opts=None):
+        t = _one(tensors, "broadcast")
+        root = opts.rootRank if opts is not None else 0
+        d = _dense(t)
+        req = self._comm.broadcast(d, root=root)
+        return self._work(req, lambda: _back(tensors, [(t, d)]))
+
+    def barrier(self, opts=None):
+        return self._work(self._comm.barrier(), lambda: [])
+
+    # ---- what kcoll does not do (yet): say so, and what to use -------------------
+
+    def _unsupported(self, what):
+        raise RuntimeError(f"kcoll: {what} is not supported by the kcoll backend; {_GLOO_HINT}")
+
+    def send(self, *a, **k):
+        self._unsupported("send")
+
+    def recv(self, *a, **k):
+        self._unsupported("recv")
+
+    def recv_anysource(self, *a, **k):
+        self._unsupported("recv")
+
+    def reduce(self, *a, **k):
+        self._unsupported("reduce (all_reduce is)")
+
+    def gather(self, *a, **k):
+        self._unsupported("gather (all_gather is)")
+
+    def scatter(self, *a, **k):
+        self._unsupported("scatter")
+
+    def alltoall(self, *a, **k):
+        self._unsupported("all_to_all")
+
+    def alltoall_base(self, *a, **k):
+        self._unsupported("all_to_all_single")
+
+    def allreduce_coalesced(self, *a, **k):
+        self._unsupported("all_reduce_coalesced")
+
+    def allgather_coalesced(self, *a, **k):
+        self._unsupported("all_gather_coalesced")
+
+    def monitored_barrier(self, *a, **k):
+        self._unsupported("monitored_barrier (barrier is)")
+
+
+def _back(result, pairs):
+    """Copy results made in contiguous stand-ins back into their tensors."""
+    for t, d in pairs:
+        if d is not t:
+            t.copy_(d)
+    return result
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupKcoll(store, rank, size, timeout)
+
+
+def _register():
+    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
+        return  # imported again (or under another name): already there
+    params = inspect.signature(dist.Backend.register_backend).parameters
+    if "devices" in params:
+        # torch 2.x: say which devices the backend serves so a default
+        # "cpu:gloo,cuda:nccl"-style mapping does not route CUDA here.
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    else:
+        dist.Backend.register_backend(BACKEND, _create)
+
+
+_register()
+
+__all__ = ["ProcessGroupKcoll", "BACKEND"]
