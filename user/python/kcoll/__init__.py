@@ -136,8 +136,9 @@ class _Buf:
             fmt = mv.format.lstrip("@=<")
             kind = _FMT_KIND.get(fmt)
             if kind is None or mv.itemsize not in _BY_KIND[kind]:
-                raise TypeError(f"kcoll: buffer format {mv.format!r} has no kcoll data type; "
-                                "pass dtype=")
+                what = getattr(obj, "dtype", f"buffer format {mv.format!r}")
+                raise TypeError(f"kcoll: {what} has no kcoll data type (f16, f32, f64, i8, u8, "
+                                "i32, u32, i64, u64); or pass dtype=")
             self.dtype = _BY_KIND[kind][mv.itemsize]
         else:
             self.dtype = dtype_of(dtype)

@@ -13,11 +13,12 @@ the Work objects wrap. CPU tensors only.
 """
 import inspect
 import queue
+import sys
 import threading
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, ReduceOp, _create_work_from_future
+from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work, _create_work_from_future
 
 import kcoll
 
@@ -66,10 +67,61 @@ def _reduce_op(opts):
     return getattr(opts, "reduceOp", opts)
 
 
+def _python_caller(pg):
+    """Is the collective called from Python code (torch.distributed's API or
+    the user) rather than from C++ through pybind (DDP, torch's C++ helpers,
+    whose nearest Python frame is other torch code, or none)? Frames of
+    functions whose first argument is this group (wrappers of its methods,
+    e.g. a profiler's) are looked through."""
+    try:
+        frame = sys._getframe(3)  # 0 this, 1 _work, 2 the collective, 3 its caller
+    except ValueError:
+        return False
+    while frame is not None and frame.f_code.co_argcount and \
+            frame.f_locals.get(frame.f_code.co_varnames[0]) is pg:
+        frame = frame.f_back
+    if frame is None:
+        return False
+    mod = frame.f_globals.get("__name__", "")
+    return mod == "torch.distributed.distributed_c10d" or not (mod == "torch" or mod.startswith("torch."))
+
+
 def _one(tensors, what):
     if len(tensors) != 1:
         raise RuntimeError(f"kcoll: {what} takes one tensor per process, got {len(tensors)}")
     return tensors[0]
+
+
+class _Work(Work):
+    """A Work over a future the progress thread completes, for Python callers.
+
+    Not _create_work_from_future: in torch 1.13 its wait() returns True even
+    when the future holds an error. But 1.13 does not route C++ calls of
+    Work::wait to a Python subclass (it waits for a completion no Python
+    code can signal), so C++ callers get _create_work_from_future's Work."""
+
+    def __init__(self, fut):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None):
+        self._fut.wait()  # raises the operation's error
+        return True
+
+    def get_future(self):
+        return self._fut
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def is_success(self):
+        if not self._fut.done():
+            raise RuntimeError("kcoll: operation still in flight")
+        try:
+            self._fut.value()
+        except RuntimeError:
+            return False
+        return True
 
 
 class ProcessGroupKcoll(ProcessGroup):
@@ -85,6 +137,7 @@ class ProcessGroupKcoll(ProcessGroup):
         else:
             uid = store.get(_UID_KEY)
         self._comm = kcoll.Comm.init(uid, size, rank, self._conn)
+        self._hidden_error = None
         self._queue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._progress, name=f"kcoll-pg{rank}", daemon=True)
         self._thread.start()
@@ -102,21 +155,32 @@ class ProcessGroupKcoll(ProcessGroup):
             item = self._queue.get()
             if item is None:
                 return
-            req, fut, finish = item
+            req, fut, finish, from_cpp = item
             try:
                 req.wait()
                 fut.set_result(finish())
             except Exception as e:  # the op failed: every waiter sees why
                 fut.set_exception(e if isinstance(e, RuntimeError) else RuntimeError(str(e)))
+                if from_cpp:
+                    # A C++ caller's wait() drops the error (torch 1.13's
+                    # future-wrapping Work): fail the group's next op instead.
+                    self._hidden_error = e
 
     def _work(self, req, finish):
         fut = torch.futures.Future()
-        self._queue.put((req, fut, finish))
-        return _create_work_from_future(fut)
+        python = _python_caller(self)
+        self._queue.put((req, fut, finish, not python))
+        return _Work(fut) if python else _create_work_from_future(fut)
+
+    def _enter(self):
+        if self._hidden_error is not None:
+            raise RuntimeError(f"kcoll: an earlier operation of this group failed where torch "
+                               f"could not report it: {self._hidden_error}")
 
     # ---- collectives ------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
+        self._enter()
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         op = _op(_reduce_op(opts))
@@ -126,6 +190,7 @@ class ProcessGroupKcoll(ProcessGroup):
         return self._work(req, lambda: _back(tensors, [(t, d)]))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        self._enter()
         outs = _one(output_tensors, "allgather")
         src = _dense(_one(input_tensors, "allgather"))
         if len(outs) != self.size():
@@ -144,11 +209,13 @@ class ProcessGroupKcoll(ProcessGroup):
         return self._work(req, finish)
 
     def _allgather_base(self, output, input, opts=None):
+        self._enter()
         src, dst = _dense(input), _dense(output)
         req = self._comm.allgather(src, dst)
         return self._work(req, lambda: _back([output], [(output, dst)]))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        self._enter()
         out = _one(output_tensors, "reduce_scatter")
         ins = _one(input_tensors, "reduce_scatter")
         if len(ins) != self.size():
@@ -161,11 +228,13 @@ class ProcessGroupKcoll(ProcessGroup):
         return self._work(req, lambda: _back(output_tensors, [(out, d)]))
 
     def _reduce_scatter_base(self, output, input, opts=None):
+        self._enter()
         src, dst = _dense(input), _dense(output)
         req = self._comm.reduce_scatter(src, dst, op=_op(_reduce_op(opts)))
         return self._work(req, lambda: _back([output], [(output, dst)]))
 
     def broadcast(self, tensors, opts=None):
+        self._enter()
         t = _one(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
         d = _dense(t)
@@ -173,6 +242,7 @@ class ProcessGroupKcoll(ProcessGroup):
         return self._work(req, lambda: _back(tensors, [(t, d)]))
 
     def barrier(self, opts=None):
+        self._enter()
         return self._work(self._comm.barrier(), lambda: [])
 
     # ---- what kcoll does not do (yet): say so, and what to use -------------------
