@@ -182,8 +182,7 @@ col = sum(torch.arange(12, dtype=torch.float32).view(4, 3)[:, 1] + 100 * r for r
 rep.check(torch.equal(m[:, 1], col) and torch.equal(m[:, [0, 2]], orig[:, [0, 2]]),
           "all_reduce on a strided column: result in place, neighbours untouched")
 outm = torch.full((3, world), -1.0)
-dist.all_gather(list(outm.t().unbind(0)) if False else [outm[:, r] for r in range(world)],
-                torch.arange(6.)[::2] + rank)
+dist.all_gather([outm[:, r] for r in range(world)], torch.arange(6.)[::2] + rank)
 rep.check(all(torch.equal(outm[:, r], torch.arange(6.)[::2] + r) for r in range(world)),
           "all_gather into strided outputs from a strided input")
 tb = torch.zeros(3, 5)

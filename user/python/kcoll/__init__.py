@@ -211,6 +211,14 @@ class Connection:
             _lc.kcoll_disconnect(self._h)
             self._h = None
 
+    def __del__(self):
+        # Communicators, requests and kcoll.empty arrays hold their
+        # connection: when it goes, none of them is left.
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to report to
+            pass
+
     def get_unique_id(self):
         uid = _lib.UniqueId()
         _check(_lc.kcoll_get_unique_id(self.handle, ctypes.byref(uid)), "get_unique_id")
@@ -277,6 +285,7 @@ class Request:
         self._keep = keep
         self._what = what
         self._lock = threading.Lock()
+        self._ambiguous = False
         self.result = None  # the operation's result (0 or negative errno) once done
         self.err_rank = None
 
@@ -324,7 +333,8 @@ class Request:
         with self._lock:
             if self.result is None:
                 if timeout is None:
-                    self._finish(_lc.kcoll_wait(self._h, -1))
+                    r = _lc.kcoll_wait(self._h, -1)
+                    self._finish(-_errno.ETIMEDOUT if r == -_errno.EINVAL and self._ambiguous else r)
                 else:
                     self._wait_ms(max(0, int(timeout * 1000)))
         self._raise()
@@ -341,7 +351,14 @@ class Request:
         t0 = time.monotonic()
         r = _lc.kcoll_wait(self._h, ms)
         if r != -_errno.ETIMEDOUT or (time.monotonic() - t0) * 1000 < ms - 1:
+            if r == -_errno.EINVAL and self._ambiguous:
+                r = -_errno.ETIMEDOUT  # it had been freed with that result after all
             self._finish(r)
+        else:
+            # Taken as "still pending"; if the operation in fact ended with
+            # ETIMEDOUT right at the deadline, the freed request answers
+            # the next wait with -EINVAL.
+            self._ambiguous = True
 
 
 # ---- communicators -------------------------------------------------------------

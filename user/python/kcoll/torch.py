@@ -124,6 +124,25 @@ class _Work(Work):
         return True
 
 
+def _progress(q, hidden_error):
+    """A group's progress thread: wait for its operations in submission
+    order (kcoll_wait releases the GIL) and complete their futures."""
+    while True:
+        item = q.get()
+        if item is None:
+            return
+        req, fut, finish, from_cpp = item
+        try:
+            req.wait()
+            fut.set_result(finish())
+        except Exception as e:  # the op failed: every waiter sees why
+            fut.set_exception(e if isinstance(e, RuntimeError) else RuntimeError(str(e)))
+            if from_cpp:
+                # A C++ caller's wait() drops the error (torch 1.13's
+                # future-wrapping Work): fail the group's next op instead.
+                hidden_error[0] = e
+
+
 class ProcessGroupKcoll(ProcessGroup):
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
@@ -137,10 +156,17 @@ class ProcessGroupKcoll(ProcessGroup):
         else:
             uid = store.get(_UID_KEY)
         self._comm = kcoll.Comm.init(uid, size, rank, self._conn)
-        self._hidden_error = None
+        # What the progress thread shares with the group; not the group
+        # itself, so that dropping the group ends the thread (__del__).
+        self._hidden_error = [None]
         self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._progress, name=f"kcoll-pg{rank}", daemon=True)
-        self._thread.start()
+        threading.Thread(target=_progress, args=(self._queue, self._hidden_error),
+                         name=f"kcoll-pg{rank}", daemon=True).start()
+
+    def __del__(self):
+        # Operations still queued finish first; their requests keep the
+        # communicator (and it the connection) until then.
+        self._queue.put(None)
 
     def getBackendName(self):
         return BACKEND
@@ -150,22 +176,6 @@ class ProcessGroupKcoll(ProcessGroup):
 
     # ---- completion ----------------------------------------------------------
 
-    def _progress(self):
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            req, fut, finish, from_cpp = item
-            try:
-                req.wait()
-                fut.set_result(finish())
-            except Exception as e:  # the op failed: every waiter sees why
-                fut.set_exception(e if isinstance(e, RuntimeError) else RuntimeError(str(e)))
-                if from_cpp:
-                    # A C++ caller's wait() drops the error (torch 1.13's
-                    # future-wrapping Work): fail the group's next op instead.
-                    self._hidden_error = e
-
     def _work(self, req, finish):
         fut = torch.futures.Future()
         python = _python_caller(self)
@@ -173,9 +183,9 @@ class ProcessGroupKcoll(ProcessGroup):
         return _Work(fut) if python else _create_work_from_future(fut)
 
     def _enter(self):
-        if self._hidden_error is not None:
+        if self._hidden_error[0] is not None:
             raise RuntimeError(f"kcoll: an earlier operation of this group failed where torch "
-                               f"could not report it: {self._hidden_error}")
+                               f"could not report it: {self._hidden_error[0]}")
 
     # ---- collectives ------------------------------------------------------------
 
