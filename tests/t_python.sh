@@ -34,6 +34,7 @@ skip() { n=$((n + 1)); echo "ok $n # SKIP $1"; }
 ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
 
 export PYTHONPATH="$TOP/user/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1	# leave no __pycache__ in the source tree
 export KCOLL_LIB="$B/lib/libkcoll.so.1"
 if [ -n "${KCOLL_TEST_SAN:-}" ]; then
 	# An ASan libkcoll loads into python only with the ASan runtime first in
