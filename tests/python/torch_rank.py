@@ -73,6 +73,17 @@ def gloo_can(dt, op="SUM"):
     return dt != torch.bfloat16 and op != "AVG"
 
 
+# ---- the plain package on tensors: bf16 (numpy has none), a Parameter -------------
+comm = kcoll.Comm.init(bytes.fromhex(os.environ["KCOLL_TEST_UIDS"].split(",")[0]), world, rank)
+bf = torch.full((5,), rank + 1.5, dtype=torch.bfloat16)
+param = torch.nn.Parameter(torch.full((3,), float(rank)))
+comm.allreduce(bf, op="max").wait()
+comm.allreduce(param).wait()
+rep.check(torch.equal(bf, torch.full((5,), world + 0.5, dtype=torch.bfloat16))
+          and torch.equal(param.detach(), torch.full((3,), float(sum(range(world))))),
+          "kcoll.Comm on CPU tensors: bf16 max, an nn.Parameter in place")
+comm.destroy()
+
 # ---- all_reduce: dtype x op -----------------------------------------------------
 for dt in DTYPES:
     bad = []

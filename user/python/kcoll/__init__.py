@@ -16,6 +16,7 @@ request completes (the Request keeps a reference to them). docs/python.md.
 import ctypes
 import errno as _errno
 import os
+import sys
 import threading
 import time
 
@@ -111,7 +112,8 @@ class _Buf:
     __slots__ = ("addr", "count", "dtype", "nbytes", "keep")
 
     def __init__(self, obj, writable, dtype=None):
-        if type(obj).__module__ == "torch" and hasattr(obj, "data_ptr"):
+        torch = sys.modules.get("torch")  # never imported here: only if the caller has
+        if torch is not None and isinstance(obj, torch.Tensor):
             self._torch(obj, dtype)
         else:
             self._buffer(obj, writable, dtype)

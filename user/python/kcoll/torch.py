@@ -308,7 +308,7 @@ def _create(store, rank, size, timeout):
 
 def _register():
     if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
-        return  # imported again (or under another name): already there
+        return  # imported again (importlib.reload, a second copy of the package)
     params = inspect.signature(dist.Backend.register_backend).parameters
     if "devices" in params:
         # torch 2.x: say which devices the backend serves so a default
