@@ -59,7 +59,8 @@ def main():
     for r in range(world):
         try:
             with open(f"{tmp}/rank{r}.log") as f:
-                logs.append([l.rstrip("\n").split("\t", 2) for l in f if l.strip()])
+                logs.append([p for p in (l.rstrip("\n").split("\t", 2) for l in f)
+                             if len(p) == 3 and p[0] in ("ok", "not ok", "skip")])
         except FileNotFoundError:
             logs.append([])
     order = []

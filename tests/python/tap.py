@@ -10,12 +10,16 @@ class Report:
     def __init__(self):
         self._f = open(os.environ["KCOLL_TEST_REPORT"], "w", buffering=1)
 
+    def _line(self, status, desc, detail):
+        one = [" ".join(str(x).split()) for x in (desc, detail)]  # one line, no tabs
+        self._f.write(f"{status}\t{one[0]}\t{one[1]}\n")
+
     def check(self, cond, desc, detail=""):
-        self._f.write(f"{'ok' if cond else 'not ok'}\t{desc}\t{detail}\n")
+        self._line("ok" if cond else "not ok", desc, detail)
         return cond
 
     def skip(self, desc, reason):
-        self._f.write(f"skip\t{desc}\t{reason}\n")
+        self._line("skip", desc, reason)
 
     def raises(self, exc, fn, desc, want=()):
         """fn() must raise exc whose text contains every string in want."""

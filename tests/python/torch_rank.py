@@ -280,8 +280,9 @@ kcoll_allreduce = kcoll.torch.ProcessGroupKcoll.allreduce
 
 
 def counting(self, *a):
-    calls.append(1)
-    return kcoll_allreduce(self, *a)
+    work = kcoll_allreduce(self, *a)
+    calls.append(type(work))
+    return work
 
 
 kcoll.torch.ProcessGroupKcoll.allreduce = counting  # C++ (DDP's reducer) looks it up per call
@@ -289,6 +290,12 @@ pk, model = train(None)  # the default group: kcoll
 kcoll.torch.ProcessGroupKcoll.allreduce = kcoll_allreduce
 rep.check(len(calls) >= 4, "DDP's reducer all-reduces its gradient bucket through kcoll at every step",
           f"{len(calls)} calls")
+# torch 1.13 waits on a Python Work subclass from C++ forever: DDP (C++)
+# must get torch's future-wrapping Work, the dist API the raising one.
+rep.check(calls and kcoll.torch._Work not in calls
+          and isinstance(dist.all_reduce(torch.ones(1), async_op=True), kcoll.torch._Work),
+          "DDP's C++ calls get torch's future-wrapping Work, dist.* calls kcoll's raising Work",
+          f"DDP got {set(calls)}")
 pg, _ = train(gloo)
 pl, _ = train("local")
 torch.manual_seed(0)
@@ -316,6 +323,13 @@ except RuntimeError as e:
     rep.check("EBADMSG" in str(e) and time.monotonic() - t0 < 10,
               "mismatched sizes: RuntimeError on every rank", str(e))
 dist.barrier(group=short)
+# A direct call of the group's method gets torch's future-wrapping Work,
+# whose wait() drops errors in 1.13: the future has it, the next op raises.
+fut = short.allreduce([torch.ones(4 + rank)]).get_future()
+rep.raises(RuntimeError, fut.wait, "direct group.allreduce, mismatched: its future raises", ["EBADMSG"])
+rep.raises(RuntimeError, lambda: dist.barrier(group=short),
+           "... and the group's next operation raises it too", ["earlier operation", "EBADMSG"])
+short = dist.new_group(backend="kcoll", timeout=datetime.timedelta(seconds=2))
 last = world - 1
 if rank == last:
     time.sleep(3)

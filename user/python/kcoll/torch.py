@@ -68,11 +68,13 @@ def _reduce_op(opts):
 
 
 def _python_caller(pg):
-    """Is the collective called from Python code (torch.distributed's API or
-    the user) rather than from C++ through pybind (DDP, torch's C++ helpers,
-    whose nearest Python frame is other torch code, or none)? Frames of
-    functions whose first argument is this group (wrappers of its methods,
-    e.g. a profiler's) are looked through."""
+    """Is the collective called by torch.distributed's Python API (which
+    calls work.wait() from Python), rather than from C++ through pybind
+    (DDP, torch's C++ helpers) or by other code calling the group's methods
+    (which may hand the Work on to C++)? Frames of functions whose first
+    argument is this group (wrappers of its methods, e.g. a profiler's) are
+    looked through. When unsure the answer is no: a C++ wait() on our
+    Python Work would never return, a lost error only fails later."""
     try:
         frame = sys._getframe(3)  # 0 this, 1 _work, 2 the collective, 3 its caller
     except ValueError:
@@ -80,10 +82,7 @@ def _python_caller(pg):
     while frame is not None and frame.f_code.co_argcount and \
             frame.f_locals.get(frame.f_code.co_varnames[0]) is pg:
         frame = frame.f_back
-    if frame is None:
-        return False
-    mod = frame.f_globals.get("__name__", "")
-    return mod == "torch.distributed.distributed_c10d" or not (mod == "torch" or mod.startswith("torch."))
+    return frame is not None and frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d"
 
 
 def _one(tensors, what):
@@ -124,6 +123,13 @@ class _Work(Work):
         return True
 
 
+def _unwrap(src):
+    value = src.value()
+    if isinstance(value, Exception):
+        raise value
+    return value
+
+
 def _progress(q, hidden_error):
     """A group's progress thread: wait for its operations in submission
     order (kcoll_wait releases the GIL) and complete their futures."""
@@ -131,16 +137,17 @@ def _progress(q, hidden_error):
         item = q.get()
         if item is None:
             return
-        req, fut, finish, from_cpp = item
+        req, src, finish, from_cpp = item
         try:
             req.wait()
-            fut.set_result(finish())
-        except Exception as e:  # the op failed: every waiter sees why
-            fut.set_exception(e if isinstance(e, RuntimeError) else RuntimeError(str(e)))
+            src.set_result(finish())
+        except Exception as e:  # the op failed: every waiter sees why (_unwrap)
             if from_cpp:
                 # A C++ caller's wait() drops the error (torch 1.13's
                 # future-wrapping Work): fail the group's next op instead.
+                # Before the future completes: whoever it wakes must see it.
                 hidden_error[0] = e
+            src.set_result(e if isinstance(e, RuntimeError) else RuntimeError(str(e)))
 
 
 class ProcessGroupKcoll(ProcessGroup):
@@ -177,9 +184,15 @@ class ProcessGroupKcoll(ProcessGroup):
     # ---- completion ----------------------------------------------------------
 
     def _work(self, req, finish):
-        fut = torch.futures.Future()
+        # The progress thread completes src with the result or the error;
+        # fut, derived from it by then(), fails in C++ terms when _unwrap
+        # raises. (Future.set_exception in 1.13 only marks the Python
+        # wrapper: through C++, e.g. DDP or Work.get_future(), the future
+        # looks successful, its value the exception object.)
+        src = torch.futures.Future()
+        fut = src.then(_unwrap)
         python = _python_caller(self)
-        self._queue.put((req, fut, finish, not python))
+        self._queue.put((req, src, finish, not python))
         return _Work(fut) if python else _create_work_from_future(fut)
 
     def _enter(self):
