@@ -10,6 +10,10 @@
 #   INCLUDEDIR  $PREFIX/include
 #   MANDIR      $PREFIX/share/man
 #   UNITDIR     $PREFIX/lib/systemd/system   (systemd reads /usr/local/lib/systemd/system too)
+#   PYDIR       the Python package kcoll: /usr/lib/python3/dist-packages for
+#               PREFIX=/usr, else $PREFIX/lib/python3.N/dist-packages, N of
+#               /usr/bin/python3 (Debian's python3 searches both); not
+#               installed when there is no python3 and PYDIR is unset
 # What is installed is listed in $LIBDIR/kcoll/installed.txt (paths without
 # DESTDIR); --uninstall removes exactly those files and the list, then the
 # directories it leaves empty. Only what BUILD holds is installed: a build
@@ -56,7 +60,17 @@ LIBDIR=${LIBDIR:-$PREFIX/lib}
 INCLUDEDIR=${INCLUDEDIR:-$PREFIX/include}
 MANDIR=${MANDIR:-$PREFIX/share/man}
 UNITDIR=${UNITDIR:-$PREFIX/lib/systemd/system}
-for d in BINDIR SBINDIR LIBDIR INCLUDEDIR MANDIR UNITDIR; do
+if [ -z "${PYDIR:-}" ]; then
+	py=/usr/bin/python3
+	[ -x "$py" ] || py=$(command -v python3 || true)
+	if [ "$PREFIX" = /usr ]; then
+		PYDIR=/usr/lib/python3/dist-packages
+	elif [ -n "$py" ]; then
+		PYDIR=$PREFIX/lib/python$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')/dist-packages
+	fi
+fi
+PYDIR=${PYDIR:-}
+for d in BINDIR SBINDIR LIBDIR INCLUDEDIR MANDIR UNITDIR ${PYDIR:+PYDIR}; do
 	case ${!d} in
 	/*) ;;
 	*) echo "install.sh: $d must be an absolute path (got '${!d}')" >&2; exit 2 ;;
@@ -78,6 +92,11 @@ if [ "$uninstall" -eq 1 ]; then
 		[ -n "$f" ] || continue
 		run rm -f "$DESTDIR$f"
 		dirs+=("$(dirname "$DESTDIR$f")")
+		case $f in	# what python compiled from an installed module
+		*.py)
+			run rm -f "$(dirname "$DESTDIR$f")/__pycache__/$(basename "$f" .py)".*.pyc
+			dirs+=("$(dirname "$DESTDIR$f")/__pycache__") ;;
+		esac
 	done < "$DESTDIR$LIST"
 	run rm -f "$DESTDIR$LIST"
 	dirs+=("$(dirname "$DESTDIR$LIST")")
@@ -125,6 +144,14 @@ put 0644 "$B/lib/libkcoll.a" "$LIBDIR"
 for l in libkcoll_gpu.so libkcoll_mpi.so libkcoll_mpi_ompi.so libkcoll_mpi_mpich.so; do
 	[ -f "$B/lib/$l" ] && put 0755 "$B/lib/$l" "$LIBDIR"
 done
+
+# The Python package: pure Python, it finds libkcoll.so.1 through the
+# dynamic loader (or $KCOLL_LIB).
+if [ -n "$PYDIR" ]; then
+	for f in "$top"/user/python/kcoll/*.py; do
+		put 0644 "$f" "$PYDIR/kcoll"
+	done
+fi
 
 # Headers and pkg-config.
 put 0644 "$top/include/kcoll/kcoll.h" "$INCLUDEDIR/kcoll"

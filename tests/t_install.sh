@@ -95,6 +95,22 @@ out=$([ $rc -eq 0 ] && "$T/app-static" 2>&1); rc2=$?
 ok "$([ $rc -eq 0 ] && [ $rc2 -eq 0 ] && ! ldd "$T/app-static" 2>/dev/null | grep -q libkcoll; echo $?)" \
 	"linked statically with pkg-config --static's flags, it runs without libkcoll.so${err:+: $err}${out:+: $out}"
 
+# The installed Python package, finding the installed libkcoll.so.1 through
+# the loader (an ASan libkcoll would need libasan preloaded: plain pass only).
+pydir=$(sed -n 's|^\(.*/dist-packages\)/kcoll/__init__.py$|\1|p' "$D$P/lib/kcoll/installed.txt")
+if [ -n "${KCOLL_TEST_SAN:-}" ]; then
+	n=$((n + 1)); echo "ok $n # SKIP the installed Python package with an ASan libkcoll (t_python.sh covers it)"
+elif [ -z "$pydir" ]; then
+	ok 1 "the Python package is installed (no kcoll/__init__.py under a dist-packages in installed.txt)"
+else
+	out=$(cd "$T" && env -u KCOLL_LIB PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$D$pydir" LD_LIBRARY_PATH="$D$P/lib" python3 -c '
+import kcoll, sys
+assert kcoll.__file__.startswith(sys.argv[1]), kcoll.__file__
+assert kcoll._lib.path == "libkcoll.so.1", kcoll._lib.path
+assert len(kcoll.get_unique_id()) == 128' "$D$pydir" 2>&1)
+	ok $? "the installed Python package ($pydir/kcoll) loads the installed libkcoll and talks to kcolld${out:+: $out}"
+fi
+
 # The installed programs run from their new home.
 v=$("$D$P/sbin/kcolld" --version 2>&1); rc=$?
 ok "$([ $rc -eq 0 ] && case $v in *1.*) true ;; *) false ;; esac; echo $?)" "installed kcolld --version: $v"

@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: MIT
+"""Run one rank program as WORLD processes on this host and merge their
+check logs into TAP lines without numbers ("ok - [TAG] ..."), which
+t_python.sh numbers. A check passes only if every rank passed it.
+
+    launch.py PROGRAM WORLD TAG TIMEOUT_S [INIT]    INIT: env, file or tcp
+
+Ranks get RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT (a free port),
+KCOLL_TEST_INIT, KCOLL_TEST_UIDS (fresh kcoll unique ids, hex, comma
+separated) and KCOLL_TEST_REPORT (their log). Exit status 1 if any check
+failed, a rank failed or the time ran out.
+"""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import kcoll
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    prog, world, tag, limit = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    init = sys.argv[5] if len(sys.argv) > 5 else "env"
+    tmp = tempfile.mkdtemp(prefix="kcoll-py.", dir=os.environ.get("KCOLL_TEST_TMP"))
+    uids = ",".join(kcoll.get_unique_id().hex() for _ in range(4))
+    port = free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), KCOLL_TEST_INIT=init,
+                   KCOLL_TEST_UIDS=uids, KCOLL_TEST_REPORT=f"{tmp}/rank{r}.log",
+                   KCOLL_TEST_STORE=f"{tmp}/filestore")
+        out = open(f"{tmp}/rank{r}.out", "w")
+        procs.append(subprocess.Popen([sys.executable, prog], env=env, stdout=out,
+                                      stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + limit
+    timed_out = False
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    if timed_out:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    logs = []
+    for r in range(world):
+        try:
+            with open(f"{tmp}/rank{r}.log") as f:
+                logs.append([p for p in (l.rstrip("\n").split("\t", 2) for l in f)
+                             if len(p) == 3 and p[0] in ("ok", "not ok", "skip")])
+        except FileNotFoundError:
+            logs.append([])
+    order = []
+    for log in logs:
+        for status, desc, _ in log:
+            if desc not in order:
+                order.append(desc)
+    failed = False
+    for desc in order:
+        per = {r: (s, d) for r, log in enumerate(logs) for s, dd, d in log if dd == desc}
+        missing = [r for r in range(world) if r not in per]
+        bad = {r: d for r, (s, d) in per.items() if s == "not ok"}
+        skips = [d for s, d in per.values() if s == "skip"]
+        if bad or missing:
+            failed = True
+            print(f"not ok - [{tag}] {desc}")
+            for r, d in bad.items():
+                print(f"#   rank {r}: {d}")
+            if missing:
+                print(f"#   no result from rank(s) {missing}")
+        elif skips:
+            print(f"ok - [{tag}] {desc} # SKIP {skips[0]}")
+        else:
+            print(f"ok - [{tag}] {desc}")
+    status = [p.returncode for p in procs]
+    ok = not timed_out and all(s == 0 for s in status)
+    print(f"{'ok' if ok else 'not ok'} - [{tag}] {world} ranks exited 0 within {limit:.0f} s"
+          + ("" if ok else f" (timed out: {timed_out}, status {status})"))
+    if not ok or failed:
+        for r in range(world):
+            with open(f"{tmp}/rank{r}.out") as f:
+                tail = f.read().splitlines()[-15:]
+            for line in tail:
+                print(f"#   rank {r} | {line}")
+    shutil.rmtree(tmp)
+    return 0 if ok and not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: MIT
+"""Finding libkcoll and declaring its functions for ctypes.
+
+ctypes.CDLL releases the GIL around every call, so a blocking libkcoll call
+(kcoll_wait, kcoll_comm_init_rank) never stalls the interpreter's other
+threads.
+"""
+import ctypes
+import os
+import pathlib
+
+UNIQUE_ID_BYTES = 128  # KCOLL_UNIQUE_ID_BYTES in <kcoll/kcoll.h>
+
+# enum kcoll_dtype / enum kcoll_redop in <linux/kcoll.h>; the ABI fixes these.
+F32, F64, F16, BF16, I8, U8, I32, U32, I64, U64 = range(10)
+SUM, PROD, MIN, MAX, AVG = range(5)
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint8 * UNIQUE_ID_BYTES)]
+
+
+def _candidates():
+    env = os.environ.get("KCOLL_LIB")
+    if env:
+        # Named explicitly: no silent fallback to another build.
+        return [env]
+    top = pathlib.Path(__file__).resolve().parents[3]
+    return [str(top / "build" / "lib" / "libkcoll.so.1"), "libkcoll.so.1"]
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        if "/" in path and not os.path.exists(path):
+            errors.append(f"{path}: no such file")
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    raise ImportError("kcoll: cannot load libkcoll (set KCOLL_LIB to its path, or run make): "
+                      + "; ".join(errors))
+
+
+lib, path = _load()
+
+_p = ctypes.c_void_p
+_pp = ctypes.POINTER(ctypes.c_void_p)
+_i = ctypes.c_int
+_sz = ctypes.c_size_t
+
+_protos = {
+    "kcoll_connect": (_i, [_p, _pp]),
+    "kcoll_disconnect": (None, [_p]),
+    "kcoll_version": (ctypes.c_char_p, []),
+    "kcoll_get_unique_id": (_i, [_p, ctypes.POINTER(UniqueId)]),
+    "kcoll_comm_init_rank": (_i, [_p, ctypes.POINTER(UniqueId), _i, _i, _pp]),
+    "kcoll_comm_destroy": (_i, [_p]),
+    "kcoll_comm_rank": (_i, [_p]),
+    "kcoll_comm_size": (_i, [_p]),
+    "kcoll_allreduce": (_i, [_p, _p, _p, _sz, _i, _i, _pp]),
+    "kcoll_reduce_scatter": (_i, [_p, _p, _p, _sz, _i, _i, _pp]),
+    "kcoll_allgather": (_i, [_p, _p, _p, _sz, _i, _pp]),
+    "kcoll_broadcast": (_i, [_p, _p, _sz, _i, _i, _pp]),
+    "kcoll_barrier": (_i, [_p, _pp]),
+    "kcoll_test": (_i, [_p, ctypes.POINTER(_i)]),
+    "kcoll_wait": (_i, [_p, _i]),
+    "kcoll_req_err_rank": (_i, [_p]),
+    "kcoll_mem_alloc": (_i, [_p, _sz, _pp]),
+    "kcoll_mem_free": (_i, [_p, _p]),
+    "kcoll_dtype_size": (_sz, [_i]),
+    "kcoll_strerror": (ctypes.c_char_p, [_i]),
+}
+for _name, (_res, _args) in _protos.items():
+    _f = getattr(lib, _name)
+    _f.restype = _res
+    _f.argtypes = _args
+
+
+def strerror(err):
+    return lib.kcoll_strerror(err).decode(errors="replace")

@@ -1,0 +1,336 @@
+# SPDX-License-Identifier: MIT
+"""torch.distributed backend "kcoll": ``import kcoll.torch`` registers it.
+
+    import kcoll.torch
+    dist.init_process_group("kcoll", init_method="env://", rank=r, world_size=n)
+
+A ProcessGroup written in Python (torch 1.13 and 2.x let Python subclass
+c10d's ProcessGroup; C++ callers such as DDP's reducer reach the Python
+methods through pybind's trampoline). Each group has its own kcolld
+connection and communicator; a progress thread waits for the collectives in
+submission order (kcoll_wait releases the GIL) and completes the futures
+the Work objects wrap. CPU tensors only.
+"""
+import inspect
+import queue
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work, _create_work_from_future
+
+import kcoll
+
+BACKEND = "kcoll"
+_UID_KEY = "kcoll/unique_id"
+_GLOO_HINT = "use gloo for it in a second group: dist.new_group(backend='gloo')"
+
+_SUPPORTED = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+              torch.uint8, torch.int32, torch.int64}
+_OPS = [(ReduceOp.SUM, kcoll.SUM), (ReduceOp.PRODUCT, kcoll.PROD), (ReduceOp.MIN, kcoll.MIN),
+        (ReduceOp.MAX, kcoll.MAX), (ReduceOp.AVG, kcoll.AVG)]
+
+
+def _op(reduce_op):
+    for theirs, ours in _OPS:
+        if reduce_op == theirs:
+            return ours
+    # ReduceOp objects print as addresses in 1.13: name the op ourselves.
+    name = next((n for n in ("BAND", "BOR", "BXOR", "PREMUL_SUM")
+                 if hasattr(ReduceOp, n) and reduce_op == getattr(ReduceOp, n)), str(reduce_op))
+    raise RuntimeError(f"kcoll: reduce op {name} is not supported (SUM, PRODUCT, MIN, MAX, AVG "
+                       f"are); {_GLOO_HINT}")
+
+
+def _check(t):
+    if t.device.type != "cpu":
+        raise RuntimeError(f"kcoll: {t.device.type} tensors are not supported by the kcoll torch "
+                           "backend yet (CPU tensors only); use nccl or gloo for them")
+    if t.dtype not in _SUPPORTED:
+        raise RuntimeError(f"kcoll: dtype {t.dtype} is not supported (f16, bf16, f32, f64, i8, u8, "
+                           f"i32, i64); {_GLOO_HINT}")
+    return t
+
+
+def _dense(t):
+    """t itself if libkcoll can use its memory, else a contiguous copy."""
+    _check(t)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _reduce_op(opts):
+    """The ReduceOp of an options struct; pybind also lets callers pass the
+    op itself (pg.allreduce(tensors, ReduceOp.MAX)) or nothing."""
+    if opts is None:
+        return ReduceOp.SUM
+    return getattr(opts, "reduceOp", opts)
+
+
+def _python_caller(pg):
+    """Is the collective called by torch.distributed's Python API (which
+    calls work.wait() from Python), rather than from C++ through pybind
+    (DDP, torch's C++ helpers) or by other code calling the group's methods
+    (which may hand the Work on to C++)? Frames of functions whose first
+    argument is this group (wrappers of its methods, e.g. a profiler's) are
+    looked through. When unsure the answer is no: a C++ wait() on our
+    Python Work would never return, a lost error only fails later."""
+    try:
+        frame = sys._getframe(3)  # 0 this, 1 _work, 2 the collective, 3 its caller
+    except ValueError:
+        return False
+    while frame is not None and frame.f_code.co_argcount and \
+            frame.f_locals.get(frame.f_code.co_varnames[0]) is pg:
+        frame = frame.f_back
+    return frame is not None and frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d"
+
+
+def _one(tensors, what):
+    if len(tensors) != 1:
+        raise RuntimeError(f"kcoll: {what} takes one tensor per process, got {len(tensors)}")
+    return tensors[0]
+
+
+class _Work(Work):
+    """A Work over a future the progress thread completes, for Python callers.
+
+    Not _create_work_from_future: in torch 1.13 its wait() returns True even
+    when the future holds an error. But 1.13 does not route C++ calls of
+    Work::wait to a Python subclass (it waits for a completion no Python
+    code can signal), so C++ callers get _create_work_from_future's Work."""
+
+    def __init__(self, fut):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None):
+        self._fut.wait()  # raises the operation's error
+        return True
+
+    def get_future(self):
+        return self._fut
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def is_success(self):
+        if not self._fut.done():
+            raise RuntimeError("kcoll: operation still in flight")
+        try:
+            self._fut.value()
+        except RuntimeError:
+            return False
+        return True
+
+
+def _unwrap(src):
+    value = src.value()
+    if isinstance(value, Exception):
+        raise value
+    return value
+
+
+def _progress(q, hidden_error):
+    """A group's progress thread: wait for its operations in submission
+    order (kcoll_wait releases the GIL) and complete their futures."""
+    while True:
+        item = q.get()
+        if item is None:
+            return
+        req, src, finish, from_cpp = item
+        try:
+            req.wait()
+            src.set_result(finish())
+        except Exception as e:  # the op failed: every waiter sees why (_unwrap)
+            if from_cpp:
+                # A C++ caller's wait() drops the error (torch 1.13's
+                # future-wrapping Work): fail the group's next op instead.
+                # Before the future completes: whoever it wakes must see it.
+                hidden_error[0] = e
+            src.set_result(e if isinstance(e, RuntimeError) else RuntimeError(str(e)))
+
+
+class ProcessGroupKcoll(ProcessGroup):
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        # The group's timeout is kcolld's hang timeout for this communicator
+        # ($KCOLL_TIMEOUT_MS in the environment overrides it).
+        ms = min(int(timeout.total_seconds() * 1000), 86400000)
+        self._conn = kcoll.Connection(timeout_ms=max(ms, 1))
+        if rank == 0:
+            uid = self._conn.get_unique_id()
+            store.set(_UID_KEY, uid)
+        else:
+            uid = store.get(_UID_KEY)
+        self._comm = kcoll.Comm.init(uid, size, rank, self._conn)
+        # What the progress thread shares with the group; not the group
+        # itself, so that dropping the group ends the thread (__del__).
+        self._hidden_error = [None]
+        self._queue = queue.SimpleQueue()
+        threading.Thread(target=_progress, args=(self._queue, self._hidden_error),
+                         name=f"kcoll-pg{rank}", daemon=True).start()
+
+    def __del__(self):
+        # Operations still queued finish first; their requests keep the
+        # communicator (and it the connection) until then.
+        self._queue.put(None)
+
+    def getBackendName(self):
+        return BACKEND
+
+    def name(self):
+        return BACKEND
+
+    # ---- completion ----------------------------------------------------------
+
+    def _work(self, req, finish):
+        # The progress thread completes src with the result or the error;
+        # fut, derived from it by then(), fails in C++ terms when _unwrap
+        # raises. (Future.set_exception in 1.13 only marks the Python
+        # wrapper: through C++, e.g. DDP or Work.get_future(), the future
+        # looks successful, its value the exception object.)
+        src = torch.futures.Future()
+        fut = src.then(_unwrap)
+        python = _python_caller(self)
+        self._queue.put((req, src, finish, not python))
+        return _Work(fut) if python else _create_work_from_future(fut)
+
+    def _enter(self):
+        if self._hidden_error[0] is not None:
+            raise RuntimeError(f"kcoll: an earlier operation of this group failed where torch "
+                               f"could not report it: {self._hidden_error[0]}")
+
+    # ---- collectives ------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        self._enter()
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        op = _op(_reduce_op(opts))
+        t = _one(tensors, "allreduce")
+        d = _dense(t)
+        req = self._comm.allreduce(d, op=op)
+        return self._work(req, lambda: _back(tensors, [(t, d)]))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        self._enter()
+        outs = _one(output_tensors, "allgather")
+        src = _dense(_one(input_tensors, "allgather"))
+        if len(outs) != self.size():
+            raise RuntimeError(f"kcoll: allgather needs {self.size()} output tensors, got {len(outs)}")
+        for o in outs:
+            _check(o)
+            if o.numel() != src.numel() or o.dtype != src.dtype:
+                raise RuntimeError("kcoll: allgather output tensors must match the input's size and dtype")
+        flat = torch.empty(src.numel() * self.size(), dtype=src.dtype)
+        req = self._comm.allgather(src, flat)
+
+        def finish():
+            for o, piece in zip(outs, flat.split(src.numel())):
+                o.copy_(piece.view(o.shape))
+            return output_tensors
+        return self._work(req, finish)
+
+    def _allgather_base(self, output, input, opts=None):
+        self._enter()
+        src, dst = _dense(input), _dense(output)
+        req = self._comm.allgather(src, dst)
+        return self._work(req, lambda: _back([output], [(output, dst)]))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        self._enter()
+        out = _one(output_tensors, "reduce_scatter")
+        ins = _one(input_tensors, "reduce_scatter")
+        if len(ins) != self.size():
+            raise RuntimeError(f"kcoll: reduce_scatter needs {self.size()} input tensors, got {len(ins)}")
+        for i in ins:
+            _check(i)
+        flat = torch.cat([i.reshape(-1) for i in ins])
+        d = _dense(out)
+        req = self._comm.reduce_scatter(flat, d, op=_op(_reduce_op(opts)))
+        return self._work(req, lambda: _back(output_tensors, [(out, d)]))
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        self._enter()
+        src, dst = _dense(input), _dense(output)
+        req = self._comm.reduce_scatter(src, dst, op=_op(_reduce_op(opts)))
+        return self._work(req, lambda: _back([output], [(output, dst)]))
+
+    def broadcast(self, tensors, opts=None):
+        self._enter()
+        t = _one(tensors, "broadcast")
+        root = opts.rootRank if opts is not None else 0
+        d = _dense(t)
+        req = self._comm.broadcast(d, root=root)
+        return self._work(req, lambda: _back(tensors, [(t, d)]))
+
+    def barrier(self, opts=None):
+        self._enter()
+        return self._work(self._comm.barrier(), lambda: [])
+
+    # ---- what kcoll does not do (yet): say so, and what to use -------------------
+
+    def _unsupported(self, what):
+        raise RuntimeError(f"kcoll: {what} is not supported by the kcoll backend; {_GLOO_HINT}")
+
+    def send(self, *a, **k):
+        self._unsupported("send")
+
+    def recv(self, *a, **k):
+        self._unsupported("recv")
+
+    def recv_anysource(self, *a, **k):
+        self._unsupported("recv")
+
+    def reduce(self, *a, **k):
+        self._unsupported("reduce (all_reduce is)")
+
+    def gather(self, *a, **k):
+        self._unsupported("gather (all_gather is)")
+
+    def scatter(self, *a, **k):
+        self._unsupported("scatter")
+
+    def alltoall(self, *a, **k):
+        self._unsupported("all_to_all")
+
+    def alltoall_base(self, *a, **k):
+        self._unsupported("all_to_all_single")
+
+    def allreduce_coalesced(self, *a, **k):
+        self._unsupported("all_reduce_coalesced")
+
+    def allgather_coalesced(self, *a, **k):
+        self._unsupported("all_gather_coalesced")
+
+    def monitored_barrier(self, *a, **k):
+        self._unsupported("monitored_barrier (barrier is)")
+
+
+def _back(result, pairs):
+    """Copy results made in contiguous stand-ins back into their tensors."""
+    for t, d in pairs:
+        if d is not t:
+            t.copy_(d)
+    return result
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupKcoll(store, rank, size, timeout)
+
+
+def _register():
+    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
+        return  # imported again (importlib.reload, a second copy of the package)
+    params = inspect.signature(dist.Backend.register_backend).parameters
+    if "devices" in params:
+        # torch 2.x: say which devices the backend serves so a default
+        # "cpu:gloo,cuda:nccl"-style mapping does not route CUDA here.
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    else:
+        dist.Backend.register_backend(BACKEND, _create)
+
+
+_register()
+
+__all__ = ["ProcessGroupKcoll", "BACKEND"]
