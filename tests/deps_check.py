@@ -10,13 +10,16 @@ the package, where it is written.
 Prints TAP. Commands are read statically from the scripts (the first word of
 each simple command, after prefixes such as `timeout 10`, `ip netns exec NS`,
 `env A=b`); a word that names a function of the scanned scripts or a shell
-builtin is not a command. Each command is looked up on PATH, its file's package
+builtin is not a command. The modules the tree's Python files import (tests,
+scripts, examples, the kcoll package) are found the way /usr/bin/python3 finds
+them and held to the host tier's packages the same way. Each command is looked up on PATH, its file's package
 found with dpkg -S, and that package must be in the closure (Depends and
 Pre-Depends, recursively) of the tier's deps.sh list plus the packages of
 priority required (debootstrap's minbase) and the README's prerequisites
 (make, git, ca-certificates).
 """
 import argparse
+import glob
 import os
 import re
 import subprocess
@@ -214,6 +217,44 @@ def commands_of(path):
     return found, funcs, gawk
 
 
+PY_GLOBS = ["tests/*.py", "tests/python/*.py", "scripts/*.py", "examples/*.py",
+            "user/python/kcoll/*.py"]
+IMPORT = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def py_imports(top):
+    """module -> where it is imported, for the modules of the tree's Python
+    files that are not the tree's own."""
+    own = {"kcoll"}
+    files = sorted({f for g in PY_GLOBS for f in glob.glob(os.path.join(top, g))})
+    # Top-level modules of the tree; the kcoll package's own files are
+    # kcoll.NAME (its torch.py is not torch).
+    own |= {os.path.splitext(os.path.basename(f))[0] for f in files if "/kcoll/" not in f}
+    uses = {}
+    for f in files:
+        for n, line in enumerate(open(f, errors="replace"), 1):
+            m = IMPORT.match(line)
+            if m and m.group(1) not in own and m.group(1) != "__future__":
+                uses.setdefault(m.group(1), []).append("%s:%d" % (os.path.relpath(f, top), n))
+    return uses
+
+
+def module_files(mods):
+    """module -> the file /usr/bin/python3 would load it from (None: not found,
+    "": built into the interpreter)."""
+    prog = ("import importlib.util, sys\n"
+            "for m in sys.argv[1:]:\n"
+            "    try: s = importlib.util.find_spec(m)\n"
+            "    except Exception: s = None\n"
+            "    print(m, 'NONE' if s is None else (s.origin if s.origin and s.origin.startswith('/') else 'BUILTIN'))\n")
+    out = run(["/usr/bin/python3", "-c", prog] + sorted(mods))
+    res = {}
+    for l in out.splitlines():
+        m, o = l.split(" ", 1)
+        res[m] = None if o == "NONE" else ("" if o == "BUILTIN" else o)
+    return res
+
+
 def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True).stdout
 
@@ -270,7 +311,6 @@ def main():
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
     top = os.path.abspath(a.top)
-    import glob
 
     base = minbase()
     funcs = set()
@@ -328,6 +368,28 @@ def main():
                        "write it in POSIX awk or call gawk" % w)
         result(not bad, "%s tier: the %d commands %d scripts call come from deps.sh %s or minbase"
                % (tier, len(uses), len(files), " ".join(opts) or "(host list)"))
+        if tier == "host" and os.path.exists("/usr/bin/python3"):
+            imports = py_imports(top)
+            where = module_files(imports)
+            own = owners({x for p in where.values() if p for x in candidates(p)})
+            pbad = []
+            for mod, p in sorted(where.items()):
+                if p == "":
+                    continue
+                pkg = next((own[x] for x in candidates(p) if x in own), None) if p else None
+                if p is None:
+                    pbad.append("python module %s (imported at %s) is not installed here: "
+                                "no package provides it" % (mod, ", ".join(imports[mod][:3])))
+                elif pkg is None:
+                    pbad.append("python module %s (%s) comes from no Debian package: "
+                                "/usr/bin/python3 on a fresh machine will not have it" % (mod, p))
+                elif pkg not in allowed:
+                    pbad.append("python module %s (package %s) imported at %s: add %s to "
+                                "scripts/deps.sh's list" % (mod, pkg, ", ".join(imports[mod][:3]), pkg))
+            result(not pbad, "host tier: the %d modules the tree's Python imports come from "
+                   "deps.sh's packages or minbase" % len(where))
+            for b in pbad:
+                print("#   missing: %s" % b)
         for b in bad:
             print("#   missing: %s" % b)
     print("1..%d" % tests)

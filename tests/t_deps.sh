@@ -4,7 +4,8 @@
 # call must come from a package scripts/deps.sh installs for their tier, or
 # from Debian's minbase (tests/deps_check.py says how it reads them). Then
 # the check is shown to fail: a tree whose deps.sh leaves out iproute2 and
-# whose test sorts in gawk-only awk must be refused, naming both.
+# numpy, whose test sorts in gawk-only awk and whose Python imports numpy
+# must be refused, naming all three.
 set -u
 : "${KCOLL_TOP:?run through tests/run.sh}"
 skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
@@ -32,6 +33,7 @@ ip link show lo >/dev/null
 timeout 5 ip netns list
 printf '3\n1\n' | awk '{ v[NR] = $1 } END { n = asort(v); print v[1] }'
 X
+printf 'import json\nimport numpy\n' >"$T/tests/x.py"
 bad=$($py "$KCOLL_TOP/tests/deps_check.py" --top "$T" 2>&1); rc=$?
 [ "$rc" -ne 0 ] && grep -q '^not ok 1 - host tier' <<<"$bad"
 ok $? "a tree whose deps.sh lacks what its test calls is refused (exit $rc)"
@@ -41,5 +43,9 @@ ok $r1 "... naming ip, its package iproute2 and both lines, past 'timeout 5'"
 grep -q 'gawk-only function at tests/t_x.sh:3' <<<"$bad"
 r2=$?
 ok $r2 "... and the gawk-only awk (asort) on line 3"
-[ $((r1 + r2)) -eq 0 ] || printf '# %s\n' "$bad"
+grep -q 'python module numpy (package python3-numpy) imported at tests/x.py:2' <<<"$bad" &&
+	! grep -q 'module json' <<<"$bad"
+r3=$?
+ok $r3 "... and the Python import of numpy (python3-numpy) on tests/x.py:2, not json (stdlib)"
+[ $((r1 + r2 + r3)) -eq 0 ] || printf '# %s\n' "$bad"
 echo "1..$n"
