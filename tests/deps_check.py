@@ -229,7 +229,8 @@ def py_imports(top):
     files = sorted({f for g in PY_GLOBS for f in glob.glob(os.path.join(top, g))})
     # Top-level modules of the tree; the kcoll package's own files are
     # kcoll.NAME (its torch.py is not torch).
-    own |= {os.path.splitext(os.path.basename(f))[0] for f in files if "/kcoll/" not in f}
+    own |= {os.path.splitext(os.path.basename(f))[0] for f in files
+            if not os.path.relpath(f, top).startswith("user/python/")}
     uses = {}
     for f in files:
         for n, line in enumerate(open(f, errors="replace"), 1):
