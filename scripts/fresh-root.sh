@@ -67,7 +67,7 @@ done
 [ -n "$cmd" ] || { usage >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, mount and chroot)"
 case "$root" in /|/usr|/var|/tmp|/work|"") die "refusing --root '$root'" ;; esac
-for c in unshare chroot mount tar git; do
+for c in unshare chroot mount tar git flock; do
 	command -v "$c" >/dev/null || die "'$c' missing (apt-get install util-linux tar git)"
 done
 
@@ -111,6 +111,11 @@ make_cache() {
 	echo "fresh-root: made $cache in $((SECONDS - t0)) s"
 }
 
+# One run per root: a second one would unpack into a root the first is
+# still using or removing.
+mkdir -p "$(dirname "$root")"
+exec 9>"$root.lock"
+flock -n 9 || die "another fresh-root.sh is using $root (lock $root.lock): wait for it or use --root"
 [ -s "$cache" ] || make_cache
 remove_root
 mkdir -p "$root"
@@ -189,7 +194,7 @@ set +e
 unshare --mount --pid --fork --propagation private \
 	bash -c "$inner" inner "$root" "${cuda_dirs[@]}" -- "${envs[@]}" \
 	bash -c "cd /work/kcoll && { $cmd
-}; exit \$?" &
+}; exit \$?" 9>&- &
 ushare=$!
 # Stopped early (Ctrl-C, a CI timeout): the namespace's init is immune to its
 # parent-death signal, so kill it from here, which ends every process in it.
