@@ -196,26 +196,11 @@ static int status(const char *path, int json)
 
 static int metrics(const char *path)
 {
-	struct kcoll_msg_hdr req = {
-		.magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_METRICS, .len = sizeof(req), .seq = 1,
-	};
-	static char buf[KCOLL_MSG_BYTES];
-	const struct kcoll_msg_hdr *h = (const void *)buf;
-	int n = ctl_request(path, &req, sizeof(req), buf, sizeof(buf) - 1, false);
+	static char text[KCOLL_MSG_BYTES];
 
-	if (n < 0)
+	if (kcollctl_fetch(path, KCOLL_MSG_METRICS, false, 0, text, sizeof(text)))
 		return 1;
-	buf[n] = 0;
-	/* A kcolld from before metrics refuses the type (-EPROTO before HELLO). */
-	if (h->status == -EPROTO || h->status == -EOPNOTSUPP) {
-		fprintf(stderr, "kcollctl: this kcolld serves no metrics: run the same kcoll build\n");
-		return 1;
-	}
-	if (h->status) {
-		fprintf(stderr, "kcollctl: kcolld could not render its metrics: %s\n", strerror(-h->status));
-		return 1;
-	}
-	fputs(buf + sizeof(*h), stdout);
+	fputs(text, stdout);
 	return 0;
 }
 
