@@ -5,8 +5,9 @@ RDMA_OBJS := $(RDMA_SRCS:%.c=$(OBJ)/%.o)
 
 $(RDMA_OBJS): CPPFLAGS += -Iuser/daemon -Irdma
 $(OBJ)/user/daemon/net.o: CPPFLAGS += -Irdma -Iuser/daemon
-# mem.c and mh.c drop registrations (zero-copy sends) before unmapping.
-$(OBJ)/user/daemon/mem.o $(OBJ)/user/daemon/mh.o: CPPFLAGS += -Irdma
+# main.c subscribes the registration cache to the daemon's unmap notices
+# (kd_unmap_subscribe): mem.c and mh.c tell, and need not know who listens.
+$(OBJ)/user/daemon/main.o: CPPFLAGS += -Irdma
 KCOLLD_OBJS += $(RDMA_OBJS)
 TEST_DAEMON_OBJS += $(RDMA_OBJS)
 $(BIN)/kcolld: $(RDMA_OBJS)

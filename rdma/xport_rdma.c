@@ -978,11 +978,6 @@ static void rdma_close(struct kd_mh *mh)
 	kcoll_rdma_reap();
 }
 
-const struct kd_xport_ops kd_xport_rdma = {
-	.name = "rdma",
-	.run_steps = rdma_run_steps,
-	.close = rdma_close,
-};
 
 /* ---- path control ------------------------------------------------------ */
 
@@ -1043,7 +1038,7 @@ struct kcoll_rdma_path kd_rdma_path_for(struct kd_mh *mh, uint32_t host, uint32_
 
 /* ---- status ------------------------------------------------------------ */
 
-size_t kd_rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
+static size_t rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
 {
 	struct rstate *rs = mh->xpriv;
 	size_t n = 0;
@@ -1094,3 +1089,10 @@ size_t kd_rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
 #undef PUT
 	return n < cap ? n : cap;
 }
+
+const struct kd_xport_ops kd_xport_rdma = {
+	.name = "rdma",
+	.run_steps = rdma_run_steps,
+	.close = rdma_close,
+	.render = rdma_render,
+};

@@ -17,7 +17,4 @@ const struct kd_xport_ops *kd_xport_default(void);
 /* The path (flow label, traffic class) of QP qp to host. */
 struct kcoll_rdma_path kd_rdma_path_for(struct kd_mh *mh, uint32_t host, uint32_t qp);
 
-/* kcollctl status: devices, GIDs and QPs (with states) per peer of mh. */
-size_t kd_rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json);
-
 #endif /* KCOLLD_XPORT_RDMA_H */

@@ -5,6 +5,7 @@
  * the ring server (client.c), the network (net.c) or anything else
  * (scripts/layering.py reads those dependencies from the objects).
  */
+#include <errno.h>
 #include <time.h>
 
 #include "kcolld.h"
@@ -17,4 +18,27 @@ int64_t kd_now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+#define UNMAP_SUBSCRIBERS 4
+
+static kd_unmap_fn *unmap_subs[UNMAP_SUBSCRIBERS];
+
+int kd_unmap_subscribe(kd_unmap_fn *fn)
+{
+	for (int i = 0; i < UNMAP_SUBSCRIBERS; i++) {
+		if (unmap_subs[i] == fn)
+			return 0;
+		if (!unmap_subs[i]) {
+			unmap_subs[i] = fn;
+			return 0;
+		}
+	}
+	return -ENOSPC;
+}
+
+void kd_unmap_notify(void *addr, size_t len)
+{
+	for (int i = 0; i < UNMAP_SUBSCRIBERS && unmap_subs[i]; i++)
+		unmap_subs[i](addr, len);
 }

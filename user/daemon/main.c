@@ -28,6 +28,7 @@
 #include "net.h"
 #include "log.h"
 #include "metrics.h"
+#include "rdma.h"
 #include "reduce.h"
 #ifdef KCOLL_HAVE_BPF
 #include "kcolld_bpf.h"
@@ -579,6 +580,9 @@ int main(int argc, char **argv)
 	if (kd.nworkers <= 0)
 		kd.nworkers = sysconf(_SC_NPROCESSORS_ONLN);
 	kd_tunables_init();
+	/* Unmapped memory must leave the RDMA registration cache (zero-copy
+	 * sends, KV) before its address can be mapped again. */
+	kd_unmap_subscribe(kcoll_rdma_mr_invalidate);
 	kd.spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
 	kd.start_ns = kd_now_ns();
 

@@ -31,7 +31,6 @@
 #include "kcoll_gpu.h"
 #include "kcolld.h"
 #include "log.h"
-#include "rdma.h"
 
 static int mapped_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
 		       uint8_t *tmp, const uint8_t **p)
@@ -383,7 +382,7 @@ void kd_region_put(struct kd_region *rg)
 	/* The RDMA registration cache may hold a host mapping (zero-copy
 	 * sends): drop it before the address can be mapped again. */
 	if (!rg->dev)
-		kcoll_rdma_mr_invalidate(rg->map, rg->size);
+		kd_unmap_notify(rg->map, rg->size);
 	if (rg->dev) {
 		const struct kcoll_gpu_kernels *k;
 		struct kcoll_gpu *g;

@@ -29,7 +29,6 @@
 #include "kcolld.h"
 #include "log.h"
 #include "net.h"
-#include "rdma.h"
 #include "reduce.h"
 
 #define DIRECT_MAX	(4u << 20)	/* direct: (H - 1) x this in scratch; ring above */
@@ -231,7 +230,7 @@ static int snap(struct kd_mh *mh, uint64_t bytes)
 		uint8_t *p;
 
 		if (mh->snap)
-			kcoll_rdma_mr_invalidate(mh->snap, mh->snap_size);
+			kd_unmap_notify(mh->snap, mh->snap_size);
 		p = realloc(mh->snap, bytes);
 
 		if (!p)
@@ -455,7 +454,7 @@ static int need(uint8_t **p, size_t *have, size_t want)
 		/* A registration (RDMA zero-copy) of the old block would
 		 * outlive it: drop it first. */
 		if (*p)
-			kcoll_rdma_mr_invalidate(*p, *have);
+			kd_unmap_notify(*p, *have);
 		n = realloc(*p, want);
 
 		if (!n)
@@ -975,9 +974,9 @@ void kd_mh_stop(struct kd_mh *mh)
 		close(mh->abort_fd);
 	mh->abort_fd = -1;
 	if (mh->own)
-		kcoll_rdma_mr_invalidate(mh->own, mh->acc_size);
+		kd_unmap_notify(mh->own, mh->acc_size);
 	if (mh->snap)
-		kcoll_rdma_mr_invalidate(mh->snap, mh->snap_size);
+		kd_unmap_notify(mh->snap, mh->snap_size);
 	free(mh->own);
 	free(mh->snap);
 	free(mh->stage);

@@ -1732,9 +1732,12 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 				    "\"dead\":%s}", h ? "," : "", h, mh->hosts[h].info.name,
 				    mh->hosts[h].first_rank, mh->hosts[h].nranks,
 				    mh->hosts[h].dead ? "true" : "false");
-			PUT("],\"xport\":\"%s\",", mh->xport->name);
-			if (n < cap)
-				n += kd_rdma_render(mh, buf + n, cap - n, 1);
+			PUT("],\"xport\":\"%s\"", mh->xport->name);
+			if (mh->xport->render) {
+				PUT(",");
+				if (n < cap)
+					n += mh->xport->render(mh, buf + n, cap - n, 1);
+			}
 			PUT("}");
 		}
 		PUT("]}");
@@ -1759,8 +1762,8 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 			    mh->nstreams, mh->lane_bytes, (unsigned long)atomic_load(&mh->bytes_sent),
 			    (unsigned long)atomic_load(&mh->bytes_recv));
 			PUT("    transport %s\n", mh->xport->name);
-			if (n < cap)
-				n += kd_rdma_render(mh, buf + n, cap - n, 0);
+			if (mh->xport->render && n < cap)
+				n += mh->xport->render(mh, buf + n, cap - n, 0);
 		}
 	}
 #undef PUT

@@ -242,6 +242,9 @@ struct kd_xport_ops {
 			 uint32_t first, bool chain, uint32_t *bad_host);
 	/* Release mh->xpriv (the net thread has stopped); NULL: nothing to. */
 	void (*close)(struct kd_mh *mh);
+	/* kcollctl status: the transport's own state for mh (json: one
+	 * "key":value member); NULL: nothing to show. Returns bytes written. */
+	size_t (*render)(struct kd_mh *mh, char *buf, size_t cap, int json);
 };
 
 extern const struct kd_xport_ops kd_xport_tcp;
