@@ -710,7 +710,7 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 		}
 		/* Pieces no larger than KCOLL_IB_PIECE_BYTES: a message of a
 		 * few of them keeps both QPs busy and overlaps the writes with
-		 * the receiver's copy-out (docs/perf.md §7). */
+		 * the receiver's copy-out (docs/perf/rdma.md §7). */
 		rs->piece = (size_t)kcoll_knob_ll("KCOLL_IB_PIECE_BYTES") & ~(size_t)4095;
 		if (!rs->piece || rs->piece > mh->piece)
 			rs->piece = mh->piece;

@@ -1496,7 +1496,7 @@ static void stream_broke(struct kv_remote *rm, struct kv_batch **carried, uint32
  * queued batch), send it, read its answer, and again: each stream has one
  * frame unanswered at a time, so every stream carries a batch's frames as
  * soon as it is free, a stream the kernel serves slower takes fewer, and
- * at most streams x frame bytes are in flight (docs/perf.md section 6:
+ * at most streams x frame bytes are in flight (docs/perf/kv.md section 6a:
  * more in flight moved less here). The thread reading a batch's last
  * answer sends its notify on its own stream (all its data landed), or ends
  * it. A stream that fails marks the import broken (stream_broke); frames
@@ -1863,7 +1863,7 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 	 * frame: with no batch in flight and no request behind it in the
 	 * ring it runs right here on stream 0 (handing a few hundred KiB to
 	 * a stream thread costs more than it wins when the client waits for
-	 * each batch: docs/perf.md section 6). With requests behind it, it
+	 * each batch: docs/perf/kv.md section 6). With requests behind it, it
 	 * joins the queue, and so do they: run here, it would hold them in
 	 * the ring until its answer, one batch at a time for good. */
 	for (uint32_t i = 0; i < n; i++)
