@@ -1,10 +1,11 @@
-# rdma/: the verbs layer and the daemon's RDMA transport (linked into kcolld
-# and into the tests that link the daemon's units).
+# rdma/: the verbs layer, a library (linked into kcolld and into the tests
+# that link the daemon's units). The daemon's RDMA transport on top of it is
+# user/daemon/xport_rdma.c.
 RDMA_SRCS := $(sort $(wildcard rdma/*.c))
 RDMA_OBJS := $(RDMA_SRCS:%.c=$(OBJ)/%.o)
 
-$(RDMA_OBJS): CPPFLAGS += -Iuser/daemon -Irdma
-$(OBJ)/user/daemon/net.o: CPPFLAGS += -Irdma -Iuser/daemon
+$(RDMA_OBJS): CPPFLAGS += -Irdma
+$(OBJ)/user/daemon/xport_rdma.o: CPPFLAGS += -Irdma
 # main.c subscribes the registration cache to the daemon's unmap notices
 # (kd_unmap_subscribe): mem.c and mh.c tell, and need not know who listens.
 $(OBJ)/user/daemon/main.o: CPPFLAGS += -Irdma

@@ -617,7 +617,7 @@ int main(int argc, char **argv)
 	ep_add(sigfd, &sigfd);
 	if (kd_metrics_start(kd.epfd, &metrics_tag, &metrics_src))
 		return 1;
-	if (kd_net_start(listen_spec, addrs_spec))
+	if (kd_net_start(listen_spec, addrs_spec, kd_xport_default))
 		kc_warn("multi-host communicators are disabled: this kcolld cannot listen for peers");
 #ifdef KCOLL_HAVE_BPF
 	kd_bpf_start();

@@ -490,7 +490,7 @@ int kd_region_add_pinned(struct kd_client *c, uint64_t handle, uint64_t addr, ui
  * kcoll.ko's dma-buf of a pinned region's pages (offset 0 = kmap.map_base),
  * asked for on first use and kept with the region: the NIC cannot pin the
  * PFN map itself, it can take the dma-buf (zero-copy RDMA sends,
- * rdma/xport_rdma.c zc_span). Returns the fd (the region owns it) or -errno.
+ * xport_rdma.c zc_span). Returns the fd (the region owns it) or -errno.
  */
 int kd_region_dmabuf(struct kd_region *rg)
 {

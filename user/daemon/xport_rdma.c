@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,10 +101,7 @@ struct rstate {
 	size_t zc_min;			/* KCOLL_IB_ZC_BYTES: pieces this large go zero-copy */
 };
 
-/* ---- choosing the transport ------------------------------------------ */
-
-static pthread_once_t pick_once = PTHREAD_ONCE_INIT;
-static const struct kd_xport_ops *picked;
+/* ---- starting ----------------------------------------------------------- */
 
 /*
  * A device being removed must be closed by every process before the kernel
@@ -120,41 +118,21 @@ static void *reaper(void *arg)
 	return NULL;
 }
 
-static void pick(void)
+/* Usable when a device is (user/daemon/xport.c chooses). */
+static int rdma_init(char *why, size_t cap)
 {
-	const char *want = kcoll_knob_str("KCOLL_NET_XPORT");
 	pthread_t t;
-	int r;
+	int r = kcoll_rdma_init();
 
-	picked = &kd_xport_tcp;
-	if (!strcmp(want, "tcp")) {
-		kc_info("transport between daemons: tcp (KCOLL_NET_XPORT=tcp)");
-		return;
-	}
-	if (strcmp(want, "rdma") && strcmp(want, "auto")) {
-		kc_warn("KCOLL_NET_XPORT='%s' is not auto, rdma or tcp: using tcp", want);
-		return;
-	}
-	r = kcoll_rdma_init();
 	if (r) {
-		if (!strcmp(want, "rdma"))
-			kc_err("transport between daemons: KCOLL_NET_XPORT=rdma but %s; falling back to tcp",
-			       kcoll_rdma_why());
-		else
-			kc_info("transport between daemons: tcp (rdma not used: %s)", kcoll_rdma_why());
-		return;
+		snprintf(why, cap, "%s", kcoll_rdma_why());
+		return r;
 	}
-	picked = &kd_xport_rdma;
 	if (!pthread_create(&t, NULL, reaper, NULL))
 		pthread_detach(t);
 	for (int d = 0; d < kcoll_rdma_ndevs(); d++)
 		kc_info("transport between daemons: rdma, device %s", kcoll_rdma_dev_name(d));
-}
-
-const struct kd_xport_ops *kd_xport_default(void)
-{
-	pthread_once(&pick_once, pick);
-	return picked;
+	return 0;
 }
 
 /* ---- the TCP side channel (setup) ------------------------------------ */
@@ -1092,6 +1070,7 @@ static size_t rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
 
 const struct kd_xport_ops kd_xport_rdma = {
 	.name = "rdma",
+	.init = rdma_init,
 	.run_steps = rdma_run_steps,
 	.close = rdma_close,
 	.render = rdma_render,
