@@ -6,6 +6,7 @@
  * (scripts/layering.py reads those dependencies from the objects).
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "kcolld.h"
@@ -41,4 +42,23 @@ void kd_unmap_notify(void *addr, size_t len)
 {
 	for (int i = 0; i < UNMAP_SUBSCRIBERS && unmap_subs[i]; i++)
 		unmap_subs[i](addr, len);
+}
+
+int kd_grow(uint8_t **p, size_t *have, size_t want)
+{
+	if (*have < want) {
+		uint8_t *n;
+
+		/* A registration (RDMA zero-copy) of the old block would
+		 * outlive it: drop it first. */
+		if (*p)
+			kd_unmap_notify(*p, *have);
+		n = realloc(*p, want);
+
+		if (!n)
+			return -ENOMEM;
+		*p = n;
+		*have = want;
+	}
+	return 0;
 }
