@@ -11,6 +11,9 @@ $(TBIN)/%: $(OBJ)/tests/%.o $(LIB)/libkcoll.a $(COMMON_LIB) $(TEST_DAEMON_OBJS)
 
 CHECK_TARGETS += $(TEST_BINS)
 
+# The daemon's schedules over an in-process loopback transport.
+$(OBJ)/tests/test_sched.o: CPPFLAGS += -Iuser/daemon
+
 # One rank of the multi-host tests (tests/t_multihost.sh starts one per rank in
 # each host's namespace): not a test_* program, run.sh does not run it alone.
 $(TBIN)/mh_rank: $(OBJ)/tests/mh_rank.o $(LIB)/libkcoll.a $(COMMON_LIB)

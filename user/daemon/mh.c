@@ -7,7 +7,7 @@
  *              all-reduce and reduce-scatter, placed for all-gather, the
  *              root's for broadcast)
  *   2. hosts:  an inter-host algorithm on the accumulators, as steps that
- *              the transport (mh->xport) runs (sched.c)
+ *              the transport (mh->xport) runs (schedule.c)
  *   3. local:  the accumulator -> every local rank's receive buffer
  *
  * Only one set of flows per host pair carries the op, whatever the number of
@@ -27,7 +27,7 @@
 #include "log.h"
 #include "net.h"
 #include "reduce.h"
-#include "sched.h"
+#include "schedule.h"
 
 /* ---- local phases ------------------------------------------------------- */
 

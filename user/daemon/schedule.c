@@ -18,7 +18,7 @@
 #include "kcolld.h"
 #include "net.h"
 #include "reduce.h"
-#include "sched.h"
+#include "schedule.h"
 
 #define DIRECT_MAX	(4u << 20)	/* direct: (H - 1) x this in scratch; ring above */
 #define MEDIUM_BYTES	(1u << 20)	/* auto: Rabenseifner up to here (2^k hosts) */
@@ -435,6 +435,9 @@ int kd_sched_run(struct kd_mh *mh, struct kd_op *op, const struct kd_sched_op *s
 	struct run x = { .mh = mh, .op = op, .bad_host = KCOLL_RANK_NONE, .in0 = s->in0 };
 	int r = 0;
 
+	/* One host runs no step that would read the input in place. */
+	if (mh->nhosts == 1 && s->in0 && s->bytes && s->opcode != KCOLL_OP_BROADCAST)
+		memcpy(mh->acc, s->in0, s->bytes);
 	switch (s->opcode) {
 	case KCOLL_OP_ALLREDUCE:
 		if (!s->bytes) {

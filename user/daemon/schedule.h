@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The inter-host algorithms of multi-host ops (sched.c). */
-#ifndef KCOLLD_SCHED_H
-#define KCOLLD_SCHED_H
+/* The inter-host algorithms of multi-host ops (schedule.c). */
+#ifndef KCOLLD_SCHEDULE_H
+#define KCOLLD_SCHEDULE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -32,4 +32,4 @@ enum kd_algo kd_sched_algo(const struct kd_mh *mh, uint64_t bytes);
 
 int kd_sched_run(struct kd_mh *mh, struct kd_op *op, const struct kd_sched_op *s, uint32_t *bad_host);
 
-#endif /* KCOLLD_SCHED_H */
+#endif /* KCOLLD_SCHEDULE_H */
