@@ -6,7 +6,8 @@
 # write nothing (bad descriptors, out-of-range entries, a dead owner), the
 # full queue, the GIL released. Then across two hosts of a netns cluster
 # (SKIP without root or namespaces): tagged batches from host 1 into host
-# 0, every byte checked when its tag arrives.
+# 0, every byte checked when its tag arrives. Then the prefill/decode
+# example (examples/kv_connector.py) on one host and across the pair.
 # Needs /usr/bin/python3 with numpy. Bounded: about 20-40 s. TAP.
 set -u
 shopt -s lastpipe	# emit, at the end of a pipe, counts in this shell
@@ -22,6 +23,7 @@ emit() {	# number kv_check.py's "ok - ..." / "not ok - ..." lines
 		case "$line" in
 		"ok - "*) ok 0 "${line#ok - }" ;;
 		"not ok - "*) ok 1 "${line#not ok - }" ;;
+		"#"*) echo "$line" ;;
 		*) echo "# $line" ;;
 		esac
 	done
@@ -32,6 +34,11 @@ emit() {	# number kv_check.py's "ok - ..." / "not ok - ..." lines
 timeout -k 5 120 "$PY" "$top/tests/python/kv_check.py" local 2>&1 | emit
 rc=${PIPESTATUS[0]}
 ok $rc "kv_check.py local exits 0 within 120 s (exit $rc)"
+
+mkdir -p "$KCOLL_TEST_TMP/kvconn"
+timeout -k 5 120 "$PY" "$top/examples/kv_connector.py" both "$KCOLL_TEST_TMP/kvconn" --layers 8 2>&1 | emit
+rc=${PIPESTATUS[0]}
+ok $rc "examples/kv_connector.py both (one host) exits 0 (exit $rc)"
 
 pair() {	# NAME SCRIPT OWNER-ARGS -- INIT-ARGS: host 0 and host 1 of the cluster
 	local name=$1 script=$2 d="$T/$1" orc irc
@@ -67,6 +74,8 @@ else
 		"$C" up -H 2 >"$T/up.log" 2>&1
 		if ok $? "cluster of 2 hosts up (prefix $P)"; then
 			pair kv-pair "$top/tests/python/kv_check.py" owner DIR 8 -- init DIR 8
+			pair kv-connector "$top/examples/kv_connector.py" decode DIR --layers 8 -- \
+				prefill DIR --layers 8
 		else
 			cat "$T/up.log"
 		fi

@@ -415,7 +415,11 @@ class Agent:
     def alloc(self, shape, dtype="uint8", nr_notify=0):
         """A numpy array in memory kcolld maps (moved in place, no
         process_vm_* calls) and its segment."""
-        arr = self._conn.empty(shape, dtype)
+        dt = np.dtype(dtype)
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        # Bytes, viewed as any dtype (Connection.empty takes collective dtypes only).
+        arr = self._conn.empty(nbytes, "uint8").view(dt).reshape(shape)
         return arr, self.register(arr, nr_notify)
 
     def import_desc(self, desc):
