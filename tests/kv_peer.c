@@ -845,6 +845,13 @@ static int notif_part(const char *dir, uint32_t me, uint32_t parts, uint32_t n, 
 		r = r ? r : xfer_notif_sync(ls, rs, NULL, 0, KCOLL_NOTIFY_NONE, "over", 5);
 		check(r == -ENOBUFS, "notif_queue_full", "(the %uth message: %s)",
 		      KCOLL_SEG_NOTIF_QUEUE + 1, kcoll_strerror(r));
+		{	/* the refusal is the owner's answer: the import goes on */
+			struct kcoll_xfer_entry one = { 0, 0, 4096 };
+
+			r = xfer_sync(1, ls, rs, &one, 1, KCOLL_NOTIFY_NONE);
+			check(r == 0, "notif_after_full", "(a plain batch right after -ENOBUFS: %s)",
+			      kcoll_strerror(r));
+		}
 		file_write(dir, "full", "1", 1);
 		r = file_read(dir, "gone", &c, 1, 60);
 		r = r ? r : xfer_notif_sync(ls, rs, NULL, 0, KCOLL_NOTIFY_NONE, "gone?", 6);

@@ -1458,14 +1458,22 @@ static bool has_final(uint32_t notify_id, const struct kv_msgout *m)
 	return notify_id != KCOLL_NOTIFY_NONE || m->len;
 }
 
-static int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag)
+/*
+ * Send the final frame and read its answer: 0 with the owner's verdict on a
+ * MSG in *ans (-ENOBUFS, -EIDRM: the stream stays in step, the batch fails
+ * and the streams go on), or the stream's error. A NOTIFY's refusal is the
+ * stream's error, as it always was.
+ */
+static int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans)
 {
 	struct kv_req rq = { .op = KV_OP_MSG, .notify_id = id, .tag = tag };
 	struct kv_msg km = { .sender = m->sender, .len = m->len };
 	struct iovec iov[3] = { { &rq, sizeof(rq) }, { &km, sizeof(km) },
 				{ (void *)m->data, m->len } };
+	struct kv_resp rs;
 	int r;
 
+	*ans = 0;
 	if (!m->len) {
 		r = notify_send(fd, id, tag);
 		return r ? r : notify_recv(fd, tag);
@@ -1473,7 +1481,17 @@ static int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t t
 	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ,
 				   .len = sizeof(rq) + sizeof(km) + m->len };
 	r = kcoll_io_iovs(fd, iov, 3, true, false);
-	return r ? r : notify_recv(fd, tag);
+	if (!r)
+		r = io_full(fd, &rs, sizeof(rs), false);
+	if (r)
+		return r;
+	if (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP || rs.hdr.len != sizeof(rs) ||
+	    rs.status > 0)
+		return -EPROTO;
+	if (rs.tag != tag)	/* the owner's last word before it closes, or garbage */
+		return rs.status ? rs.status : -EPROTO;
+	*ans = rs.status;
+	return 0;
 }
 
 /* Stream s's view of batch b for frame_send / frame_recv. */
@@ -1623,7 +1641,7 @@ static void *stream_worker(void *arg)
 		struct kv_batch *b = NULL;
 		struct kv_stream st;
 		uint32_t fi = 0;
-		int r;
+		int r, ans = 0;	/* ans: the owner's verdict on a MSG frame */
 
 		if (!rm->broken)
 			b = frame_take(rm, &fi);
@@ -1642,7 +1660,7 @@ static void *stream_worker(void *arg)
 			pthread_mutex_lock(&rm->wlock);
 			b->moved += st.moved;
 			st.moved = 0;
-			ended = batch_account(rm, b, 0, 1);
+			ended = batch_account(rm, b, ans, 1);
 			notify = !ended && b->left == 1 && !b->notify_sent &&
 				 has_final(b->notify_id, &b->msg);
 			if (notify)
@@ -1652,7 +1670,7 @@ static void *stream_worker(void *arg)
 				batch_end(rm, b);
 			if (!notify)
 				break;
-			r = final_xchg(st.fd, b->notify_id, &b->msg, b->tag | KV_NOTIFY_FRAME);
+			r = final_xchg(st.fd, b->notify_id, &b->msg, b->tag | KV_NOTIFY_FRAME, &ans);
 		}
 		r = stream_err(&st, r);
 		pthread_mutex_lock(&rm->wlock);
@@ -1907,7 +1925,10 @@ static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, b
 			r = -ECONNRESET;
 	}
 	if (!r && msg->len) {
-		r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX);
+		int ans;
+
+		r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
+		r = r ? r : ans;
 	} else if (!r && notify_id != KCOLL_NOTIFY_NONE) {
 		struct kv_resp rs;
 
@@ -2037,7 +2058,8 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 			r = rdma_ready(rm, local);
 			if (r == 0) {
 				r = run_rdma(c, p, n, write, local, rm, notify_id, msg, moved);
-				if (r) {
+				/* A full queue is the owner's answer: the session goes on. */
+				if (r && r != -ENOBUFS) {
 					rdma_drop(rm);
 					remote_close_streams(rm);
 				}
@@ -2053,6 +2075,7 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 						.fd = rm->fd[0], .tag = ++rm->seq << 32 };
 			struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
 			uint8_t *buf = NULL;
+			int ans = 0;
 
 			r = stream_bufs(rm, 1);
 			if (r)
@@ -2066,9 +2089,10 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 			free(buf);
 			*moved += st.moved;
 			if (!r && has_final(notify_id, msg))
-				r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX);
+				r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
 			if (r)
 				remote_close_streams(rm);	/* mid-frame state unknown */
+			r = r ? r : ans;
 			goto out_unlock;
 		}
 	}
