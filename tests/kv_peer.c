@@ -845,6 +845,15 @@ static int notif_part(const char *dir, uint32_t me, uint32_t parts, uint32_t n, 
 		r = r ? r : xfer_notif_sync(ls, rs, NULL, 0, KCOLL_NOTIFY_NONE, "over", 5);
 		check(r == -ENOBUFS, "notif_queue_full", "(the %uth message: %s)",
 		      KCOLL_SEG_NOTIF_QUEUE + 1, kcoll_strerror(r));
+		{	/* the same for a batch of 2 MiB: several frames (TCP: the
+			 * stream threads carry it) or RDMA, then the MSG frame */
+			uint64_t len = slice < (2u << 20) ? slice : 2u << 20;
+			struct kcoll_xfer_entry big_e = { 0, me * slice, len };
+
+			r = xfer_notif_sync(ls, rs, &big_e, 1, KCOLL_NOTIFY_NONE, "over2", 6);
+			check(r == -ENOBUFS, "notif_queue_full_batch", "(a %llu-byte batch with a message: %s)",
+			      (unsigned long long)len, kcoll_strerror(r));
+		}
 		{	/* the refusal is the owner's answer: the import goes on */
 			struct kcoll_xfer_entry one = { 0, 0, 4096 };
 
