@@ -1801,8 +1801,22 @@ static int rdma_ready(struct kv_remote *rm, struct kv_side *local)
 	return 0;
 }
 
-/* Sleep until a completion or fd[0] says something; deadline in ns. */
-static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *local, int64_t deadline)
+/* Is the next thing on fd the answer to the batch's WRITE_WITH_IMM notify? */
+static bool notify_answer_next(int fd)
+{
+	struct kv_resp rs;
+
+	return recv(fd, &rs, sizeof(rs), MSG_PEEK | MSG_DONTWAIT) == sizeof(rs) &&
+	       rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP &&
+	       rs.hdr.len == sizeof(rs) && rs.tag == UINT32_MAX;
+}
+
+/* Sleep until a completion or fd[0] says something; deadline in ns.
+ * imm_out: the notify's WRITE_WITH_IMM is posted, so its answer may reach
+ * fd[0] before the send's own completion: that is no error, only the
+ * completion is then waited for. */
+static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *local, int64_t deadline,
+		     bool imm_out)
 {
 	struct pollfd pf[2] = { { .fd = kv_rdma_fd(rm->rd), .events = POLLIN },
 				{ .fd = rm->fd[0], .events = POLLIN } };
@@ -1820,8 +1834,15 @@ static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *
 		return -EIDRM;
 	if (atomic_load(&c->stop) || atomic_load(&c->dead))
 		return -ECANCELED;
-	/* Nothing is due on fd[0] before the notify: the owner's last word
-	 * (-EIDRM) or its end. */
+	/* Nothing else is due on fd[0] before the notify: the owner's last
+	 * word (-EIDRM) or its end. */
+	if (pf[1].revents && imm_out && notify_answer_next(rm->fd[0])) {
+		left = deadline - kd_now_ns();
+		if (!pf[0].revents && left > 0 &&
+		    poll(pf, 1, left > 100000000 ? 100 : (int)(left / 1000000) + 1) == 1)
+			kv_rdma_ack_event(rm->rd);
+		return 0;
+	}
 	if (pf[1].revents)
 		return last_word(rm->fd[0], -ECONNRESET);
 	return 0;
@@ -1891,7 +1912,8 @@ static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, b
 			continue;
 		}
 		armed = false;
-		r = rdma_wait(rm, c, local, deadline);
+		r = rdma_wait(rm, c, local, deadline, notified && notify_id != KCOLL_NOTIFY_NONE &&
+			      !msg->len);
 	}
 	if (inflight) {
 		/* Stop the rest: the QP in error flushes what is posted and
