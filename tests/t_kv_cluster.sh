@@ -11,7 +11,8 @@
 # connections, counters count whole batches only, other segments intact, a
 # fresh initiator works; the owner's kcolld killed while 8 batches are in
 # flight: every request ends with an error, none hangs; notifications
-# across hosts (once, in order, after their bytes; full queue; owner gone).
+# across hosts (once, in order, after their bytes; full queue; owner gone);
+# malformed notification frames from a peer that is not kcolld.
 # Needs root and
 # network namespaces (SKIP otherwise).
 # Bounded: about 10-30 s. TAP.
@@ -24,6 +25,7 @@ need_root "network namespaces, veth"
 command -v ip >/dev/null || skip_all "iproute2 (ip) is missing"
 need_netns
 [ -x "$PEER" ] || { echo "Bail out! $PEER missing: run make"; exit 1; }
+[ -x "$B/tests/kv_badmsg" ] || { echo "Bail out! $B/tests/kv_badmsg missing: run make"; exit 1; }
 
 cluster_tmp kvcluster
 chmod 755 "$T"
@@ -129,6 +131,16 @@ for f in part0 part1 owner; do tap_checks "$d/$f.out"; done
 [ $p0rc -eq 0 ] && [ $p1rc -eq 0 ] && [ $orc -eq 0 ]
 ok $? "notif: both parts and the owner exit 0 (parts $p0rc $p1rc, owner $orc)"
 cat "$d"/*.out >>"$T/all.log"
+
+# ---- malformed notification frames from a peer that is not kcolld
+# (tests/kv_badmsg.c, raw TCP with the segment's token, on host 0): dropped
+# connections, -EINVAL, -ENOBUFS on a connection that goes on, the owner's
+# queue exact, its kcolld serving.
+"$C" exec 0 timeout -k 5 60 "$B/tests/kv_badmsg" >"$T/badmsg.out" 2>&1
+brc=$?
+sed -i "s/^check \([a-z_]*\):/check badmsg:\1:/" "$T/badmsg.out"
+tap_checks "$T/badmsg.out"
+[ $brc -eq 0 ]; ok $? "badmsg: kv_badmsg exits 0 ($brc)"
 
 # ---- the initiator's side dies mid-batch (docs/kv.md "Unregister and death").
 # Host 1's stream initiator writes whole-segment batches, each notifying
