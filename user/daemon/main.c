@@ -405,8 +405,9 @@ static bool on_message(struct kd_client *c)
 	case KCOLL_MSG_SEG_REG:
 	case KCOLL_MSG_SEG_UNREG:
 	case KCOLL_MSG_SEG_IMPORT:
-	case KCOLL_MSG_SEG_CLOSE: {
-		uint8_t kvrep[512];
+	case KCOLL_MSG_SEG_CLOSE:
+	case KCOLL_MSG_SEG_NOTIFS: {
+		static uint8_t kvrep[sizeof(struct kcoll_msg_seg_notifs_reply)];	/* control thread only */
 		size_t kvlen;
 		int kvfd;
 
