@@ -3,7 +3,8 @@
 # against the kcolld at $KCOLL_SOCKET: numpy ranks (no torch) at 2 and 3
 # ranks; torch ranks at 2, 3 and 4 with env://, file:// and tcp:// init,
 # every collective x dtype x op against a reference and gloo, async ops,
-# strided and empty tensors, refusals, DDP, skipped and mismatched ops.
+# strided and empty tensors, refusals, DDP, skipped and mismatched ops,
+# kcolld killed mid-training (manual all_reduce and DDP).
 # tests/python/launch.py runs the ranks; this numbers its lines. TAP.
 # Needs /usr/bin/python3 with numpy (and torch for the torch part): Debian's
 # python3-numpy, python3-torch; the first python3 on PATH may lack them.
@@ -72,6 +73,23 @@ else
 		set -- $spec
 		launch 75 "$TOP/tests/python/torch_rank.py" $1 "torch $1 $2://" 60 $2
 	done
+	# kcolld killed mid-training: a private kcolld, SIGKILLed by launch.py
+	# once both ranks trained 3 steps; every rank must raise, not hang.
+	# (The plain pass only: under ASan the same libkcoll path runs in
+	# test_faults' daemon-death cases.)
+	if [ -z "${KCOLL_TEST_SAN:-}" ]; then
+		kt=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/pykill.XXXXXX")
+		for mode in manual ddp; do
+			"$B/bin/kcolld" -f -s "$kt/k.sock" -l "$kt/k-$mode.log" &
+			kpid=$!
+			for _ in $(seq 100); do [ -S "$kt/k.sock" ] && break; sleep 0.05; done
+			KCOLL_SOCKET="$kt/k.sock" KCOLL_TEST_KILL_PID=$kpid KCOLL_TEST_KILL_MODE=$mode \
+				launch 90 "$TOP/tests/python/torch_kill.py" 2 "torch kcolld killed, $mode" 75 env
+			wait "$kpid" 2>/dev/null
+			rm -f "$kt/k.sock"
+		done
+		rm -rf "$kt"
+	fi
 fi
 echo "1..$n"
 exit $failed

@@ -5,6 +5,11 @@ t_python.sh numbers. A check passes only if every rank passed it.
 
     launch.py PROGRAM WORLD TAG TIMEOUT_S [INIT]    INIT: env, file or tcp
 
+With KCOLL_TEST_KILL_PID=PID (and KCOLL_TEST_KILL_AFTER=STEPS, default 3)
+each rank writes its step count to $KCOLL_TEST_PROGRESS; once every rank
+passed STEPS, PID (a kcolld) gets SIGKILL, and every rank must report that
+it raised ("raised TIME" in its progress file) within 30 s of the kill.
+
 Ranks get RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT (a free port),
 KCOLL_TEST_INIT, KCOLL_TEST_UIDS (fresh kcoll unique ids, hex, comma
 separated) and KCOLL_TEST_REPORT (their log). Exit status 1 if any check
@@ -12,6 +17,7 @@ failed, a rank failed or the time ran out.
 """
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +33,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def progress(path):
+    """(steps written, time of "raised" or None) from a rank's progress file."""
+    steps, raised = 0, None
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("raised "):
+                    raised = float(line.split()[1])
+                elif line.strip().isdigit():
+                    steps = int(line)
+    except FileNotFoundError:
+        pass
+    return steps, raised
+
+
 def main():
     prog, world, tag, limit = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
     init = sys.argv[5] if len(sys.argv) > 5 else "env"
@@ -38,12 +59,22 @@ def main():
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), KCOLL_TEST_INIT=init,
                    KCOLL_TEST_UIDS=uids, KCOLL_TEST_REPORT=f"{tmp}/rank{r}.log",
-                   KCOLL_TEST_STORE=f"{tmp}/filestore")
+                   KCOLL_TEST_STORE=f"{tmp}/filestore", KCOLL_TEST_PROGRESS=f"{tmp}/progress{r}")
         out = open(f"{tmp}/rank{r}.out", "w")
         procs.append(subprocess.Popen([sys.executable, prog], env=env, stdout=out,
                                       stderr=subprocess.STDOUT))
     deadline = time.monotonic() + limit
     timed_out = False
+    kill_pid = int(os.environ.get("KCOLL_TEST_KILL_PID", "0"))
+    kill_after = int(os.environ.get("KCOLL_TEST_KILL_AFTER", "3"))
+    t_kill = None
+    while kill_pid and t_kill is None and time.monotonic() < deadline:
+        steps = [progress(f"{tmp}/progress{r}")[0] for r in range(world)]
+        if all(s >= kill_after for s in steps) or any(p.poll() is not None for p in procs):
+            os.kill(kill_pid, signal.SIGKILL)
+            t_kill = time.time()
+            print(f"# SIGKILL to kcolld (pid {kill_pid}) once the ranks were at steps {steps}")
+        time.sleep(0.05)
     for p in procs:
         try:
             p.wait(max(0.1, deadline - time.monotonic()))
@@ -85,6 +116,13 @@ def main():
             print(f"ok - [{tag}] {desc} # SKIP {skips[0]}")
         else:
             print(f"ok - [{tag}] {desc}")
+    if kill_pid:
+        raised = [progress(f"{tmp}/progress{r}")[1] for r in range(world)]
+        late = [r for r, t in enumerate(raised) if t is None or t_kill is None or t - t_kill > 30]
+        print(f"{'not ok' if late else 'ok'} - [{tag}] every rank raised within 30 s of the kill"
+              + (f" (slowest {max(t - t_kill for t in raised):.1f} s)" if not late else
+                 f" (rank(s) {late} did not)"))
+        failed |= bool(late)
     status = [p.returncode for p in procs]
     ok = not timed_out and all(s == 0 for s in status)
     print(f"{'ok' if ok else 'not ok'} - [{tag}] {world} ranks exited 0 within {limit:.0f} s"

@@ -11,6 +11,7 @@ connection and communicator; a progress thread waits for the collectives in
 submission order (kcoll_wait releases the GIL) and completes the futures
 the Work objects wrap. CPU tensors only.
 """
+import atexit
 import inspect
 import queue
 import sys
@@ -130,9 +131,33 @@ def _unwrap(src):
     return value
 
 
+# The running progress threads and their queues.
+_progress_threads = {}
+
+
+@atexit.register
+def _stop_progress_threads():
+    """At exit, before Python stops its daemon threads: one stopped while
+    it completes a torch future (C++ calling back into Python) would abort
+    the process ("terminate called without an active exception"), as it
+    did after kcolld died mid-training. Queued operations finish first
+    (they fail at once when kcolld is gone); a hung one gets 5 s."""
+    for q in list(_progress_threads.values()):
+        q.put(None)
+    for t in list(_progress_threads):
+        t.join(timeout=5)
+
+
 def _progress(q, hidden_error):
     """A group's progress thread: wait for its operations in submission
     order (kcoll_wait releases the GIL) and complete their futures."""
+    try:
+        _progress_loop(q, hidden_error)
+    finally:
+        _progress_threads.pop(threading.current_thread(), None)
+
+
+def _progress_loop(q, hidden_error):
     while True:
         item = q.get()
         if item is None:
@@ -167,8 +192,10 @@ class ProcessGroupKcoll(ProcessGroup):
         # itself, so that dropping the group ends the thread (__del__).
         self._hidden_error = [None]
         self._queue = queue.SimpleQueue()
-        threading.Thread(target=_progress, args=(self._queue, self._hidden_error),
-                         name=f"kcoll-pg{rank}", daemon=True).start()
+        t = threading.Thread(target=_progress, args=(self._queue, self._hidden_error),
+                             name=f"kcoll-pg{rank}", daemon=True)
+        _progress_threads[t] = self._queue
+        t.start()
 
     def __del__(self):
         # Operations still queued finish first; their requests keep the
