@@ -289,7 +289,7 @@ static void on_c4(struct kd_client *c, const struct kcoll_msg_c4 *m, ssize_t len
 		reply_hdr(c, &m->hdr, buf, sizeof(*h), -EINVAL, -1);
 		return;
 	}
-	n = kd_c4_render(m->what, m->since, buf + sizeof(*h), sizeof(buf) - sizeof(*h), m->hdr.flags & 1);
+	n = kd_c4_render(m->what, m->since, buf + sizeof(*h), sizeof(buf) - sizeof(*h), m->hdr.flags);
 	reply_hdr(c, &m->hdr, buf, sizeof(*h) + n, 0, -1);
 }
 

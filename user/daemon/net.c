@@ -1273,6 +1273,9 @@ static void on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 	case KD_P_PLAN:
 		kd_c4_on_plan(comm, pc->host, h);
 		return;
+	case KD_P_C4_VIEW:
+		kd_c4_on_view(comm, pc->host, h);
+		return;
 	case KD_P_ANSWER: {
 		const struct kd_p_answer *m = (const void *)h;
 
@@ -1285,8 +1288,14 @@ static void on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 		return;
 	}
 	}
-	kc_warn("comm %s: host %u sent an unexpected control message (type %u)", comm->name,
-		pc->host, h->type);
+	/* A newer peer's type is informative by contract (types that change a
+	 * peer's duty bump KD_PEER_VERSION): ignore it without alarm. */
+	if (h->type > KD_P_C4_VIEW)
+		kc_dbg("comm %s: host %u sent control message type %u, newer than this kcolld; ignored",
+		       comm->name, pc->host, h->type);
+	else
+		kc_warn("comm %s: host %u sent an unexpected control message (type %u)", comm->name,
+			pc->host, h->type);
 }
 
 /* NEW connection: its HELLO says what it is for. */
