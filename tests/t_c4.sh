@@ -17,6 +17,13 @@
 #       loop goes on and every rank ends well
 #   (c) rank 1 sleeps 100 ms before each submission: straggler rank 1 named,
 #       no other rank
+#   one answer from any host (issue 23): in (a) every host's `anomalies
+#       --json` names the degraded link within 5 s (hosts whose traffic does
+#       not cross it hear of it from those that see it) and none after the
+#       heal; host 0's --local anomalies and events hold only its own
+#       verdicts, its merged ones its peers' too; in (b) every host names
+#       rank 2 on host 2, host 0's hang report shows rank 2 short of the op
+#       the other ranks' hosts wait in, and none after SIGCONT
 # With BPF built (kcoll-bpf), every kcolld runs with KCOLL_BPF=1 (its pins in
 # a bpffs of this test, sockops on a cgroup v2 mount of this test), so the
 # detector also gets BPF flow statistics: (a) checks that the raised
