@@ -106,7 +106,7 @@ for e in json.load(sys.stdin)["events"]: print(json.dumps(e))'
 views() {	# expr [--local]
 	local i
 	for ((i = 0; i < H; i++)); do
-		timeout 10 "$CTL" -s "$(sock "$i")" anomalies --json ${2:-} >"$T/view.$i" 2>/dev/null
+		timeout 10 "$CTL" -s "$(sock "$i")" anomalies --json ${2:+"$2"} >"$T/view.$i" 2>/dev/null
 	done
 	python3 - "$1" "$T" $H <<'EOF'
 import json, sys
@@ -256,8 +256,8 @@ ok $rc "(a) every host's anomalies --json names host 2's link 10.20.0.3 within 5
 # view carries other hosts' verdicts (hosts 2 and 3 see this link), and so
 # do host 0's events, while its --local events are its own.
 for f in "" --local; do
-	timeout 10 "$CTL" -s "$(sock 0)" anomalies --json $f >"$T/a0$f.json"
-	timeout 10 "$CTL" -s "$(sock 0)" events --json $f --since "$(cat "$T/since.0")" >"$T/e0$f.json"
+	timeout 10 "$CTL" -s "$(sock 0)" anomalies --json ${f:+"$f"} >"$T/a0$f.json"
+	timeout 10 "$CTL" -s "$(sock 0)" events --json ${f:+"$f"} --since "$(cat "$T/since.0")" >"$T/e0$f.json"
 done
 locres=$(python3 - "$T" <<'EOF'
 import json, sys
