@@ -229,15 +229,16 @@ t_deg=$(now_ms)
 found='' t_all='' allv=''
 SLOW21='e["kind"] == "comm_slow" and e["host"] == 2 and e["link_addr"] == "10.20.0.3"'
 while [ $(($(now_ms) - t_deg)) -lt 8000 ]; do
+	# views first: its time is when we look (events carry their own)
+	if [ -z "$t_all" ]; then
+		allv=$(views "$SLOW21")
+		[ "$allv" = "$ALL" ] && t_all=$(now_ms)
+	fi
 	[ -n "$found" ] || found=$(events | python3 -c 'import json,sys
 for l in sys.stdin:
     e = json.loads(l)
     if e["kind"] == "comm_slow" and e["raised"] and e["host"] == 2 and e["link_addr"] == "10.20.0.3":
         print(e["time_ms"], e["observer"])' | sort -n | head -1)
-	if [ -z "$t_all" ]; then
-		allv=$(views "$SLOW21")
-		[ "$allv" = "$ALL" ] && t_all=$(now_ms)
-	fi
 	[ -n "$found" ] && [ -n "$t_all" ] && break
 	sleep 0.2
 done
