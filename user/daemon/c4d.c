@@ -51,6 +51,7 @@ struct kd_c4_remote {
 	uint32_t n;
 	struct kcoll_c4_event e[KD_C4_REMOTE];
 	int64_t wall_ms[KD_C4_REMOTE];		/* raised, the observer's wall clock */
+	int64_t heard_ms[KD_C4_REMOTE];		/* first in a view from it, our wall clock */
 	uint32_t wait_host, wait_link, wait_ms;
 	uint64_t wait_seq;
 	int64_t at;				/* received (0: never) */
@@ -653,11 +654,12 @@ void kd_c4_on_view(struct kd_comm *comm, uint32_t from_host, const struct kd_phd
 
 	/* its raises and clears join our event log, tagged with it */
 	for (uint32_t i = 0; i < r->n; i++) {
-		bool known = false;
+		uint32_t j = 0;
 
-		for (uint32_t j = 0; j < old.n && !known; j++)
-			known = same_verdict(&r->e[i], &old.e[j]);
-		if (!known)
+		while (j < old.n && !same_verdict(&r->e[i], &old.e[j]))
+			j++;
+		r->heard_ms[i] = j < old.n ? old.heard_ms[j] : wall_ms();
+		if (j == old.n)
 			log_event(comm, &r->e[i], from_host, r->wall_ms[i]);
 	}
 	for (uint32_t j = 0; j < old.n; j++) {
@@ -1049,18 +1051,21 @@ static size_t render_events(uint64_t since, char *buf, size_t cap, int json, boo
 struct kd_c4_shown {
 	struct kcoll_c4_event e;
 	uint64_t seen;		/* bitmap of the observing hosts */
+	int64_t held_ms;	/* since when this host knows it (raised here or heard), wall clock */
 };
 
 static void shown_add(struct kd_c4_shown *out, uint32_t *n, uint32_t max, const struct kcoll_c4_event *e,
-		      uint32_t observer)
+		      uint32_t observer, int64_t held_ms)
 {
 	for (uint32_t i = 0; i < *n; i++)
 		if (same_verdict(&out[i].e, e)) {
 			out[i].seen |= 1ULL << observer;
+			if (held_ms < out[i].held_ms)
+				out[i].held_ms = held_ms;
 			return;
 		}
 	if (*n < max)
-		out[(*n)++] = (struct kd_c4_shown){ .e = *e, .seen = 1ULL << observer };
+		out[(*n)++] = (struct kd_c4_shown){ .e = *e, .seen = 1ULL << observer, .held_ms = held_ms };
 }
 
 /* Our active anomalies, then (unless local) each live peer's, one entry per
@@ -1070,14 +1075,15 @@ static uint32_t merged(const struct kd_mh *mh, bool local, struct kd_c4_shown *o
 {
 	struct kcoll_c4_event act[KD_C4_SHOW];
 	uint32_t na = kcoll_c4_active(&mh->c4->core, act, KD_C4_SHOW), n = 0;
+	int64_t now = kd_now_ns(), wall = wall_ms();
 
 	for (uint32_t i = 0; i < na; i++)
-		shown_add(out, &n, max, &act[i], mh->self);
+		shown_add(out, &n, max, &act[i], mh->self, wall - (now - (int64_t)act[i].t_ns) / 1000000);
 	for (uint32_t h = 0; !local && h < mh->nhosts; h++) {
 		const struct kd_c4_remote *r = &mh->c4->remote[h];
 
 		for (uint32_t i = 0; h != mh->self && !mh->hosts[h].dead && i < r->n; i++)
-			shown_add(out, &n, max, &r->e[i], h);
+			shown_add(out, &n, max, &r->e[i], h, r->heard_ms[i]);
 	}
 	return n;
 }
@@ -1147,7 +1153,7 @@ static size_t render_anomalies(char *buf, size_t cap, int json, bool local)
 				n += event_json(mh, &act[i].e, buf + n, n < cap ? cap - n : 0);
 				seen_list(act[i].seen, sl, sizeof(sl));
 				n--;	/* reopen the object */
-				PUT(",\"seen_by\":[%s]}", sl);
+				PUT(",\"seen_by\":[%s],\"held_ms\":%" PRId64 "}", sl, act[i].held_ms);
 			}
 			PUT("],\"links\":[");
 		} else {
