@@ -569,19 +569,41 @@ static uint64_t fnv(uint64_t h, uint64_t v)
 	return h;
 }
 
-/* What the peers last heard of ours: the verdicts and, with one active, the
- * wait (a hang report says whom each host waits for). 0: nothing active, so
- * a healthy communicator sends no view at all. */
+/*
+ * Our data path's wait, when it is stalled: in op running_seq, nothing moved
+ * from the host it waits for since half the hang threshold or longer. A
+ * wait that moves on with every op is no news (sent on each change, it made
+ * a view per tick to every peer while an anomaly was active and ops flowed);
+ * a stalled one is what a hang report needs, and it holds still.
+ */
+static bool stalled_wait(struct kd_mh *mh, const struct kd_c4 *c, int64_t now, struct kd_p_c4_view *w)
+{
+	uint64_t seq = atomic_load(&mh->running_seq);
+	int64_t since = atomic_load(&mh->last_progress);
+	uint32_t whom = mh->wait_host;
+
+	*w = (struct kd_p_c4_view){ .wait_host = KCOLL_C4_NONE };
+	if (seq == UINT64_MAX || whom >= mh->nhosts || now - since < (int64_t)c->core.p.hang_ms * 500000)
+		return false;
+	*w = (struct kd_p_c4_view){ .wait_host = whom, .wait_seq = seq,
+				    .wait_link = mh->hosts[whom].link[mh->wait_stream % KD_MAX_STREAMS],
+				    .wait_ms = (uint32_t)((now - since) / 1000000) };
+	return true;
+}
+
+/* What the peers last heard of ours: the verdicts and the stalled wait (a
+ * hang report says whom each host waits for). 0: neither, so a healthy
+ * communicator sends no view at all. */
 static uint64_t view_sig(const struct kcoll_c4_event *act, uint32_t na, const struct kd_p_c4_view *v)
 {
 	uint64_t h = 0xcbf29ce484222325ULL;
 
-	if (!na)
+	if (!na && v->wait_host == KCOLL_C4_NONE)
 		return 0;
 	for (uint32_t i = 0; i < na; i++)
 		h = fnv(fnv(h, (uint64_t)act[i].kind << 32 | act[i].rank),
 			(uint64_t)act[i].host << 32 | act[i].link);
-	return fnv(fnv(h, v->wait_host), v->wait_seq) | 1;
+	return fnv(fnv(fnv(h, v->wait_host), v->wait_link), v->wait_seq) | 1;
 }
 
 static void view_send(struct kd_mh *mh, const struct kcoll_c4_event *act, uint32_t na,
@@ -607,8 +629,9 @@ static void view_send(struct kd_mh *mh, const struct kcoll_c4_event *act, uint32
 		};
 	}
 	for (uint32_t h = 0; h < mh->nhosts; h++)
-		if (h != mh->self && !mh->hosts[h].dead)
-			kd_net_ctrl_send(mh, h, &v, KD_P_C4_VIEW, sizeof(v.m) + na * sizeof(v.a[0]));
+		if (h != mh->self && !mh->hosts[h].dead &&
+		    !kd_net_ctrl_send(mh, h, &v, KD_P_C4_VIEW, sizeof(v.m) + na * sizeof(v.a[0])))
+			kd_metrics_c4_view_sent();
 }
 
 void kd_c4_on_view(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
@@ -889,7 +912,7 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	uint64_t running = atomic_load(&mh->running_seq);
 	bool enforce = kcoll_knob_ll("KCOLL_C4_PLAN") != 0;
 	struct kcoll_c4_event act[KD_C4_REMOTE];
-	struct kd_p_c4_view wait = { .wait_host = KCOLL_C4_NONE };
+	struct kd_p_c4_view wait;
 	uint64_t sig;
 	uint32_t na;
 
@@ -908,8 +931,6 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 		kcoll_c4_wait(&c->core, mh->wait_host, link, since, running);
 		trace(c, "wait %" PRId64 " %u %u %" PRIu64 " %" PRIu64 "\n", now, mh->wait_host, link, since,
 		      running);
-		wait = (struct kd_p_c4_view){ .wait_host = mh->wait_host, .wait_link = link, .wait_seq = running,
-					      .wait_ms = (uint32_t)(((uint64_t)now - since) / 1000000) };
 	} else {
 		kcoll_c4_wait(&c->core, KCOLL_C4_NONE, 0, 0, 0);
 		trace(c, "wait %" PRId64 " %u 0 0 0\n", now, KCOLL_C4_NONE);
@@ -924,6 +945,7 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	if (nev)
 		c->consumed = ev[nev - 1].id;
 	na = kcoll_c4_active(&c->core, act, KD_C4_REMOTE);
+	stalled_wait(mh, c, now, &wait);
 	for (uint32_t rk = 0; rk < comm->nranks; rk++) {
 		struct kcoll_c4_rankrep s;
 
@@ -1088,20 +1110,39 @@ static uint32_t merged(const struct kd_mh *mh, bool local, struct kd_c4_shown *o
 	return n;
 }
 
-/* What host h's data path waits for: from our net thread, or from h's last
- * view (its age added). False: it waits for nothing we know of. */
+/* kcollctl status: the communicator's active anomalies as every host judges
+ * them (what kcollctl anomalies lists) and the hosts that hold one. */
+uint32_t kd_c4_summary(struct kd_comm *comm, uint64_t *seen)
+{
+	struct kd_c4_shown act[KD_C4_SHOW];
+	uint32_t n = 0;
+
+	*seen = 0;
+	pthread_mutex_lock(&comm->lock);
+	if (comm->mh && comm->mh->c4)
+		n = merged(comm->mh, false, act, KD_C4_SHOW);
+	pthread_mutex_unlock(&comm->lock);
+	for (uint32_t i = 0; i < n; i++)
+		*seen |= act[i].seen;
+	return n;
+}
+
+/* What host h's data path is stalled on: from our net thread, or from h's
+ * last view (its age added). False: it is not stalled as far as we know. */
 static bool host_wait(struct kd_mh *mh, uint32_t h, int64_t now, uint64_t *seq, uint32_t *whom,
 		      uint32_t *link, uint64_t *ms)
 {
 	const struct kd_c4_remote *r = &mh->c4->remote[h];
 
 	if (h == mh->self) {
-		*seq = atomic_load(&mh->running_seq);
-		*whom = mh->wait_host;
-		if (*seq == UINT64_MAX || *whom >= mh->nhosts)
+		struct kd_p_c4_view w;
+
+		if (!stalled_wait(mh, mh->c4, now, &w))
 			return false;
-		*link = mh->hosts[*whom].link[mh->wait_stream % KD_MAX_STREAMS];
-		*ms = (uint64_t)(now - atomic_load(&mh->last_progress)) / 1000000;
+		*seq = w.wait_seq;
+		*whom = w.wait_host;
+		*link = w.wait_link;
+		*ms = w.wait_ms;
 		return true;
 	}
 	if (!r->at || r->wait_host == KCOLL_C4_NONE || mh->hosts[h].dead)
@@ -1208,8 +1249,8 @@ static size_t render_anomalies(char *buf, size_t cap, int json, bool local)
 		if (json)
 			PUT("],\"ranks\":[");
 		else
-			PUT("  ranks:\n    %-5s %-5s %-16s %8s %10s %10s %-9s %s\n", "RANK", "HOST", "NAME", "OPS",
-			    "AGE_MS", "THINK_MS", "STATE", "ITS HOST WAITS (op, for host, link, ms)");
+			PUT("  ranks:\n    %-5s %-5s %-16s %8s %10s %10s %-9s %9s %s\n", "RANK", "HOST", "NAME", "OPS",
+			    "AGE_MS", "THINK_MS", "STATE", "LAST_DONE", "WAITS IN");
 		for (uint32_t r = 0; r < comm->nranks && n + 512 < cap; r++) {
 			const struct kcoll_c4_rank *k = &c->rank[r];
 			struct kcoll_c4_rankrep s = { 0 };
@@ -1224,21 +1265,37 @@ static size_t render_anomalies(char *buf, size_t cap, int json, bool local)
 			uint64_t wseq = 0, wms = 0;
 			uint32_t whom = 0, wlink = 0;
 			bool waits = host_wait(mh, c->rank_host[r], now, &wseq, &whom, &wlink, &wms);
+			char wt[96] = "";
 
-			/* its host runs op wseq: the ops before it completed there */
+			/* Its host is stalled in op wseq: the ops before it completed
+			 * there. A hung rank never submitted op nsub, which the other
+			 * ranks wait in: every op before it completed. */
+			if (!waits && k->hung) {
+				wseq = s.nsub;
+				wms = s.age_ms;
+			}
+			if (waits)
+				snprintf(wt, sizeof(wt), "op %" PRIu64 ": host %u on link %u, %" PRIu64 " ms", wseq,
+					 whom, wlink, wms);
+			else if (k->hung)
+				snprintf(wt, sizeof(wt), "op %" PRIu64 ": its own submission, %" PRIu64 " ms", wseq,
+					 wms);
 			if (json) {
 				PUT("%s{\"rank\":%u,\"host\":%u,\"local\":%s,\"ops\":%" PRIu64 ",\"age_ms\":%u,"
 				    "\"think_us\":%u,\"state\":\"%s\"", r ? "," : "", r, c->rank_host[r],
 				    k->local ? "true" : "false", s.nsub, s.age_ms, s.think_us, st);
 				if (waits)
-					PUT(",\"last_done\":%" PRId64 ",\"waits\":{\"op\":%" PRIu64 ",\"host\":%u,"
-					    "\"link\":%u,\"ms\":%" PRIu64 "}", (int64_t)wseq - 1, wseq, whom, wlink,
-					    wms);
+					PUT(",\"last_done\":%" PRId64 ",\"waits\":{\"for\":\"host\",\"op\":%" PRIu64
+					    ",\"host\":%u,\"link\":%u,\"ms\":%" PRIu64 "}", (int64_t)wseq - 1, wseq,
+					    whom, wlink, wms);
+				else if (k->hung)
+					PUT(",\"last_done\":%" PRId64 ",\"waits\":{\"for\":\"submission\",\"op\":%"
+					    PRIu64 ",\"ms\":%" PRIu64 "}", (int64_t)wseq - 1, wseq, wms);
 				PUT("}");
-			} else if (waits) {
-				PUT("    %-5u %-5u %-16.16s %8" PRIu64 " %10u %10.2f %-9s op %" PRIu64 ", host %u, "
-				    "link %u, %" PRIu64 " ms\n", r, c->rank_host[r], hname(mh, c->rank_host[r]),
-				    s.nsub, s.age_ms, s.think_us / 1e3, st, wseq, whom, wlink, wms);
+			} else if (wt[0]) {
+				PUT("    %-5u %-5u %-16.16s %8" PRIu64 " %10u %10.2f %-9s %9" PRId64 " %s\n", r,
+				    c->rank_host[r], hname(mh, c->rank_host[r]), s.nsub, s.age_ms, s.think_us / 1e3, st,
+				    (int64_t)wseq - 1, wt);
 			} else {
 				PUT("    %-5u %-5u %-16.16s %8" PRIu64 " %10u %10.2f %s\n", r, c->rank_host[r],
 				    hname(mh, c->rank_host[r]), s.nsub, s.age_ms, s.think_us / 1e3, st);

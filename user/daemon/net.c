@@ -1709,6 +1709,8 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 {
 	size_t n = 0;
 	char a[32];
+	uint64_t seen;
+	uint32_t na;
 
 #define PUT(...) do { if (n < cap) n += snprintf(buf + n, cap - n, __VA_ARGS__); } while (0)
 	if (json) {
@@ -1741,6 +1743,11 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 				    "\"dead\":%s}", h ? "," : "", h, mh->hosts[h].info.name,
 				    mh->hosts[h].first_rank, mh->hosts[h].nranks,
 				    mh->hosts[h].dead ? "true" : "false");
+			na = kd_c4_summary(c, &seen);
+			PUT("],\"c4_active\":%u,\"c4_seen_by\":[", na);
+			for (uint32_t h = 0, k = 0; h < 64; h++)
+				if (seen & (1ULL << h))
+					PUT("%s%u", k++ ? "," : "", h);
 			PUT("],\"xport\":\"%s\",", mh->xport->name);
 			if (n < cap)
 				n += kd_rdma_render(mh, buf + n, cap - n, 1);
@@ -1767,6 +1774,12 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 			    "%lu B received\n", c->name, mh->self, mh->nhosts, kd_algo_name(mh->algo),
 			    mh->nstreams, mh->lane_bytes, (unsigned long)atomic_load(&mh->bytes_sent),
 			    (unsigned long)atomic_load(&mh->bytes_recv));
+			na = kd_c4_summary(c, &seen);
+			PUT("    C4: %u active anomal%s over its hosts", na, na == 1 ? "y" : "ies");
+			for (uint32_t h = 0, k = 0; h < 64; h++)
+				if (seen & (1ULL << h))
+					PUT("%s%u", k++ ? "," : " (held by host ", h);
+			PUT("%s\n", seen ? "; kcollctl anomalies)" : "");
 			PUT("    transport %s\n", mh->xport->name);
 			if (n < cap)
 				n += kd_rdma_render(mh, buf + n, cap - n, 0);

@@ -447,6 +447,9 @@ void kd_c4_tick(int64_t now);
 /* Control thread: active anomalies of every communicator, counted by kind
  * into n[0..nkinds) (metrics.c). */
 void kd_c4_active_kinds(uint64_t *n, uint32_t nkinds);
+/* kcollctl status: active anomalies over every host of comm (0: none or no
+ * detector); *seen: the hosts that hold one, a bitmap. */
+uint32_t kd_c4_summary(struct kd_comm *comm, uint64_t *seen);
 /* kcollctl anomalies / events / plan */
 size_t kd_c4_render(uint32_t what, uint64_t since, char *buf, size_t cap, uint32_t flags);
 
