@@ -26,8 +26,8 @@
 #       2, host 0's hang report shows per rank the last op it completed and
 #       what it waits for (rank 2: its own submission of the op the other
 #       ranks' hosts are stalled in), and none after SIGCONT. Views go to
-#       the peers only when they change: none in (d), in (a) at most
-#       (peers) x (the host's own raise/clear events + 2) per host
+#       the peers only when they change: in (d) and (a) each host sends at
+#       most (peers) x (its own raise/clear events + 2)
 # With BPF built (kcoll-bpf), every kcolld runs with KCOLL_BPF=1 (its pins in
 # a bpffs of this test, sockops on a cgroup v2 mount of this test), so the
 # detector also gets BPF flow statistics: (a) checks that the raised
@@ -47,6 +47,10 @@ need_root "network namespaces, veth, tc"
 command -v ip >/dev/null || skip_all "iproute2 (ip) is missing"
 command -v tc >/dev/null || skip_all "tc (iproute2) is missing"
 command -v python3 >/dev/null || skip_all "python3 is missing (JSON)"
+# The interpreter itself, resolved once: python3 on PATH may be a wrapper
+# (a pyenv shim, a bash script, took 0.8-1.4 s per start on a loaded
+# machine here, the interpreter 0.25 s), and the polls below start many.
+PY=$(python3 -c 'import sys; print(sys.executable)')
 need_netns
 [ -x "$RANK" ] || { echo "Bail out! $RANK missing: run make"; exit 1; }
 
@@ -96,15 +100,14 @@ dump_logs() {
 }
 
 # Every host's events after the ids in $T/since.N, one JSON object per line.
-# One python for all hosts: a python3 start took 1.4 s here on a loaded
-# machine (a pyenv shim), and the polls below run this in their loops.
+# One python for all hosts: the polls below run this in their loops.
 events() {
 	local i s
 	for ((i = 0; i < H; i++)); do
 		s=$(cat "$T/since.$i" 2>/dev/null || echo 0)
 		timeout 10 "$CTL" -s "$(sock "$i")" events --json --since "$s" >"$T/ev.$i" 2>/dev/null
 	done
-	python3 - "$T" $H <<'EOF'
+	"$PY" - "$T" $H <<'EOF'
 import json, sys
 for i in range(int(sys.argv[2])):
     try:
@@ -122,7 +125,7 @@ views() {	# expr [--local]
 	for ((i = 0; i < H; i++)); do
 		timeout 10 "$CTL" -s "$(sock "$i")" anomalies --json ${2:+"$2"} >"$T/view.$i" 2>/dev/null
 	done
-	python3 - "$1" "$T" $H <<'EOF'
+	"$PY" - "$1" "$T" $H <<'EOF'
 import json, sys
 expr, t, h = sys.argv[1], sys.argv[2], int(sys.argv[3])
 out = []
@@ -160,13 +163,36 @@ views_sent() {
 	echo "$out"
 }
 
+# A view goes to the peers when its content changes: the host's own verdicts
+# (each change is one of its own raise or clear events since the last mark)
+# or its data path's stalled wait (2 per stall: stalled, resumed). Sent on
+# every change of the op its data path waits in, a host sent 60-72 views in
+# (a) (2026-11-27). Prints "0|1 details" for the views sent since BEFORE
+# (views_sent's output at the last mark).
+views_bound() {	# before
+	local i
+	for ((i = 0; i < H; i++)); do
+		timeout 10 "$CTL" -s "$(sock "$i")" events --json --local --since "$(cat "$T/since.$i")" >"$T/evl.$i"
+	done
+	"$PY" - "$T" $H "$1" "$(views_sent)" <<'EOF'
+import json, sys
+t, h = sys.argv[1], int(sys.argv[2])
+own = [len(json.load(open("%s/evl.%d" % (t, i)))["events"]) for i in range(h)]
+before, after = [list(map(int, a.split())) for a in sys.argv[3:5]]
+sent = [b - a for a, b in zip(before, after)]
+bound = [(h - 1) * (o + 2) for o in own]
+print(0 if len(sent) == h and all(x <= y for x, y in zip(sent, bound)) else 1,
+      "sent %s, own raise/clear events %s, bound %s" % (sent, own, bound))
+EOF
+}
+
 # Remember where each host's event log is now.
 mark() {
 	local i
 	for ((i = 0; i < H; i++)); do
 		timeout 10 "$CTL" -s "$(sock "$i")" events --json >"$T/ev.$i"
 	done
-	python3 - "$T" $H <<'EOF'
+	"$PY" - "$T" $H <<'EOF'
 import json, sys
 for i in range(int(sys.argv[2])):
     with open("%s/since.%d" % (sys.argv[1], i), "w") as f:
@@ -232,12 +258,12 @@ ops=$(sed -n 's/^done ops=\([0-9]*\).*/\1/p' "$T/soak.0.out")
 [ "$raised" -eq 0 ] && [ "${ops:-0}" -gt 10 ]
 ok $? "(d) healthy soak, ${ops:-0} ops of 8 MiB in $SOAK s: zero anomalies on every host (raised: $raised)"
 [ "$raised" -eq 0 ] || { events | grep '"raised": true' | head -5 | sed 's/^/# /'; dump_logs; }
-sent_d=$(views_sent)
-[ "$sent_d" = "$(echo "$ALL" | sed 's/[0-9]\+/0/g')" ]
-ok $? "(d) healthy: no host sent its peers a C4 view (views sent per host: $sent_d)"
+vres=$(views_bound "$(echo "$ALL" | sed 's/[0-9]\+/0/g')")
+ok "${vres%% *}" "(d) each host's views to its peers: at most (peers) x (own events + 2): ${vres#* }"
 
 # ---- (a) degrade a link ---------------------------------------------------------
 mark
+sent_a0=$(views_sent)
 start_loop deg 50 $((16 << 20))
 wait_lines deg 4
 t_h0=$(now_ms)
@@ -248,7 +274,7 @@ healthy=$(busbw deg "$t_h0" "$t_h1")
 # busy (bytes of large pieces / their busy time, the detector's per-link
 # rate, read from host 1's kcollctl anomalies --json; on a veth pair that is
 # what one TCP stream gets through h2's eth1). The degrade is 10% of it.
-linkrate=$(timeout 10 "$CTL" -s "$(sock 1)" anomalies --json | python3 -c 'import json,sys
+linkrate=$(timeout 10 "$CTL" -s "$(sock 1)" anomalies --json | "$PY" -c 'import json,sys
 d = json.load(sys.stdin)
 r = [l["rate"] for c in d["comms"] for l in c["links"] if l["host"] == 2 and l["link"] == 1 and l["dir"] == "tx"]
 print(max(r) if r else 0)')
@@ -266,7 +292,7 @@ while [ $(($(now_ms) - t_deg)) -lt 8000 ]; do
 		allv=$(views "$SLOW21")
 		[ "$allv" = "$ALL" ] && t_all=$(now_ms)
 	fi
-	[ -n "$found" ] || found=$(events | python3 -c 'import json,sys
+	[ -n "$found" ] || found=$(events | "$PY" -c 'import json,sys
 for l in sys.stdin:
     e = json.loads(l)
     if e["kind"] == "comm_slow" and e["raised"] and e["host"] == 2 and e["link_addr"] == "10.20.0.3":
@@ -298,7 +324,7 @@ done
 # of the same (peer, link, direction).
 if [ $BPF = 1 ] && [ -n "$found" ]; then
 	obs=${found#* }
-	bpfres=$(timeout 10 "$CTL" -s "$(sock "$obs")" anomalies --json | python3 -c 'import json,sys
+	bpfres=$(timeout 10 "$CTL" -s "$(sock "$obs")" anomalies --json | "$PY" -c 'import json,sys
 d = json.load(sys.stdin)
 a = [e for c in d["comms"] for e in c["active"] if e["kind"] == "comm_slow" and e["host"] == 2 and e["link"] == 1]
 if not a or "bpf" not in a[0]:
@@ -334,7 +360,7 @@ else	# (the body is not indented: it holds Python programs in quotes)
 # link.
 moved=1 t_plan=$(now_ms)
 for _ in $(seq 120); do
-	timeout 10 "$CTL" -s "$(sock 1)" plan --json | python3 -c 'import json,sys
+	timeout 10 "$CTL" -s "$(sock 1)" plan --json | "$PY" -c 'import json,sys
 d = json.load(sys.stdin)
 s = [x for c in d["comms"] for x in c["streams"] if x["host"] == 2 and x["stream_link"] == 1]
 sys.exit(0 if s and not any(x["in_use"] for x in s) and all(x["link"] == 0 for x in s) else 1)' && { moved=0; break; }
@@ -363,7 +389,7 @@ ok $? "(a) busbw with the link degraded: $degr MB/s before the move, $recovered 
 t_heal=$(now_ms)
 back=1
 for _ in $(seq 80); do
-	timeout 10 "$CTL" -s "$(sock 1)" plan --json | python3 -c 'import json,sys
+	timeout 10 "$CTL" -s "$(sock 1)" plan --json | "$PY" -c 'import json,sys
 d = json.load(sys.stdin)
 s = [x for c in d["comms"] for x in c["streams"] if x["host"] == 2]
 sys.exit(0 if s and all(x["in_use"] for x in s) else 1)' && { back=0; break; }
@@ -376,7 +402,7 @@ fi
 # When each host came to hold it (held_ms: raised there or heard from a peer,
 # the daemon's clock); the last of them counts, not when this poll looked.
 if [ -n "$t_all" ]; then
-	t_all=$(python3 - "$T" $H <<'EOF'
+	t_all=$("$PY" - "$T" $H <<'EOF'
 import json, sys
 t, h = sys.argv[1], int(sys.argv[2])
 held = []
@@ -396,7 +422,7 @@ ok $rc "(a) every host's anomalies --json names host 2's link 10.20.0.3 within 5
 # each seen by host 0; the merged view carries other hosts' verdicts (hosts
 # 2 and 3 see this link), and so do host 0's events, while its --local
 # events are its own.
-locres=$(python3 - "$T" <<'EOF'
+locres=$("$PY" - "$T" <<'EOF'
 import json, sys
 t = sys.argv[1]
 key = lambda e: (e["kind"], e["rank"], e["host"], e["link"])
@@ -415,7 +441,7 @@ EOF
 ok "${locres%% *}" "(a) host 0 --local: only its own verdicts and events; without it, its peers' too: ${locres#* }"
 # kcollctl status on every host (taken with the snapshots) counts the
 # communicator's active anomalies over all its hosts.
-stres=$(python3 - "$T" $H <<'EOF'
+stres=$("$PY" - "$T" $H <<'EOF'
 import json, sys
 t, h = sys.argv[1], int(sys.argv[2])
 got = []
@@ -436,25 +462,7 @@ wait_loop
 rc=$?
 ok $rc "(a) every rank's all-reduces succeeded with the right sums through degrade, move and heal"
 [ $rc -eq 0 ] || { loop_summary deg; dump_logs; }
-# A view goes to the peers when its content changes: the host's own verdicts
-# (each change is one of its own raise or clear events) or its data path's
-# stalled wait (2 per stall: stalled, resumed). Sent on every change of the
-# op its data path waits in, a host sent 60-72 views in (a) (2026-11-27).
-sent_a=$(views_sent)
-for ((i = 0; i < H; i++)); do
-	timeout 10 "$CTL" -s "$(sock "$i")" events --json --local --since "$(cat "$T/since.$i")" >"$T/evl.$i"
-done
-vres=$(python3 - "$T" $H "$sent_d" "$sent_a" <<'EOF'
-import json, sys
-t, h = sys.argv[1], int(sys.argv[2])
-own = [len(json.load(open("%s/evl.%d" % (t, i)))["events"]) for i in range(h)]
-before, after = [list(map(int, a.split())) for a in sys.argv[3:5]]
-sent = [b - a for a, b in zip(before, after)]
-bound = [(h - 1) * (o + 2) for o in own]
-print(0 if len(sent) == h and all(x <= y for x, y in zip(sent, bound)) else 1,
-      "sent %s, own raise/clear events %s, bound %s" % (sent, own, bound))
-EOF
-)
+vres=$(views_bound "$sent_a0")
 ok "${vres%% *}" "(a) each host's views to its peers: at most (peers) x (own events + 2): ${vres#* }"
 # ---- (b) a stopped rank ----------------------------------------------------------
 mark
@@ -472,7 +480,7 @@ else
 	t_stop=$(now_ms)
 	found=''
 	while [ $(($(now_ms) - t_stop)) -lt $((HANG_MS + 3000)) ]; do
-		found=$(events | python3 -c 'import json,sys
+		found=$(events | "$PY" -c 'import json,sys
 for l in sys.stdin:
     e = json.loads(l)
     if e["kind"] == "noncomm_hang" and e["raised"]:
@@ -485,9 +493,9 @@ for l in sys.stdin:
 	[ "$r_f" = 2 ] && [ "$dt" -le $((HANG_MS + 1000)) ]
 	ok $? "(b) SIGSTOP rank 2: non-communication hang names rank $r_f (host $o_f saw it first) in $dt ms (hang_ms $HANG_MS + 1 s)"
 	sleep 1
-	others=$(events | python3 -c 'import json,sys
+	others=$(events | "$PY" -c 'import json,sys
 print(sum(1 for l in sys.stdin for e in [json.loads(l)] if e["raised"] and (e["kind"] != "noncomm_hang" or e["rank"] != 2)))')
-	hosts=$(events | python3 -c 'import json,sys
+	hosts=$(events | "$PY" -c 'import json,sys
 print(len({e["observer"] for l in sys.stdin for e in [json.loads(l)] if e["raised"] and e["kind"] == "noncomm_hang" and e["rank"] == 2}))')
 	[ "$others" -eq 0 ] && [ "$hosts" -eq $H ]
 	ok $? "(b) every host ($hosts of $H) names rank 2 and nothing else ($others other anomalies)"
@@ -501,7 +509,7 @@ print(len({e["observer"] for l in sys.stdin for e in [json.loads(l)] if e["raise
 	# others' hosts are stalled in that very op (whom each waits for is the
 	# algorithm's order: host 2, or a host that waits for it).
 	timeout 10 "$CTL" -s "$(sock 0)" anomalies --json >"$T/h0.json"
-	hres=$(python3 - "$T/h0.json" <<'EOF'
+	hres=$("$PY" - "$T/h0.json" <<'EOF'
 import json, sys
 c = json.load(open(sys.argv[1]))["comms"][0]
 h = [e for e in c["active"] if e["kind"] == "noncomm_hang" and e["rank"] == 2]
@@ -541,7 +549,7 @@ mark
 start_loop strag 10 $((1 << 20)) 1 100
 wait_loop
 rc=$?
-res=$(events | python3 -c 'import json,sys
+res=$(events | "$PY" -c 'import json,sys
 ev = [json.loads(l) for l in sys.stdin]
 named = {e["rank"] for e in ev if e["raised"] and e["kind"] == "straggler"}
 other = [e for e in ev if e["raised"] and e["kind"] != "straggler"]
