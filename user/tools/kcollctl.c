@@ -254,7 +254,8 @@ static int c4(const char *path, uint32_t what, int json, bool follow, uint64_t s
 			return 1;
 		buf[n] = 0;
 		if (h->status == -EOPNOTSUPP) {
-			fprintf(stderr, "kcollctl: this kcolld has no C4 detector: run the same kcoll build\n");
+			fprintf(stderr, "kcollctl: this kcolld has no C4 detector or does not know an option "
+				"asked for (--local): run the same kcoll build\n");
 			return 1;
 		}
 		if (h->status) {
@@ -335,6 +336,10 @@ int main(int argc, char **argv)
 	}
 	if (!cmd) {
 		usage(stderr);
+		return 2;
+	}
+	if (local && strcmp(cmd, "anomalies") && strcmp(cmd, "events")) {
+		fprintf(stderr, "kcollctl: --local goes with 'anomalies' and 'events'\n");
 		return 2;
 	}
 	if (!strcmp(cmd, "status"))
