@@ -23,9 +23,9 @@
 #       heal; host 0's --local anomalies and events hold only its own
 #       verdicts, its merged ones its peers' too; every host's `status
 #       --json` counts the anomaly; in (b) every host names rank 2 on host
-#       2, host 0's hang report shows per rank the last op it completed and
-#       what it waits for (rank 2: its own submission of the op the other
-#       ranks' hosts are stalled in), and none after SIGCONT. Views go to
+#       2, every host's hang report shows per rank the last op it completed
+#       and what it waits for (rank 2: its own submission of the op the
+#       other ranks' hosts are stalled in), and none after SIGCONT. Views go to
 #       the peers only when they change: in (d) and (a) each host sends at
 #       most (peers) x (its own raise/clear events + 2)
 # With BPF built (kcoll-bpf), every kcolld runs with KCOLL_BPF=1 (its pins in
@@ -504,29 +504,43 @@ print(len({e["observer"] for l in sys.stdin for e in [json.loads(l)] if e["raise
 	HANG2='e["kind"] == "noncomm_hang" and e["rank"] == 2 and e["host"] == 2'
 	r=$(views_until "$HANG2" "$ALL" 3000)
 	ok $? "(b) every host's anomalies --json names rank 2 on host 2 ($r ms)"
-	# The hang report on host 0, per rank: rank 2 completed every op before
-	# the one it never submitted and waits for its own submission; the
-	# others' hosts are stalled in that very op (whom each waits for is the
-	# algorithm's order: host 2, or a host that waits for it).
-	timeout 10 "$CTL" -s "$(sock 0)" anomalies --json >"$T/h0.json"
-	hres=$("$PY" - "$T/h0.json" <<'EOF'
+	# The hang report on every host, per rank: rank 2 completed every op
+	# before the one it never submitted and waits for its own submission;
+	# the others' hosts are stalled in that very op (whom each waits for is
+	# the algorithm's order: host 2, or a host that waits for it).
+	for ((i = 0; i < H; i++)); do
+		timeout 10 "$CTL" -s "$(sock "$i")" anomalies --json >"$T/hang.$i.json"
+	done
+	hres=$("$PY" - "$T" $H <<'EOF'
 import json, sys
-c = json.load(open(sys.argv[1]))["comms"][0]
-h = [e for e in c["active"] if e["kind"] == "noncomm_hang" and e["rank"] == 2]
-if not h:
-    print(1, "no hang entry"); sys.exit()
-op = h[0]["op"]
-rk = {r["rank"]: r for r in c["ranks"]}
-w2 = rk[2].get("waits", {})
-good2 = w2.get("for") == "submission" and w2.get("op") == op and rk[2].get("last_done") == op - 1
-others = {r: (rk[r].get("last_done"), rk[r].get("waits", {})) for r in rk if r != 2}
-good = good2 and all(d == op - 1 and w.get("for") == "host" and w.get("op") == op for d, w in others.values()) \
-    and any(w.get("host") == 2 for d, w in others.values())
-print(0 if good else 1, "op %d; rank 2: last done %s, waits %s; others (last done, waits): %s; seen by %s" % (
-    op, rk[2].get("last_done"), w2, others, h[0]["seen_by"]))
+t, nh = sys.argv[1], int(sys.argv[2])
+bad, ops = [], set()
+for i in range(nh):
+    try:
+        c = json.load(open("%s/hang.%d.json" % (t, i)))["comms"][0]
+    except (OSError, ValueError, IndexError) as e:
+        bad.append("host %d: %s" % (i, e)); continue
+    h = [e for e in c["active"] if e["kind"] == "noncomm_hang" and e["rank"] == 2 and e["host"] == 2]
+    if not h:
+        bad.append("host %d: no hang entry for rank 2 on host 2" % i); continue
+    op = h[0]["op"]
+    ops.add(op)
+    rk = {r["rank"]: r for r in c["ranks"]}
+    w2 = rk[2].get("waits", {})
+    others = {r: (rk[r].get("last_done"), rk[r].get("waits", {})) for r in rk if r != 2}
+    good = w2.get("for") == "submission" and w2.get("op") == op and rk[2].get("last_done") == op - 1 and \
+        all(d == op - 1 and w.get("for") == "host" and w.get("op") == op for d, w in others.values()) and \
+        any(w.get("host") == 2 for d, w in others.values())
+    if not good:
+        bad.append("host %d: op %d; rank 2: last done %s, waits %s; others (last done, waits): %s" % (
+            i, op, rk[2].get("last_done"), w2, others))
+if len(ops) > 1:
+    bad.append("the hosts name different ops: %s" % sorted(ops))
+print(0 if not bad else 1, "op %s on %d hosts; rank 2 waits for its own submission, the others' hosts are stalled in it, every rank's last done is the op before%s" % (
+    ",".join(map(str, sorted(ops))), nh, "; " + " | ".join(bad) if bad else ""))
 EOF
 )
-	ok "${hres%% *}" "(b) host 0's hang report: ${hres#* }"
+	ok "${hres%% *}" "(b) every host's hang report: ${hres#* }"
 	kill -CONT "$pid"
 	# the clearing, while the loop still runs (it needs rank 2 to submit again)
 	for _ in $(seq 100); do
