@@ -24,12 +24,18 @@ KCOLL_STAGE1 := 1
 endif
 endif
 
+# The second make builds with one job per CPU unless -j was given (make
+# sees -j only in a recipe's MAKEFLAGS); the goals run one after another, so
+# `make demo check` never runs the demo and the tests at once.
 ifeq ($(KCOLL_STAGE1),1)
 stage1_first := $(firstword $(MAKECMDGOALS))
 .PHONY: $(MAKECMDGOALS)
 $(stage1_first):
 	@scripts/deps.sh $(if $(filter vmtest,$(MAKECMDGOALS)),--vm)
-	@$(MAKE) --no-print-directory KCOLL_DEPS_DONE=1 $(MAKECMDGOALS)
+	@case " $$MAKEFLAGS " in *" -j"*) j= ;; *) j=-j$$(nproc) ;; esac; \
+	for g in $(MAKECMDGOALS); do \
+		$(MAKE) --no-print-directory $$j KCOLL_DEPS_DONE=1 $$g || exit; \
+	done
 $(filter-out $(stage1_first),$(MAKECMDGOALS)): $(stage1_first)
 	@:
 else

@@ -81,13 +81,14 @@ $(BPF_TEST_LOSSY): tests/bpf_lossy.bpf.c
 CHECK_TARGETS += $(BPF_TEST_LOSSY)
 endif
 
-# kcolld's flow tracking (KCOLL_BPF=1): bpf/kcolld_bpf.c, linked into kcolld only
-# (tests link the daemon's other units without libbpf).
+# kcolld's flow tracking (KCOLL_BPF=1): the daemon adapter
+# user/daemon/kcolld_bpf.c, linked into kcolld only (tests link the daemon's
+# other units without libbpf).
 ifneq ($(BPF_HAVE),)
-KCOLLD_BPF_OBJ := $(OBJ)/bpf/kcolld_bpf.o
+KCOLLD_BPF_OBJ := $(OBJ)/user/daemon/kcolld_bpf.o
 KCOLLD_EXTRA_OBJS += $(KCOLLD_BPF_OBJ) $(KCOLL_BPF_LIB)
 KCOLLD_EXTRA_LDLIBS += $(KCOLL_BPF_LDLIBS)
-$(KCOLLD_BPF_OBJ): CPPFLAGS += -Ibpf -Iuser/daemon
+$(KCOLLD_BPF_OBJ): CPPFLAGS += -Ibpf
 $(OBJ)/user/daemon/main.o: CPPFLAGS += $(KCOLL_BPF_CPPFLAGS)
 $(BIN)/kcolld: $(KCOLLD_BPF_OBJ) $(KCOLL_BPF_LIB)
 endif

@@ -1,12 +1,14 @@
-# rdma/: the verbs layer and the daemon's RDMA transport (linked into kcolld
-# and into the tests that link the daemon's units).
+# rdma/: the verbs layer, a library (linked into kcolld and into the tests
+# that link the daemon's units). The daemon's RDMA transport on top of it is
+# user/daemon/xport_rdma.c.
 RDMA_SRCS := $(sort $(wildcard rdma/*.c))
 RDMA_OBJS := $(RDMA_SRCS:%.c=$(OBJ)/%.o)
 
-$(RDMA_OBJS): CPPFLAGS += -Iuser/daemon -Irdma
-$(OBJ)/user/daemon/net.o: CPPFLAGS += -Irdma -Iuser/daemon
-# mem.c and mh.c drop registrations (zero-copy sends) before unmapping.
-$(OBJ)/user/daemon/mem.o $(OBJ)/user/daemon/mh.o: CPPFLAGS += -Irdma
+$(RDMA_OBJS): CPPFLAGS += -Irdma
+$(OBJ)/user/daemon/xport_rdma.o: CPPFLAGS += -Irdma
+# main.c subscribes the registration cache to the daemon's unmap notices
+# (kd_unmap_subscribe): mem.c and mh.c tell, and need not know who listens.
+$(OBJ)/user/daemon/main.o: CPPFLAGS += -Irdma
 KCOLLD_OBJS += $(RDMA_OBJS)
 TEST_DAEMON_OBJS += $(RDMA_OBJS)
 $(BIN)/kcolld: $(RDMA_OBJS)

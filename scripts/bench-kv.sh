@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# KV-cache transfers beside their ceilings, in one run (docs/perf.md section
+# KV-cache transfers beside their ceilings, in one run (docs/perf/kv.md section
 # "KV-cache transfers"):
 #   1. same host: kcoll-kvbench local (shm and malloc buffers) with its memcpy
 #      anchor measured in the same process run, write, 4 KiB .. 4 MiB blocks;

@@ -11,6 +11,9 @@ $(TBIN)/%: $(OBJ)/tests/%.o $(LIB)/libkcoll.a $(COMMON_LIB) $(TEST_DAEMON_OBJS)
 
 CHECK_TARGETS += $(TEST_BINS)
 
+# The daemon's schedules over an in-process loopback transport.
+$(OBJ)/tests/test_sched.o: CPPFLAGS += -Iuser/daemon
+
 # One rank of the multi-host tests (tests/t_multihost.sh starts one per rank in
 # each host's namespace): not a test_* program, run.sh does not run it alone.
 $(TBIN)/mh_rank: $(OBJ)/tests/mh_rank.o $(LIB)/libkcoll.a $(COMMON_LIB)
@@ -38,6 +41,16 @@ $(TBIN)/kv_peer: $(OBJ)/tests/kv_peer.o $(LIB)/libkcoll.a $(COMMON_LIB)
 
 ALL_TARGETS += $(TBIN)/kv_peer
 CHECK_TARGETS += $(TBIN)/kv_peer
+
+# A peer that is not kcolld sending notification frames (tests/t_kv_cluster.sh).
+$(OBJ)/tests/kv_badmsg.o: CPPFLAGS += -Iuser/daemon
+$(TBIN)/kv_badmsg: $(OBJ)/tests/kv_badmsg.o $(LIB)/libkcoll.a $(COMMON_LIB)
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS)
+
+ALL_TARGETS += $(TBIN)/kv_badmsg
+CHECK_TARGETS += $(TBIN)/kv_badmsg
 
 # A hostile peer of the KV RDMA path (tests/vm/t_kv_rdma.sh runs it on
 # Soft-RoCE): raw TCP and libibverbs, the owner side through libkcoll.

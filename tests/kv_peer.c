@@ -46,6 +46,14 @@
  *   kv_peer after DIR [shm]     a fresh initiator: one whole-segment batch
  *                               of 0xc3 notifying counter 0, read back,
  *                               then notify counter 0 again (done)
+ *   kv_peer notif-owner DIR SIZE K N [shm]  notifications: take K x N
+ *                               messages "i:q", each once, in order per
+ *                               sender, region q of slice i landed first;
+ *                               then the full queue part 0 leaves; then
+ *                               unregister (DIR/drained, DIR/gone)
+ *   kv_peer notif-part DIR I K N [shm]  part I: N batches with a message,
+ *                               4 in flight; part 0 then bad input, the
+ *                               queue filled (-ENOBUFS), the owner gone
  *
  * init, flood, part, stream and after take "shm" after their arguments: the initiator's own
  * buffers then come from kcoll_mem_alloc (both sides mapped: what kcolld
@@ -188,6 +196,15 @@ static int xfer_sync(int write, struct kcoll_seg *l, struct kcoll_rseg *rs,
 	int r = (write ? kcoll_xfer_write : kcoll_xfer_read)(l, rs, e, n, notify, &rq);
 
 	return r ? r : kcoll_wait(rq, 60000);
+}
+
+static int xfer_notif_sync(struct kcoll_seg *l, struct kcoll_rseg *rs, const struct kcoll_xfer_entry *e,
+			   uint32_t n, uint32_t notify, const void *msg, uint32_t len)
+{
+	struct kcoll_req *rq;
+	int r = kcoll_xfer_write_notif(l, rs, e, n, notify, msg, len, &rq);
+
+	return r ? r : kcoll_wait(rq, 30000);
 }
 
 static uint32_t make_batch(struct kcoll_xfer_entry *e, uint32_t max, uint64_t src_size,
@@ -655,6 +672,208 @@ static int victim(const char *dir, size_t size, int shm)
 	return failed;
 }
 
+/* ---- notifications across hosts (docs/kv.md "Notifications") ---------- */
+
+#define NT_DEPTH	4
+
+/* Region q of part i: its bytes, seeded so the owner can check them. */
+static uint8_t npat(uint32_t part, uint32_t q, uint64_t off)
+{
+	return (uint8_t)(off * 7 + q * 13 + part * 101 + (off >> 8));
+}
+
+/*
+ * Owner: K parts each send N messages "i:q" with a batch writing region q
+ * of slice i. Each message must come exactly once, in order per sender
+ * (one sender value per part), with its region's bytes already landed, and
+ * counter 0 must equal K x N. Then DIR/drained; part 0 fills the queue
+ * (KCOLL_SEG_NOTIF_QUEUE alone, the next refused) and writes DIR/full:
+ * the queue holds exactly those, in order. Unregister, write DIR/gone.
+ */
+static int notif_owner(const char *dir, size_t size, uint32_t parts, uint32_t n, int shm)
+{
+	struct kcoll *k = conn();
+	struct kcoll_seg_opts o = { .size = sizeof(o), .nr_notify = 1 };
+	struct kcoll_notif *nt = calloc(KCOLL_SEG_NOTIF_QUEUE + 1, sizeof(*nt));
+	uint64_t sender[16] = { 0 };
+	uint32_t next[16] = { 0 }, total = 0, bad = 0, late = 0, v = 0, got = 0, nr;
+	size_t slice = size / parts, region = slice / n;
+	struct kcoll_seg *seg;
+	kcoll_seg_desc_t d;
+	uint8_t *buf = buf_alloc(k, size, shm);
+	int64_t end = time(NULL) + 120;
+	char c;
+	int r;
+
+	if (!nt || !buf || parts > 16 || kcoll_seg_register(k, buf, size, &o, &seg))
+		return 2;
+	memset(buf, 0, size);
+	kcoll_seg_export(seg, &d);
+	file_write(dir, "desc", &d, sizeof(d));
+	while (total < parts * n && !bad && time(NULL) < end) {
+		if (kcoll_seg_notif_wait(seg, 1000))
+			continue;
+		nt[0].size = sizeof(nt[0]);
+		if (kcoll_seg_get_notifs(seg, nt, 64, &nr))
+			break;
+		for (uint32_t j = 0; j < nr && !bad; j++) {
+			unsigned int i, q;
+
+			if (sscanf((char *)nt[j].data, "%u:%u", &i, &q) != 2 || i >= parts || q != next[i] ||
+			    (sender[i] && sender[i] != nt[j].sender) || nt[j].notify_id != 0) {
+				printf("# unexpected notification '%.32s'\n", (char *)nt[j].data);
+				bad++;
+				break;
+			}
+			for (size_t b = 0; b < region; b++)
+				late += buf[i * slice + q * region + b] != npat(i, q, b);
+			sender[i] = nt[j].sender;
+			next[i]++;
+			total++;
+		}
+	}
+	for (uint32_t i = 0; i < parts; i++)
+		for (uint32_t j = 0; j < i; j++)
+			bad += sender[i] == sender[j];
+	check(!bad && total == parts * n, "notif_once_in_order",
+	      "(%u of %u messages, each once, in order per sender, senders distinct)", total, parts * n);
+	check(late == 0, "notif_after_bytes", "(%u bytes not landed when their message was taken)", late);
+	usleep(300000);	/* a duplicate or an extra increment would show now */
+	kcoll_seg_notify_get(seg, 0, &v);
+	nt[0].size = sizeof(nt[0]);
+	kcoll_seg_get_notifs(seg, nt, 4, &nr);
+	check(v == parts * n && nr == 0, "notif_counter", "(counter %u, want %u; %u late messages)", v,
+	      parts * n, nr);
+	file_write(dir, "drained", "1", 1);
+	r = file_read(dir, "full", &c, 1, 60);
+	if (!r) {
+		nt[0].size = sizeof(nt[0]);
+		r = kcoll_seg_get_notifs(seg, nt, KCOLL_SEG_NOTIF_QUEUE + 1, &got);
+		for (uint32_t j = 0; j < got && !r; j++) {
+			char m[16];
+
+			snprintf(m, sizeof(m), "f%u", j);
+			r = strcmp((char *)nt[j].data, m) ? -EBADMSG : 0;
+		}
+	}
+	check(r == 0 && got == KCOLL_SEG_NOTIF_QUEUE, "notif_full_queue",
+	      "(%u queued, want %u in order: %s)", got, KCOLL_SEG_NOTIF_QUEUE, kcoll_strerror(r));
+	kcoll_seg_unregister(seg);
+	file_write(dir, "gone", "1", 1);
+	buf_free(k, buf, shm);
+	kcoll_disconnect(k);
+	free(nt);
+	return failed;
+}
+
+/* Part i of K: N batches into its slice's regions, NT_DEPTH in flight,
+ * each with message "i:q" and counter 0; part 0 then fills the owner's
+ * queue, checks bad input, and a message to the unregistered segment. */
+static int notif_part(const char *dir, uint32_t me, uint32_t parts, uint32_t n, int shm)
+{
+	struct kcoll *k = conn();
+	struct kcoll_xfer_entry e[NT_DEPTH][64];
+	struct kcoll_req *rq[NT_DEPTH] = { 0 };
+	char msg[NT_DEPTH][32];
+	kcoll_seg_desc_t d;
+	struct kcoll_rseg *rs;
+	struct kcoll_seg *ls;
+	size_t slice, region;
+	uint8_t *src;
+	uint32_t done = 0;
+	int r = 0;
+	char c;
+
+	rng_state ^= (me + 7) * 0x9e3779b97f4a7c15ULL;
+	if (file_read(dir, "desc", &d, sizeof(d), 30) || kcoll_seg_import(k, &d, &rs))
+		return 2;
+	slice = kcoll_rseg_size(rs) / parts;
+	region = slice / n;
+	src = buf_alloc(k, slice, shm);
+	if (!src || kcoll_seg_register(k, src, slice, NULL, &ls))
+		return 2;
+	for (uint32_t q = 0; q < n; q++)
+		for (size_t b = 0; b < region; b++)
+			src[q * region + b] = npat(me, q, b);
+	for (uint32_t j = 0; j < n + NT_DEPTH; j++) {
+		int slot = j % NT_DEPTH;
+		uint64_t at = j * region, hi = at + region;
+		uint32_t m = 0;
+
+		if (rq[slot]) {
+			int x = kcoll_wait(rq[slot], 60000);
+
+			rq[slot] = NULL;
+			done += !x;
+			r = r ? r : x;
+		}
+		if (j >= n || r)
+			continue;
+		while (at < hi) {	/* the region in up to 64 blocks */
+			uint64_t len = m == 63 ? hi - at : 1 + rnd() % (2 * region / 64);
+
+			len = len > hi - at ? hi - at : len;
+			e[slot][m++] = (struct kcoll_xfer_entry){ at, me * slice + at, len };
+			at += len;
+		}
+		shuffle_entries(e[slot], m);
+		snprintf(msg[slot], sizeof(msg[slot]), "%u:%u", me, j);
+		r = kcoll_xfer_write_notif(ls, rs, e[slot], m, 0, msg[slot], strlen(msg[slot]) + 1,
+					   &rq[slot]);
+		if (r)
+			rq[slot] = NULL;
+	}
+	check(r == 0 && done == n, "notif_part_writes", "(part %u: %u of %u batches with a message, "
+	      "%d in flight: %s)", me, done, n, NT_DEPTH, kcoll_strerror(r));
+	if (me == 0 && !file_read(dir, "drained", &c, 1, 120)) {
+		struct kcoll_xfer_entry far = { 0, kcoll_rseg_size(rs) - 4, 8 };
+		char big[KCOLL_NOTIF_MAX_BYTES + 1];
+
+		memset(big, 'x', sizeof(big));
+		r = xfer_notif_sync(ls, rs, &far, 1, 0, "far", 4);
+		check(r == -ERANGE, "notif_range", "(entry past the end with a message: %s)",
+		      kcoll_strerror(r));
+		r = xfer_notif_sync(ls, rs, NULL, 0, 0, big, sizeof(big));
+		check(r == -EMSGSIZE, "notif_too_long", "(%zu bytes: %s)", sizeof(big), kcoll_strerror(r));
+		r = 0;
+		for (uint32_t i = 0; i < KCOLL_SEG_NOTIF_QUEUE && !r; i++) {
+			char m[16];
+
+			snprintf(m, sizeof(m), "f%u", i);
+			r = xfer_notif_sync(ls, rs, NULL, 0, KCOLL_NOTIFY_NONE, m, strlen(m) + 1);
+		}
+		r = r ? r : xfer_notif_sync(ls, rs, NULL, 0, KCOLL_NOTIFY_NONE, "over", 5);
+		check(r == -ENOBUFS, "notif_queue_full", "(the %uth message: %s)",
+		      KCOLL_SEG_NOTIF_QUEUE + 1, kcoll_strerror(r));
+		{	/* the same for a batch of 2 MiB: several frames (TCP: the
+			 * stream threads carry it) or RDMA, then the MSG frame */
+			uint64_t len = slice < (2u << 20) ? slice : 2u << 20;
+			struct kcoll_xfer_entry big_e = { 0, me * slice, len };
+
+			r = xfer_notif_sync(ls, rs, &big_e, 1, KCOLL_NOTIFY_NONE, "over2", 6);
+			check(r == -ENOBUFS, "notif_queue_full_batch", "(a %llu-byte batch with a message: %s)",
+			      (unsigned long long)len, kcoll_strerror(r));
+		}
+		{	/* the refusal is the owner's answer: the import goes on */
+			struct kcoll_xfer_entry one = { 0, 0, 4096 };
+
+			r = xfer_sync(1, ls, rs, &one, 1, KCOLL_NOTIFY_NONE);
+			check(r == 0, "notif_after_full", "(a plain batch right after -ENOBUFS: %s)",
+			      kcoll_strerror(r));
+		}
+		file_write(dir, "full", "1", 1);
+		r = file_read(dir, "gone", &c, 1, 60);
+		r = r ? r : xfer_notif_sync(ls, rs, NULL, 0, KCOLL_NOTIFY_NONE, "gone?", 6);
+		check(r == -EIDRM, "notif_owner_gone", "(a message to the unregistered segment: %s)",
+		      kcoll_strerror(r));
+	}
+	kcoll_rseg_close(rs);
+	kcoll_seg_unregister(ls);
+	buf_free(k, src, shm);
+	kcoll_disconnect(k);
+	return failed;
+}
+
 int main(int argc, char **argv)
 {
 	int shm = argc >= 5 && !strcmp(argv[4], "shm");
@@ -677,6 +896,12 @@ int main(int argc, char **argv)
 		return victim(argv[2], strtoull(argv[3], NULL, 0), shm);
 	if (argc >= 3 && !strcmp(argv[1], "stream"))
 		return stream(argv[2], argc >= 4 && !strcmp(argv[3], "shm"));
+	if (argc >= 6 && !strcmp(argv[1], "notif-owner"))
+		return notif_owner(argv[2], strtoull(argv[3], NULL, 0), atoi(argv[4]), atoi(argv[5]),
+				   argc >= 7 && !strcmp(argv[6], "shm"));
+	if (argc >= 6 && !strcmp(argv[1], "notif-part"))
+		return notif_part(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
+				  argc >= 7 && !strcmp(argv[6], "shm"));
 	if (argc >= 3 && !strcmp(argv[1], "after"))
 		return after(argv[2], argc >= 4 && !strcmp(argv[3], "shm"));
 	fprintf(stderr, "usage: kv_peer owner|unreg DIR SIZE [shm] | init|flood DIR [shm] | "

@@ -95,9 +95,25 @@ for t in "$KCOLL_BUILD"/tests/test_*; do
 	selected "$(basename "$t")" || continue
 	run_one "$(basename "$t")" "$t"
 done
+# The ASan pass (make check's second) leaves out what only repeats code the
+# pass runs elsewhere, to keep CI's time down; each says so in a SKIP line.
+san_skip() {
+	[ -n "${KCOLL_TEST_SAN:-}" ] || return 1
+	case "$1" in
+	t_shim_mpich.sh) why="the shim's code runs under ASan in t_shim.sh (Open MPI);"
+		why+=" MPICH's own behaviour is checked by the plain pass" ;;
+	*) return 1 ;;
+	esac
+}
 for t in "$top"/tests/t_*.sh; do
 	[ -f "$t" ] || continue
 	selected "$(basename "$t")" || continue
+	if san_skip "$(basename "$t")"; then
+		echo "# --- $(basename "$t")"
+		echo "ok 1 - $(basename "$t") # SKIP in the ASan pass: $why"
+		skip=$((skip + 1))
+		continue
+	fi
 	run_one "$(basename "$t")" bash "$t"
 done
 

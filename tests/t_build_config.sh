@@ -43,10 +43,11 @@ fi
 out=$(mk); rc=$?
 c=$(compiled "$out")
 ok $rc "the probe on (the toolchain 'installed'): make succeeds"
-others=$(tr ' ' '\n' <<<"$c" | grep -v -e '^bpf/' -e '^user/daemon/main\.c$' | tr '\n' ' ')
+others=$(tr ' ' '\n' <<<"$c" | grep -v -e '^bpf/' -e '^user/daemon/main\.c$' -e '^user/daemon/kcolld_bpf\.c$' |
+	tr '\n' ' ')
 case " $c " in *" user/daemon/main.c "*) m=0 ;; *) m=1 ;; esac
 [ $m -eq 0 ] && [ -z "${others// }" ] && linked "$out"
-ok $? "exactly main.c (and bpf/ itself) recompiled, kcolld relinked: compiled $c"
+ok $? "exactly main.c (and bpf/ itself, with its adapter kcolld_bpf.c) recompiled, kcolld relinked: compiled $c"
 grep -qx 'BPF=y' "$B/config.mk" && grep -q -- '-DKCOLL_HAVE_BPF' "$B/obj/user/daemon/main.o.cmd"
 ok $? "config.mk records BPF=y, main.o's command record has -DKCOLL_HAVE_BPF"
 "$K" -V | grep -q '^built with: .*bpf (flow tracking'

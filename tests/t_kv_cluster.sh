@@ -10,7 +10,10 @@
 # killed mid-batch: an error, no hang, the owner's kcolld drops the
 # connections, counters count whole batches only, other segments intact, a
 # fresh initiator works; the owner's kcolld killed while 8 batches are in
-# flight: every request ends with an error, none hangs. Needs root and
+# flight: every request ends with an error, none hangs; notifications
+# across hosts (once, in order, after their bytes; full queue; owner gone);
+# malformed notification frames from a peer that is not kcolld.
+# Needs root and
 # network namespaces (SKIP otherwise).
 # Bounded: about 10-30 s. TAP.
 set -u
@@ -22,6 +25,7 @@ need_root "network namespaces, veth"
 command -v ip >/dev/null || skip_all "iproute2 (ip) is missing"
 need_netns
 [ -x "$PEER" ] || { echo "Bail out! $PEER missing: run make"; exit 1; }
+[ -x "$B/tests/kv_badmsg" ] || { echo "Bail out! $B/tests/kv_badmsg missing: run make"; exit 1; }
 
 cluster_tmp kvcluster
 chmod 755 "$T"
@@ -106,6 +110,37 @@ depth_case depth4 $((64 * 1024 * 1024)) 8
 # ring; here most join the import's queue and go out on several streams at
 # once. Counter 64.
 depth_case depth4-one-frame $((16 * 1024 * 1024)) 32
+
+# ---- notifications across hosts: two parts on host 1 (kcoll_mem_alloc and
+# malloc buffers) each send 16 batches of 2 MiB (up to 64 blocks) with a
+# message "i:q", 4 in flight, into host 0's segment; the owner takes every
+# message once, in order per sender, after its bytes; then part 0 checks
+# bad input, fills the owner's queue (-ENOBUFS for the one past it) and
+# gets -EIDRM once the owner unregistered.
+d="$T/notif"
+mkdir -p "$d"
+"$C" exec 0 "$PEER" notif-owner "$d" $((64 * 1024 * 1024)) 2 16 shm >"$d/owner.out" 2>&1 &
+owner=$!
+"$C" exec 1 timeout -k 5 120 "$PEER" notif-part "$d" 1 2 16 malloc >"$d/part1.out" 2>&1 &
+p1=$!
+"$C" exec 1 timeout -k 5 180 "$PEER" notif-part "$d" 0 2 16 shm >"$d/part0.out" 2>&1
+p0rc=$?
+wait "$p1"; p1rc=$?
+wait "$owner"; orc=$?
+for f in part0 part1 owner; do tap_checks "$d/$f.out"; done
+[ $p0rc -eq 0 ] && [ $p1rc -eq 0 ] && [ $orc -eq 0 ]
+ok $? "notif: both parts and the owner exit 0 (parts $p0rc $p1rc, owner $orc)"
+cat "$d"/*.out >>"$T/all.log"
+
+# ---- malformed notification frames from a peer that is not kcolld
+# (tests/kv_badmsg.c, raw TCP with the segment's token, on host 0): dropped
+# connections, -EINVAL, -ENOBUFS on a connection that goes on, the owner's
+# queue exact, its kcolld serving.
+"$C" exec 0 timeout -k 5 60 "$B/tests/kv_badmsg" >"$T/badmsg.out" 2>&1
+brc=$?
+sed -i "s/^check \([a-z_]*\):/check badmsg:\1:/" "$T/badmsg.out"
+tap_checks "$T/badmsg.out"
+[ $brc -eq 0 ]; ok $? "badmsg: kv_badmsg exits 0 ($brc)"
 
 # ---- the initiator's side dies mid-batch (docs/kv.md "Unregister and death").
 # Host 1's stream initiator writes whole-segment batches, each notifying

@@ -47,8 +47,10 @@ static void consume_one(const struct kcoll_sqe *sqe, uint32_t nranks, uint32_t r
 		return;
 	if (sqe->opcode == KCOLL_OP_XFER_WRITE || sqe->opcode == KCOLL_OP_XFER_READ) {
 		check(sqe->xfer.nr_entries <= KCOLL_XFER_MAX_ENTRIES, "batch within the limit");
-		check(!sqe->flags && !sqe->xfer.reserved[0] && !sqe->xfer.reserved[4],
+		check(!sqe->flags && !sqe->xfer.reserved[0] && !sqe->xfer.reserved[1],
 		      "transfer flags and reserved fields zero");
+		check(sqe->xfer.msg_len <= KCOLL_NOTIF_MAX_BYTES &&
+		      !sqe->xfer.msg_len == !sqe->xfer.msg_addr, "notification within the limit");
 		check(!sqe->xfer.nr_entries || sqe->xfer.entries_addr, "entry array given");
 		n_accepted++;
 		return;

@@ -37,7 +37,9 @@ ABI_OFF(struct kcoll_sqe_xfer, remote_seg, 8);
 ABI_OFF(struct kcoll_sqe_xfer, nr_entries, 16);
 ABI_OFF(struct kcoll_sqe_xfer, local_seg, 20);
 ABI_OFF(struct kcoll_sqe_xfer, notify_id, 24);
-ABI_OFF(struct kcoll_sqe_xfer, reserved, 28);
+ABI_OFF(struct kcoll_sqe_xfer, msg_len, 28);
+ABI_OFF(struct kcoll_sqe_xfer, msg_addr, 32);
+ABI_OFF(struct kcoll_sqe_xfer, reserved, 40);
 
 ABI_SIZE(struct kcoll_xfer_entry, 24);
 ABI_OFF(struct kcoll_xfer_entry, local_off, 0);

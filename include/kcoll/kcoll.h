@@ -189,6 +189,56 @@ int kcoll_xfer_read(struct kcoll_seg *local, struct kcoll_rseg *remote,
 		    const struct kcoll_xfer_entry *entries, uint32_t nr_entries, uint32_t notify_id,
 		    struct kcoll_req **req);
 
+/*
+ * Notifications: a short message (1..KCOLL_NOTIF_MAX_BYTES, e.g. a request
+ * id) for the owner of the remote segment, delivered once the batch's bytes
+ * have landed (write) or been read (read), together with notify_id's counter
+ * (KCOLL_NOTIFY_NONE: the message alone). nr_entries 0 sends it with no data.
+ * kcolld queues it for the owner, who takes it with kcoll_seg_get_notifs.
+ *  - exactly once and in order per sender: a sender is one import (one
+ *    kcoll_rseg); its messages reach the owner in the order the requests
+ *    were submitted, each at most once, and every request that completed
+ *    with 0 delivered its message. A request that failed may or may not have
+ *    delivered it (the owner's word got lost with a peer); it is never sent
+ *    twice (no retries);
+ *  - the owner's queue holds KCOLL_SEG_NOTIF_QUEUE messages per segment (and
+ *    kcolld 64 MiB in all): beyond that the request fails with -ENOBUFS, the
+ *    message is not queued and the counter not bumped, but the batch's bytes
+ *    have landed. Nothing is dropped silently;
+ *  - across hosts a batch with a message waits for the import's earlier
+ *    batches to finish (that keeps the order); -EOPNOTSUPP: the owner's
+ *    kcolld predates notifications (checked before any byte moves).
+ * Errors besides those of kcoll_xfer_write: -EMSGSIZE msg_len over the
+ * limit, -EFAULT msg not readable, -EINVAL msg_len 0 with a msg.
+ */
+int kcoll_xfer_write_notif(struct kcoll_seg *local, struct kcoll_rseg *remote,
+			   const struct kcoll_xfer_entry *entries, uint32_t nr_entries,
+			   uint32_t notify_id, const void *msg, uint32_t msg_len,
+			   struct kcoll_req **req);
+int kcoll_xfer_read_notif(struct kcoll_seg *local, struct kcoll_rseg *remote,
+			  const struct kcoll_xfer_entry *entries, uint32_t nr_entries,
+			  uint32_t notify_id, const void *msg, uint32_t msg_len,
+			  struct kcoll_req **req);
+
+/* One notification taken by the owner. */
+struct kcoll_notif {
+	uint32_t size;		/* the caller sets out[0].size = sizeof(struct kcoll_notif) */
+	uint32_t flags;		/* none defined: 0 */
+	uint64_t sender;	/* the sending import: equal for every message of one sender */
+	uint32_t notify_id;	/* the counter bumped with it, or KCOLL_NOTIFY_NONE */
+	uint32_t len;		/* bytes of data */
+	uint8_t data[KCOLL_NOTIF_MAX_BYTES];
+};
+
+/* Take up to max of seg's queued notifications, oldest first, into out
+ * (out[0].size must be sizeof(struct kcoll_notif): -EINVAL otherwise; every
+ * entry is then filled whole). *nr: how many (0: none queued). Never waits. */
+int kcoll_seg_get_notifs(struct kcoll_seg *seg, struct kcoll_notif *out, uint32_t max,
+			 uint32_t *nr);
+/* Wait until at least one notification is queued for seg, at most
+ * timeout_ms (< 0: forever): 0, -ETIMEDOUT or -ENOTCONN. */
+int kcoll_seg_notif_wait(struct kcoll_seg *seg, int timeout_ms);
+
 /* Current value of a notify counter of one of our segments. */
 int kcoll_seg_notify_get(const struct kcoll_seg *seg, uint32_t id, uint32_t *value);
 /* Wait until counter id reaches value (wrap-around safe), at most

@@ -37,6 +37,7 @@ enum kcoll_msg_type {
 	KCOLL_MSG_SEG_UNREG = 33,
 	KCOLL_MSG_SEG_IMPORT = 34,	/* descriptor -> import handle */
 	KCOLL_MSG_SEG_CLOSE = 35,	/* drop an import handle */
+	KCOLL_MSG_SEG_NOTIFS = 36,	/* take a segment's queued notifications */
 	KCOLL_MSG_C4 = 10,		/* kcollctl anomalies/events/plan: reply text */
 	KCOLL_MSG_MEM_REG_DEV = 48,	/* GPU allocation shared by CUDA IPC (docs/gpu.md) */
 };
@@ -224,6 +225,45 @@ struct kcoll_msg_seg_reg_reply {
 	struct kcoll_msg_hdr hdr;
 	struct kcoll_seg_wire desc;
 	char error[128];
+};
+
+/*
+ * The memfd that comes with SEG_REG: nr_notify __u32 counters, then, on the
+ * next page, the number of notifications queued for the segment (a futex
+ * word kcoll_seg_notif_wait sleeps on). Always sent, even without counters.
+ */
+static inline size_t kcoll_seg_notif_word_off(uint32_t nr_notify)
+{
+	return ((size_t)nr_notify * sizeof(uint32_t) + 4095) & ~(size_t)4095;
+}
+
+static inline size_t kcoll_seg_counters_len(uint32_t nr_notify)
+{
+	return kcoll_seg_notif_word_off(nr_notify) + 4096;
+}
+
+/* SEG_NOTIFS: take up to max (<= KCOLL_SEG_NOTIFS_PER_MSG) of segment id's
+ * notifications, oldest first. */
+#define KCOLL_SEG_NOTIFS_PER_MSG	64
+
+struct kcoll_msg_seg_notifs {
+	struct kcoll_msg_hdr hdr;
+	uint32_t id;
+	uint32_t max;
+};
+
+struct kcoll_notif_wire {
+	uint64_t sender;
+	uint32_t notify_id;
+	uint32_t len;
+	uint8_t data[KCOLL_NOTIF_MAX_BYTES];
+};
+
+struct kcoll_msg_seg_notifs_reply {
+	struct kcoll_msg_hdr hdr;
+	uint32_t nr;		/* records that follow */
+	uint32_t left;		/* still queued after these */
+	struct kcoll_notif_wire rec[KCOLL_SEG_NOTIFS_PER_MSG];
 };
 
 /* SEG_UNREG (id = seg_id) and SEG_CLOSE (id = import handle). */

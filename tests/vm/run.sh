@@ -16,10 +16,11 @@ fi
 
 pass=0 fail=0 skip=0
 run_one() {	# name, command...
-	local name=$1 out rc p s f; shift
+	local name=$1 out rc p s f t0=$SECONDS; shift
 	echo "# --- $name"
 	out=$(timeout -k 5 "$per_test_timeout" "$@" 2>&1); rc=$?
 	printf '%s\n' "$out"
+	echo "# $name: $((SECONDS - t0)) s (limit $per_test_timeout s)"
 	p=$(grep -cE '^ok [0-9]+' <<<"$out")
 	s=$(grep -cE '^ok [0-9]+.*# *(SKIP|skip)' <<<"$out")
 	f=$(grep -cE '^not ok' <<<"$out")

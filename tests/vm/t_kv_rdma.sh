@@ -11,6 +11,8 @@
 #      and writes nothing; the bytes went over RDMA (status counters)
 #   2. four initiators at once, each 5 notifying batches into its slice: the
 #      counter is exactly 20 and every slice holds its writer's pattern
+#   2b. notifications: messages with batches over RDMA, each once, in order,
+#      after their bytes; bad input, the full queue, the owner gone
 #   3. the owner unregisters during a flood: the initiator gets -EIDRM or
 #      -ECONNRESET, no hang, the buffer does not change after unregister,
 #      a neighbouring segment is untouched, the next write says -EIDRM
@@ -143,6 +145,28 @@ for i in 0 1 2 3; do tap_checks "concurrent: " "$T/part$i.out"; done
 tap_checks "concurrent: " "$T/count.out"
 [ $prc -eq 0 ] && [ $orc -eq 0 ]; ok $? "concurrent: 4 initiators and the owner exit 0 (parts $prc, owner $orc)"
 [ $prc -eq 0 ] || dump
+
+# ---- 2b. notifications over RDMA (docs/kv.md "Notifications"): two parts,
+# kcoll_mem_alloc'd like the owner, 16 batches of 256 KiB with a message
+# each, 4 in flight; each message once, in order, after its bytes; bad
+# input, the full queue (-ENOBUFS, then a plain batch), the owner gone.
+mkdir -p "$T/n"
+rb0=$(counter 1 rdma_bytes)
+on 0 "$PEER" notif-owner "$T/n" $((8 * 1024 * 1024)) 2 16 shm >"$T/nowner.out" 2>&1 &
+owner=$!
+on 1 timeout -k 5 240 "$PEER" notif-part "$T/n" 1 2 16 shm >"$T/npart1.out" 2>&1 &
+p1=$!
+on 1 timeout -k 5 240 "$PEER" notif-part "$T/n" 0 2 16 shm >"$T/npart0.out" 2>&1
+p0rc=$?
+wait $p1; p1rc=$?
+wait $owner; orc=$?
+for f in npart0 npart1 nowner; do tap_checks "notif: " "$T/$f.out"; done
+[ $p0rc -eq 0 ] && [ $p1rc -eq 0 ] && [ $orc -eq 0 ]
+ok $? "notif: both parts and the owner exit 0 (parts $p0rc $p1rc, owner $orc)"
+rb1=$(counter 1 rdma_bytes)
+[ $((${rb1:-0} - ${rb0:-0})) -ge $((8 * 1024 * 1024)) ]
+ok $? "notif: the batches went over RDMA (${rb0:-?} -> ${rb1:-?} bytes)"
+[ $p0rc -eq 0 ] || dump
 
 # ---- 3. unregister during a flood
 mkdir -p "$T/b"

@@ -1,5 +1,6 @@
 # kcolld: the daemon.
-KCOLLD_SRCS := $(sort $(wildcard user/daemon/*.c))
+# kcolld_bpf.c (flow tracking) is added by bpf/build.mk where BPF builds.
+KCOLLD_SRCS := $(filter-out user/daemon/kcolld_bpf.c,$(sort $(wildcard user/daemon/*.c)))
 KCOLLD_OBJS := $(KCOLLD_SRCS:%.c=$(OBJ)/%.o)
 # KCOLLD_EXTRA_OBJS / _LDLIBS: added by other rooms (bpf/build.mk: flow tracking).
 # Daemon units the tests link directly (everything but main).

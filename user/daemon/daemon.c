@@ -5,6 +5,8 @@
  * the ring server (client.c), the network (net.c) or anything else
  * (scripts/layering.py reads those dependencies from the objects).
  */
+#include <errno.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "kcolld.h"
@@ -17,4 +19,46 @@ int64_t kd_now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+#define UNMAP_SUBSCRIBERS 4
+
+static kd_unmap_fn *unmap_subs[UNMAP_SUBSCRIBERS];
+
+int kd_unmap_subscribe(kd_unmap_fn *fn)
+{
+	for (int i = 0; i < UNMAP_SUBSCRIBERS; i++) {
+		if (unmap_subs[i] == fn)
+			return 0;
+		if (!unmap_subs[i]) {
+			unmap_subs[i] = fn;
+			return 0;
+		}
+	}
+	return -ENOSPC;
+}
+
+void kd_unmap_notify(void *addr, size_t len)
+{
+	for (int i = 0; i < UNMAP_SUBSCRIBERS && unmap_subs[i]; i++)
+		unmap_subs[i](addr, len);
+}
+
+int kd_grow(uint8_t **p, size_t *have, size_t want)
+{
+	if (*have < want) {
+		uint8_t *n;
+
+		/* A registration (RDMA zero-copy) of the old block would
+		 * outlive it: drop it first. */
+		if (*p)
+			kd_unmap_notify(*p, *have);
+		n = realloc(*p, want);
+
+		if (!n)
+			return -ENOMEM;
+		*p = n;
+		*have = want;
+	}
+	return 0;
 }

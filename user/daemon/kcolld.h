@@ -233,6 +233,19 @@ extern struct kd_daemon kd;
 
 int64_t kd_now_ns(void);
 
+/*
+ * daemon.c: memory the daemon is about to unmap, free or reallocate. What
+ * caches something of such memory (the RDMA registration cache) subscribes
+ * at start-up, before any other thread runs; rooms that free memory call
+ * kd_unmap_notify and need not know who listens.
+ */
+typedef void kd_unmap_fn(void *addr, size_t len);
+int kd_unmap_subscribe(kd_unmap_fn *fn);	/* 0, or -ENOSPC */
+void kd_unmap_notify(void *addr, size_t len);
+/* Grow a daemon-owned buffer to at least want bytes (contents kept,
+ * unmap notified first); 0 or -ENOMEM (the old buffer stays). */
+int kd_grow(uint8_t **p, size_t *have, size_t want);
+
 /* sqe.c: 0 or -errno, with *why a short reason for the log. */
 int kd_sqe_check(const struct kcoll_sqe *sqe, const char **why);
 /* Bytes of a rank's send and recv buffers for a collective of nranks. */

@@ -50,6 +50,7 @@
 #include "net.h"
 #include "kv_rdma.h"
 #include "kv_wire.h"
+#include "kv_notif.h"
 
 #define KV_ROUND_BYTES		(1u << 20)
 #define KV_ROUND_IOVS		512
@@ -66,8 +67,9 @@ struct kd_seg {
 	uid_t grant_uid;
 	uint64_t addr, size;
 	uint32_t nr_notify;
-	uint32_t *counters;		/* shared with the owner */
+	uint32_t *counters;		/* shared with the owner; then the notif word */
 	size_t counters_len;
+	struct kv_notifq notifs;	/* ours: messages for the owner (kv_notif.h) */
 	pthread_rwlock_t lock;		/* readers: a copy round; writer: unregister */
 	atomic_bool dead;
 	atomic_int refs;
@@ -96,6 +98,7 @@ struct kv_side;
 
 struct kd_kv_client {
 	struct kd_seg *imports[KV_MAX_IMPORTS];	/* index = handle - 1, held */
+	uint64_t sender[KV_MAX_IMPORTS];	/* names the import to its owner's notifs */
 };
 
 static struct {
@@ -105,6 +108,8 @@ static struct {
 	uint32_t next_id;
 	atomic_ulong xfers_ok, xfers_failed, bytes;
 	atomic_ulong rdma_bytes, rdma_sessions;	/* initiator: bytes; owner: sessions */
+	atomic_uint next_sender;
+	atomic_ulong notifs;			/* notifications queued for our owners */
 } kv = { .lock = PTHREAD_MUTEX_INITIALIZER, .next_id = 1 };
 
 static __thread uint8_t *kv_stage;
@@ -113,7 +118,7 @@ static void remote_free(struct kv_remote *rm);
 static int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out);
 static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
 		      bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
-		      int64_t t0, uint64_t *moved);
+		      const struct kv_msgout *msg, int64_t t0, uint64_t *moved);
 
 static void seg_put(struct kd_seg *s)
 {
@@ -121,8 +126,10 @@ static void seg_put(struct kd_seg *s)
 		return;
 	if (s->rm)
 		remote_free(s->rm);
-	if (s->counters)
+	if (s->counters) {
+		kv_notifq_destroy(&s->notifs);
 		munmap(s->counters, s->counters_len);
+	}
 	pthread_rwlock_destroy(&s->lock);
 	pthread_mutex_destroy(&s->conns_lock);
 	free(s);
@@ -166,7 +173,7 @@ static void conn_unlink(struct kd_seg *s, struct kv_conn *cn)
 
 static int seg_counters_create(struct kd_seg *s, int *fd_out)
 {
-	size_t len = ((size_t)s->nr_notify * sizeof(uint32_t) + 4095) & ~(size_t)4095;
+	size_t len = kcoll_seg_counters_len(s->nr_notify);
 	int fd = memfd_create("kcoll-notify", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	void *p;
 
@@ -179,6 +186,7 @@ static int seg_counters_create(struct kd_seg *s, int *fd_out)
 		goto err_close;
 	s->counters = p;
 	s->counters_len = len;
+	kv_notifq_init(&s->notifs, (uint32_t *)((uint8_t *)p + kcoll_seg_notif_word_off(s->nr_notify)));
 	*fd_out = fd;
 	return 0;
 
@@ -243,12 +251,11 @@ static int seg_register(struct kd_client *c, const struct kcoll_msg_seg_reg *m,
 	pthread_rwlock_init(&s->lock, NULL);
 	pthread_mutex_init(&s->conns_lock, NULL);
 	atomic_init(&s->refs, 1);
-	if (s->nr_notify) {
-		r = seg_counters_create(s, fd);
-		if (r) {
-			*why = "cannot create the notify counters";
-			goto err_lock;
-		}
+	/* Always: the memfd carries the notification word too. */
+	r = seg_counters_create(s, fd);
+	if (r) {
+		*why = "cannot create the notify counters";
+		goto err_lock;
 	}
 	pthread_mutex_lock(&kv.lock);
 	if (kv.nsegs >= KV_MAX_SEGS || kv.next_id == UINT32_MAX) {
@@ -270,8 +277,8 @@ err_counters:
 		close(*fd);
 		*fd = -1;
 	}
-	if (s->counters)
-		munmap(s->counters, s->counters_len);
+	kv_notifq_destroy(&s->notifs);
+	munmap(s->counters, s->counters_len);
 err_lock:
 	pthread_rwlock_destroy(&s->lock);
 	pthread_mutex_destroy(&s->conns_lock);
@@ -388,6 +395,8 @@ add:
 	for (uint32_t i = 0; c->kv && i < KV_MAX_IMPORTS; i++) {
 		if (!c->kv->imports[i]) {
 			c->kv->imports[i] = s;
+			c->kv->sender[i] = (uint64_t)(uint32_t)me.nonce << 32 |
+					   (atomic_fetch_add(&kv.next_sender, 1) + 1);
 			rep->handle = i + 1;
 			r = 0;
 			break;
@@ -423,6 +432,56 @@ static int seg_close(struct kd_client *c, uint32_t handle)
 	return 0;
 }
 
+/* The owner takes up to m->max of its segment's notifications. */
+static int seg_notifs(struct kd_client *c, const struct kcoll_msg_seg_notifs *m,
+		      struct kcoll_msg_seg_notifs_reply *rep, size_t *reply_len, const char **why)
+{
+	struct kd_seg *s = seg_find(m->id);
+
+	if (!s || s->owner != c) {
+		*why = "not a segment this client registered";
+		if (s)
+			seg_put(s);
+		return -ENOENT;
+	}
+	if (!m->max || m->max > KCOLL_SEG_NOTIFS_PER_MSG) {
+		seg_put(s);
+		*why = "max must be 1..KCOLL_SEG_NOTIFS_PER_MSG";
+		return -EINVAL;
+	}
+	rep->nr = kv_notifq_take(&s->notifs, rep->rec, m->max, &rep->left);
+	*reply_len += (size_t)rep->nr * sizeof(rep->rec[0]);
+	seg_put(s);
+	return 0;
+}
+
+/*
+ * Deliver notification msg (and bump counter notify_id unless NONE) to our
+ * segment s, under its reader lock: -EIDRM dead, -EINVAL no such counter,
+ * -ENOBUFS its queue is full (then the counter is not bumped either).
+ */
+static int notif_deliver(struct kd_seg *s, uint64_t sender, uint32_t notify_id,
+			 const uint8_t *data, uint32_t len)
+{
+	int r = 0;
+
+	if (atomic_load(&s->dead))
+		return -EIDRM;
+	if (notify_id != KCOLL_NOTIFY_NONE && notify_id >= s->nr_notify)
+		return -EINVAL;
+	if (len) {
+		r = kv_notifq_post(&s->notifs, sender, notify_id, data, len);
+		if (r)
+			return r;
+		atomic_fetch_add(&kv.notifs, 1);
+	}
+	if (notify_id != KCOLL_NOTIFY_NONE) {
+		__atomic_fetch_add(&s->counters[notify_id], 1, __ATOMIC_SEQ_CST);
+		kcoll_futex_wake(&s->counters[notify_id], INT_MAX);
+	}
+	return 0;
+}
+
 int kd_kv_message(struct kd_client *c, const struct kcoll_msg_hdr *h, size_t len, void *reply,
 		  size_t *reply_len, int *reply_fd)
 {
@@ -451,6 +510,15 @@ int kd_kv_message(struct kd_client *c, const struct kcoll_msg_hdr *h, size_t len
 		    seg_import(c, &((const struct kcoll_msg_seg_import *)h)->desc, rep, &why);
 		if (why)
 			snprintf(rep->error, sizeof(rep->error), "%.*s", (int)sizeof(rep->error) - 1, why);
+		break;
+	}
+	case KCOLL_MSG_SEG_NOTIFS: {
+		const struct kcoll_msg_seg_notifs *m = (const void *)h;
+		struct kcoll_msg_seg_notifs_reply *rep = reply;
+
+		memset(rep, 0, offsetof(struct kcoll_msg_seg_notifs_reply, rec));
+		*reply_len = offsetof(struct kcoll_msg_seg_notifs_reply, rec);
+		r = len < sizeof(*m) ? -EINVAL : seg_notifs(c, m, rep, reply_len, &why);
 		break;
 	}
 	case KCOLL_MSG_SEG_UNREG:
@@ -731,10 +799,12 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 	struct kv_side local = { 0 }, remote = { 0 }, *src, *dst;
 	struct kcoll_xfer_entry *e = NULL;
 	struct kv_piece *p = NULL;
+	struct kv_msgout msg;
 	uint64_t moved = 0;
 	int64_t t0 = kd_now_ns();
 	int r = err;
 
+	msg.len = 0;
 	if (r)
 		goto out;
 	local.seg = seg_find(x->local_seg);
@@ -745,8 +815,10 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 	}
 	pthread_mutex_lock(&c->lock);
 	if (c->kv && x->remote_seg >= 1 && x->remote_seg <= KV_MAX_IMPORTS &&
-	    (remote.seg = c->kv->imports[x->remote_seg - 1]))
+	    (remote.seg = c->kv->imports[x->remote_seg - 1])) {
 		atomic_fetch_add(&remote.seg->refs, 1);
+		msg.sender = c->kv->sender[x->remote_seg - 1];
+	}
 	pthread_mutex_unlock(&c->lock);
 	if (!remote.seg) {
 		why = "remote_seg is not an import handle of this client";
@@ -776,6 +848,17 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 			goto out;
 		}
 	}
+	if (x->msg_len) {
+		struct iovec l = { msg.data, x->msg_len };
+		struct iovec rv = { (void *)(uintptr_t)x->msg_addr, x->msg_len };
+
+		if (process_vm_readv(c->pid, &l, 1, &rv, 1, 0) != (ssize_t)x->msg_len) {
+			why = "cannot read the notification from the client";
+			r = -EFAULT;
+			goto out;
+		}
+		msg.len = x->msg_len;
+	}
 	src = write ? &local : &remote;
 	dst = write ? &remote : &local;
 	for (uint32_t i = 0; i < x->nr_entries; i++)
@@ -788,7 +871,7 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 		r = side_resolve(&local);
 		if (!r)
 			r = run_remote(c, sqe->user_data, p, x->nr_entries, write, &local, remote.seg,
-				       x->notify_id, t0, &moved);
+				       x->notify_id, &msg, t0, &moved);
 		if (r == 1) {	/* in flight: the stream threads complete it */
 			seg_put(remote.seg);
 			free(e);
@@ -812,13 +895,15 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 		      "copy failed (a process died or unmapped its buffer)";
 		goto out;
 	}
-	if (x->notify_id != KCOLL_NOTIFY_NONE) {
+	if (x->notify_id != KCOLL_NOTIFY_NONE || msg.len) {
 		/* Under the reader lock: the counters cannot be unmapped below us,
 		 * and a segment unregistered meanwhile gets no late increment. */
 		if (lock_sides(&remote, &remote) == 0) {
-			__atomic_fetch_add(&remote.seg->counters[x->notify_id], 1, __ATOMIC_SEQ_CST);
-			kcoll_futex_wake(&remote.seg->counters[x->notify_id], INT_MAX);
+			r = notif_deliver(remote.seg, msg.sender, x->notify_id, msg.data, msg.len);
 			unlock_sides(&remote, &remote);
+			if (r)
+				why = r == -ENOBUFS ? "the owner's notification queue is full" :
+				      "the remote segment was unregistered before the notify";
 		} else {
 			r = -EIDRM;
 			why = "the remote segment was unregistered before the notify";
@@ -852,9 +937,11 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
 	pthread_mutex_unlock(&kv.lock);
 	if (json)
 		n = snprintf(buf, cap, "\"kv\":{\"segments\":%u,\"xfers_ok\":%lu,\"xfers_failed\":%lu,"
-			     "\"bytes\":%lu,\"rdma_bytes\":%lu,\"rdma_sessions\":%lu}", nsegs,
+			     "\"bytes\":%lu,\"rdma_bytes\":%lu,\"rdma_sessions\":%lu,\"notifs\":%lu,"
+			     "\"notif_bytes_queued\":%lu}", nsegs,
 			     atomic_load(&kv.xfers_ok), atomic_load(&kv.xfers_failed), atomic_load(&kv.bytes),
-			     atomic_load(&kv.rdma_bytes), atomic_load(&kv.rdma_sessions));
+			     atomic_load(&kv.rdma_bytes), atomic_load(&kv.rdma_sessions),
+			     atomic_load(&kv.notifs), (unsigned long)kv_notif_bytes());
 	else
 		n = snprintf(buf, cap, "kv: %u segments, %lu transfers ok, %lu failed, %lu bytes "
 			     "(%lu sent over rdma, %lu rdma sessions served)\n",
@@ -935,6 +1022,7 @@ struct kv_remote {
 	uint32_t rd_seg;		/* the local segment the region covers */
 	struct kd_buf rd_buf;		/* its mapping, held while registered */
 	struct kv_rdma_hello peer;
+	uint32_t features;		/* the owner's KV_ACK_F_*, from stream 0's ACK */
 };
 
 static int io_full(int fd, void *buf, size_t n, bool out)
@@ -1091,6 +1179,8 @@ static int remote_connect(struct kv_remote *rm)
 			close(fd);
 			return r;
 		}
+		if (i == 0)
+			rm->features = ack.features;
 		rm->fd[i] = fd;
 	}
 	return 0;
@@ -1121,6 +1211,7 @@ struct kv_batch {
 	struct kv_side local;		/* held: the segment and its mapping */
 	bool write;
 	uint32_t notify_id;
+	struct kv_msgout msg;		/* the notification, sent with the notify */
 	struct kv_piece *sp;
 	struct kv_frame *fr;
 	uint32_t nfr;
@@ -1128,7 +1219,7 @@ struct kv_batch {
 	int64_t t0;			/* taken off the ring (metrics) */
 	/* under the import's wlock: */
 	uint32_t next;			/* the first frame no stream took */
-	uint32_t left;			/* answers due: frames, and the notify */
+	uint32_t left;			/* answers due: frames, and the notify or msg */
 	bool notify_sent;
 	int err;			/* the first error */
 	uint64_t moved;
@@ -1360,11 +1451,47 @@ static int notify_recv(int fd, uint64_t tag)
 	return r ? r : rs.status > 0 ? -EPROTO : rs.status;
 }
 
-static int remote_notify(int fd, uint32_t id)
+/* A batch's last frame, once all its data landed: NOTIFY, or MSG when it
+ * carries a notification (which bumps the counter too). */
+static bool has_final(uint32_t notify_id, const struct kv_msgout *m)
 {
-	int r = notify_send(fd, id, UINT32_MAX);
+	return notify_id != KCOLL_NOTIFY_NONE || m->len;
+}
 
-	return r ? r : notify_recv(fd, UINT32_MAX);
+/*
+ * Send the final frame and read its answer: 0 with the owner's verdict on a
+ * MSG in *ans (-ENOBUFS, -EIDRM: the stream stays in step, the batch fails
+ * and the streams go on), or the stream's error. A NOTIFY's refusal is the
+ * stream's error, as it always was.
+ */
+static int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans)
+{
+	struct kv_req rq = { .op = KV_OP_MSG, .notify_id = id, .tag = tag };
+	struct kv_msg km = { .sender = m->sender, .len = m->len };
+	struct iovec iov[3] = { { &rq, sizeof(rq) }, { &km, sizeof(km) },
+				{ (void *)m->data, m->len } };
+	struct kv_resp rs;
+	int r;
+
+	*ans = 0;
+	if (!m->len) {
+		r = notify_send(fd, id, tag);
+		return r ? r : notify_recv(fd, tag);
+	}
+	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ,
+				   .len = sizeof(rq) + sizeof(km) + m->len };
+	r = kcoll_io_iovs(fd, iov, 3, true, false);
+	if (!r)
+		r = io_full(fd, &rs, sizeof(rs), false);
+	if (r)
+		return r;
+	if (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP || rs.hdr.len != sizeof(rs) ||
+	    rs.status > 0)
+		return -EPROTO;
+	if (rs.tag != tag)	/* the owner's last word before it closes, or garbage */
+		return rs.status ? rs.status : -EPROTO;
+	*ans = rs.status;
+	return 0;
 }
 
 /* Stream s's view of batch b for frame_send / frame_recv. */
@@ -1384,7 +1511,7 @@ static bool batch_account(struct kv_remote *rm, struct kv_batch *b, int err, uin
 	if (err && !b->err)
 		b->err = err;
 	b->left -= n;
-	if (b->left == 1 && b->err && !b->notify_sent && b->notify_id != KCOLL_NOTIFY_NONE) {
+	if (b->left == 1 && b->err && !b->notify_sent && has_final(b->notify_id, &b->msg)) {
 		b->notify_sent = true;	/* only the notify is due: it will not be sent */
 		b->left = 0;
 	}
@@ -1409,7 +1536,7 @@ static bool batch_stop(struct kv_remote *rm, struct kv_batch *b, int err)
 	uint32_t untaken = b->nfr - b->next;
 
 	b->next = b->nfr;
-	if (!b->notify_sent && b->notify_id != KCOLL_NOTIFY_NONE) {
+	if (!b->notify_sent && has_final(b->notify_id, &b->msg)) {
 		b->notify_sent = true;
 		untaken++;
 	}
@@ -1496,7 +1623,7 @@ static void stream_broke(struct kv_remote *rm, struct kv_batch **carried, uint32
  * queued batch), send it, read its answer, and again: each stream has one
  * frame unanswered at a time, so every stream carries a batch's frames as
  * soon as it is free, a stream the kernel serves slower takes fewer, and
- * at most streams x frame bytes are in flight (docs/perf.md section 6:
+ * at most streams x frame bytes are in flight (docs/perf/kv.md section 6a:
  * more in flight moved less here). The thread reading a batch's last
  * answer sends its notify on its own stream (all its data landed), or ends
  * it. A stream that fails marks the import broken (stream_broke); frames
@@ -1514,7 +1641,7 @@ static void *stream_worker(void *arg)
 		struct kv_batch *b = NULL;
 		struct kv_stream st;
 		uint32_t fi = 0;
-		int r;
+		int r, ans = 0;	/* ans: the owner's verdict on a MSG frame */
 
 		if (!rm->broken)
 			b = frame_take(rm, &fi);
@@ -1533,9 +1660,9 @@ static void *stream_worker(void *arg)
 			pthread_mutex_lock(&rm->wlock);
 			b->moved += st.moved;
 			st.moved = 0;
-			ended = batch_account(rm, b, 0, 1);
+			ended = batch_account(rm, b, ans, 1);
 			notify = !ended && b->left == 1 && !b->notify_sent &&
-				 b->notify_id != KCOLL_NOTIFY_NONE;
+				 has_final(b->notify_id, &b->msg);
 			if (notify)
 				b->notify_sent = true;	/* left's last 1 is its answer */
 			pthread_mutex_unlock(&rm->wlock);
@@ -1543,9 +1670,7 @@ static void *stream_worker(void *arg)
 				batch_end(rm, b);
 			if (!notify)
 				break;
-			r = notify_send(st.fd, b->notify_id, b->tag | KV_NOTIFY_FRAME);
-			if (!r)
-				r = notify_recv(st.fd, b->tag | KV_NOTIFY_FRAME);
+			r = final_xchg(st.fd, b->notify_id, &b->msg, b->tag | KV_NOTIFY_FRAME, &ans);
 		}
 		r = stream_err(&st, r);
 		pthread_mutex_lock(&rm->wlock);
@@ -1676,8 +1801,22 @@ static int rdma_ready(struct kv_remote *rm, struct kv_side *local)
 	return 0;
 }
 
-/* Sleep until a completion or fd[0] says something; deadline in ns. */
-static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *local, int64_t deadline)
+/* Is the next thing on fd the answer to the batch's WRITE_WITH_IMM notify? */
+static bool notify_answer_next(int fd)
+{
+	struct kv_resp rs;
+
+	return recv(fd, &rs, sizeof(rs), MSG_PEEK | MSG_DONTWAIT) == sizeof(rs) &&
+	       rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP &&
+	       rs.hdr.len == sizeof(rs) && rs.tag == UINT32_MAX;
+}
+
+/* Sleep until a completion or fd[0] says something; deadline in ns.
+ * imm_out: the notify's WRITE_WITH_IMM is posted, so its answer may reach
+ * fd[0] before the send's own completion: that is no error, only the
+ * completion is then waited for. */
+static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *local, int64_t deadline,
+		     bool imm_out)
 {
 	struct pollfd pf[2] = { { .fd = kv_rdma_fd(rm->rd), .events = POLLIN },
 				{ .fd = rm->fd[0], .events = POLLIN } };
@@ -1695,21 +1834,31 @@ static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *
 		return -EIDRM;
 	if (atomic_load(&c->stop) || atomic_load(&c->dead))
 		return -ECANCELED;
-	/* Nothing is due on fd[0] before the notify: the owner's last word
-	 * (-EIDRM) or its end. */
+	/* Nothing else is due on fd[0] before the notify: the owner's last
+	 * word (-EIDRM) or its end. */
+	if (pf[1].revents && imm_out && notify_answer_next(rm->fd[0])) {
+		left = deadline - kd_now_ns();
+		if (!pf[0].revents && left > 0 &&
+		    poll(pf, 1, left > 100000000 ? 100 : (int)(left / 1000000) + 1) == 1)
+			kv_rdma_ack_event(rm->rd);
+		return 0;
+	}
 	if (pf[1].revents)
 		return last_word(rm->fd[0], -ECONNRESET);
 	return 0;
 }
 
 static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
-		    struct kv_side *local, struct kv_remote *rm, uint32_t notify_id, uint64_t *moved)
+		    struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
+		    const struct kv_msgout *msg, uint64_t *moved)
 {
 	struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
 	uint64_t off = 0, bytes = 0;
 	uint32_t i = 0, inflight = 0;
 	int64_t deadline = kd_now_ns() + kd.timeout_ns;
-	bool locked, armed = false, notified = notify_id == KCOLL_NOTIFY_NONE;
+	/* A notification goes as a MSG frame on fd[0] after the loop (it
+	 * bumps the counter too): no WRITE_WITH_IMM then. */
+	bool locked, armed = false, notified = notify_id == KCOLL_NOTIFY_NONE || msg->len;
 	int r;
 
 	/* seg_kill of the local segment shuts fd[0] down: rdma_wait wakes. */
@@ -1763,7 +1912,8 @@ static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, b
 			continue;
 		}
 		armed = false;
-		r = rdma_wait(rm, c, local, deadline);
+		r = rdma_wait(rm, c, local, deadline, notified && notify_id != KCOLL_NOTIFY_NONE &&
+			      !msg->len);
 	}
 	if (inflight) {
 		/* Stop the rest: the QP in error flushes what is posted and
@@ -1796,7 +1946,12 @@ static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, b
 		if (r == -EACCES && recv(rm->fd[0], &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
 			r = -ECONNRESET;
 	}
-	if (!r && notify_id != KCOLL_NOTIFY_NONE) {
+	if (!r && msg->len) {
+		int ans;
+
+		r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
+		r = r ? r : ans;
+	} else if (!r && notify_id != KCOLL_NOTIFY_NONE) {
 		struct kv_resp rs;
 
 		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
@@ -1846,7 +2001,7 @@ static int stream_threads(struct kv_remote *rm)
  */
 static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
 		      bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
-		      int64_t t0, uint64_t *moved)
+		      const struct kv_msgout *msg, int64_t t0, uint64_t *moved)
 {
 	struct kv_remote *rm = rs->rm;
 	struct kv_piece *sp = NULL;
@@ -1863,7 +2018,7 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 	 * frame: with no batch in flight and no request behind it in the
 	 * ring it runs right here on stream 0 (handing a few hundred KiB to
 	 * a stream thread costs more than it wins when the client waits for
-	 * each batch: docs/perf.md section 6). With requests behind it, it
+	 * each batch: docs/perf/kv.md section 6). With requests behind it, it
 	 * joins the queue, and so do they: run here, it would hold them in
 	 * the ring until its answer, one batch at a time for good. */
 	for (uint32_t i = 0; i < n; i++)
@@ -1898,7 +2053,10 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 	 * the same local segment (unregistering one shuts the streams down:
 	 * that must not fail another segment's batch). */
 	pthread_mutex_lock(&rm->wlock);
-	while (rm->nq && (rm->broken || !nfr || rm->nq >= KV_QUEUE_MAX ||
+	/* A notification waits for the queue to drain: then the batch's
+	 * final frame cannot overtake an earlier batch's (in order per
+	 * import). */
+	while (rm->nq && (rm->broken || !nfr || msg->len || rm->nq >= KV_QUEUE_MAX ||
 			  rm->q_tail->local.seg != local->seg))
 		pthread_cond_wait(&rm->space, &rm->wlock);
 	busy = rm->nq;
@@ -1916,11 +2074,14 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 			remote_close_streams(rm);
 		}
 		r = remote_connect(rm);
+		if (!r && msg->len && !(rm->features & KV_ACK_F_MSG))
+			r = -EOPNOTSUPP;	/* an older kcolld: tell before any byte moves */
 		if (!r && local->buf.direct) {
 			r = rdma_ready(rm, local);
 			if (r == 0) {
-				r = run_rdma(c, p, n, write, local, rm, notify_id, moved);
-				if (r) {
+				r = run_rdma(c, p, n, write, local, rm, notify_id, msg, moved);
+				/* A full queue is the owner's answer: the session goes on. */
+				if (r && r != -ENOBUFS) {
 					rdma_drop(rm);
 					remote_close_streams(rm);
 				}
@@ -1936,6 +2097,7 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 						.fd = rm->fd[0], .tag = ++rm->seq << 32 };
 			struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
 			uint8_t *buf = NULL;
+			int ans = 0;
 
 			r = stream_bufs(rm, 1);
 			if (r)
@@ -1948,10 +2110,11 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 			conn_unlink(local->seg, &node);
 			free(buf);
 			*moved += st.moved;
-			if (!r && notify_id != KCOLL_NOTIFY_NONE)
-				r = remote_notify(rm->fd[0], notify_id);
+			if (!r && has_final(notify_id, msg))
+				r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
 			if (r)
 				remote_close_streams(rm);	/* mid-frame state unknown */
+			r = r ? r : ans;
 			goto out_unlock;
 		}
 	}
@@ -1964,7 +2127,10 @@ static int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_p
 	*b = (struct kv_batch){ .c = c, .user_data = user_data, .local = *local, .write = write,
 				.t0 = t0, .notify_id = notify_id, .sp = sp, .fr = fr, .nfr = nfr,
 				.tag = ++rm->seq << 32,
-				.left = nfr + (notify_id != KCOLL_NOTIFY_NONE) };
+				.left = nfr + has_final(notify_id, msg) };
+	b->msg.sender = msg->sender;
+	b->msg.len = msg->len;
+	memcpy(b->msg.data, msg->data, msg->len);
 	kd_client_get(c);
 	local->seg = NULL;	/* the batch's now */
 	local->buf = (struct kd_buf){ 0 };
@@ -2075,6 +2241,35 @@ static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr
 }
 
 /*
+ * A MSG frame (header rq already read): its notification and counter, under
+ * the segment's reader lock unless the caller holds it (an RDMA session).
+ * Nonzero: the stream broke or broke the framing.
+ */
+static int serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked)
+{
+	struct kd_seg *s = cn->seg;
+	struct kv_side side = { .seg = s };
+	struct kv_resp rs = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
+				      .len = sizeof(rs) }, .tag = rq->tag };
+	uint8_t data[KCOLL_NOTIF_MAX_BYTES];
+	struct kv_msg km;
+
+	if (rq->nr || rq->hdr.len < sizeof(*rq) + sizeof(km) ||
+	    io_full(cn->fd, &km, sizeof(km), false) || !km.len || km.len > KCOLL_NOTIF_MAX_BYTES ||
+	    rq->hdr.len != sizeof(*rq) + sizeof(km) + km.len || io_full(cn->fd, data, km.len, false))
+		return -EPROTO;
+	if (locked)
+		rs.status = notif_deliver(s, km.sender, rq->notify_id, data, km.len);
+	else if (lock_sides(&side, &side))
+		rs.status = -EIDRM;
+	else {
+		rs.status = notif_deliver(s, km.sender, rq->notify_id, data, km.len);
+		unlock_sides(&side, &side);
+	}
+	return io_full(cn->fd, &rs, sizeof(rs), true);
+}
+
+/*
  * The owner's side of an RDMA session (peer asked with KV_OP_RDMA on a
  * stream whose token was checked): register the segment in a PD of this
  * connection only, answer our address, base and rkey, then serve notifies
@@ -2168,10 +2363,17 @@ static int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint
 			goto out;
 		if (pf[1].revents)
 			kv_rdma_ack_event(k);
-		/* The peer closed, sent what an RDMA session does not carry, or
-		 * seg_kill shut the stream down: the session is over. */
-		if (pf[0].revents)
-			goto out;
+		/* A notification; else the peer closed, sent what an RDMA
+		 * session does not carry, or seg_kill shut the stream down:
+		 * the session is over. */
+		if (pf[0].revents) {
+			struct kv_req rq;
+
+			if (!(pf[0].revents & POLLIN) || io_full(cn->fd, &rq, sizeof(rq), false) ||
+			    rq.hdr.magic != KD_PEER_MAGIC || rq.hdr.type != KD_P_KV_REQ ||
+			    rq.op != KV_OP_MSG || serve_msg(cn, &rq, true))
+				goto out;
+		}
 	}
 out:
 	kv_rdma_revoke(k);	/* the rkey is dead before the lock is released */
@@ -2209,6 +2411,11 @@ static void *kv_serve(void *arg)
 			    io_full(cn->fd, &h, sizeof(h), false) || serve_rdma(cn, &h, rq.tag))
 				break;	/* the RDMA session ended, or the stream broke */
 			continue;	/* refused: the peer goes on over TCP */
+		}
+		if (rq.hdr.magic == KD_PEER_MAGIC && rq.hdr.type == KD_P_KV_REQ && rq.op == KV_OP_MSG) {
+			if (serve_msg(cn, &rq, false))
+				break;
+			continue;
 		}
 		if (rq.hdr.magic != KD_PEER_MAGIC || rq.hdr.type != KD_P_KV_REQ ||
 		    rq.op > KV_OP_NOTIFY || rq.nr > KV_FRAME_ENTRIES ||
@@ -2257,7 +2464,8 @@ answer:
 
 void kd_kv_accept(int fd, const struct kd_p_hello *m)
 {
-	struct kv_ack ack = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_ACK, .len = sizeof(ack) } };
+	struct kv_ack ack = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_ACK, .len = sizeof(ack) },
+			      .features = KV_ACK_F_MSG };
 	struct kd_seg *s = seg_find(m->from_host);
 	struct kv_conn *cn = NULL;
 	pthread_attr_t attr;

@@ -28,6 +28,7 @@
 #include "net.h"
 #include "log.h"
 #include "metrics.h"
+#include "rdma.h"
 #include "reduce.h"
 #ifdef KCOLL_HAVE_BPF
 #include "kcolld_bpf.h"
@@ -409,8 +410,9 @@ static bool on_message(struct kd_client *c)
 	case KCOLL_MSG_SEG_REG:
 	case KCOLL_MSG_SEG_UNREG:
 	case KCOLL_MSG_SEG_IMPORT:
-	case KCOLL_MSG_SEG_CLOSE: {
-		uint8_t kvrep[512];
+	case KCOLL_MSG_SEG_CLOSE:
+	case KCOLL_MSG_SEG_NOTIFS: {
+		static uint8_t kvrep[sizeof(struct kcoll_msg_seg_notifs_reply)];	/* control thread only */
 		size_t kvlen;
 		int kvfd;
 
@@ -584,6 +586,9 @@ int main(int argc, char **argv)
 	if (kd.nworkers <= 0)
 		kd.nworkers = sysconf(_SC_NPROCESSORS_ONLN);
 	kd_tunables_init();
+	/* Unmapped memory must leave the RDMA registration cache (zero-copy
+	 * sends, KV) before its address can be mapped again. */
+	kd_unmap_subscribe(kcoll_rdma_mr_invalidate);
 	kd.spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
 	kd.start_ns = kd_now_ns();
 
@@ -618,7 +623,7 @@ int main(int argc, char **argv)
 	ep_add(sigfd, &sigfd);
 	if (kd_metrics_start(kd.epfd, &metrics_tag, &metrics_src))
 		return 1;
-	if (kd_net_start(listen_spec, addrs_spec))
+	if (kd_net_start(listen_spec, addrs_spec, kd_xport_default))
 		kc_warn("multi-host communicators are disabled: this kcolld cannot listen for peers");
 #ifdef KCOLL_HAVE_BPF
 	kd_bpf_start();

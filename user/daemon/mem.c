@@ -31,7 +31,6 @@
 #include "kcoll_gpu.h"
 #include "kcolld.h"
 #include "log.h"
-#include "rdma.h"
 
 static int mapped_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
 		       uint8_t *tmp, const uint8_t **p)
@@ -383,7 +382,7 @@ void kd_region_put(struct kd_region *rg)
 	/* The RDMA registration cache may hold a host mapping (zero-copy
 	 * sends): drop it before the address can be mapped again. */
 	if (!rg->dev)
-		kcoll_rdma_mr_invalidate(rg->map, rg->size);
+		kd_unmap_notify(rg->map, rg->size);
 	if (rg->dev) {
 		const struct kcoll_gpu_kernels *k;
 		struct kcoll_gpu *g;
@@ -491,7 +490,7 @@ int kd_region_add_pinned(struct kd_client *c, uint64_t handle, uint64_t addr, ui
  * kcoll.ko's dma-buf of a pinned region's pages (offset 0 = kmap.map_base),
  * asked for on first use and kept with the region: the NIC cannot pin the
  * PFN map itself, it can take the dma-buf (zero-copy RDMA sends,
- * rdma/xport_rdma.c zc_span). Returns the fd (the region owns it) or -errno.
+ * xport_rdma.c zc_span). Returns the fd (the region owns it) or -errno.
  */
 int kd_region_dmabuf(struct kd_region *rg)
 {

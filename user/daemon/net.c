@@ -41,7 +41,6 @@
 #include "kcolld.h"
 #include "log.h"
 #include "net.h"
-#include "xport_rdma.h"
 
 enum pc_role { PC_LISTEN, PC_NEW, PC_BOOT_ROOT, PC_BOOT_MEMBER, PC_CTRL };
 
@@ -100,6 +99,7 @@ static struct {
 	_Atomic uint32_t lane_bytes;	/* KCOLL_LANE_BYTES, kcollctl set lane_bytes */
 	_Atomic uint32_t nstreams;
 	atomic_ulong rejected, garbage;
+	const struct kd_xport_ops *xport;	/* new communicators' transport */
 } net = { .listen.fd = -1 };
 
 static const char *const algo_names[] = { "auto", "ring", "rd", "rabenseifner", "direct" };
@@ -461,7 +461,7 @@ int kd_net_self_addrs(uint16_t *port, uint32_t *addrs, int max)
 	return n;
 }
 
-int kd_net_start(const char *listen_spec, const char *addrs_spec)
+int kd_net_start(const char *listen_spec, const char *addrs_spec, const struct kd_xport_ops *(*pick)(void))
 {
 	struct sockaddr_in sa;
 	socklen_t sl = sizeof(sa);
@@ -525,7 +525,7 @@ int kd_net_start(const char *listen_spec, const char *addrs_spec)
 			"0 = one per shared network)", net.me.port, a0, net.me.naddrs > 1 ? ", " : "", a1,
 			net.me.naddrs > 2 ? ", ..." : "", kd_algo_name(a), atomic_load(&net.nstreams));
 	}
-	kd_xport_default();	/* picks and logs the transport (and why not RDMA) */
+	net.xport = pick();	/* picks and logs the transport (and why not RDMA) */
 	return 0;
 }
 
@@ -712,7 +712,7 @@ static void member_table(struct kd_comm *comm, const struct kd_p_table *t, size_
 	mh->algo = t->algo <= KD_ALGO_DIRECT ? t->algo : KD_ALGO_AUTO;
 	mh->lane_bytes = t->lane_bytes;
 	mh->net_piece = t->piece;
-	mh->xport = kd_xport_default();
+	mh->xport = net.xport;
 	mh->abort_fd = -1;
 	mh->running_seq = UINT64_MAX;
 	pthread_mutex_init(&mh->plan_lock, NULL);
@@ -1748,9 +1748,12 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 			for (uint32_t h = 0, k = 0; h < 64; h++)
 				if (seen & (1ULL << h))
 					PUT("%s%u", k++ ? "," : "", h);
-			PUT("],\"xport\":\"%s\",", mh->xport->name);
-			if (n < cap)
-				n += kd_rdma_render(mh, buf + n, cap - n, 1);
+			PUT("],\"xport\":\"%s\"", mh->xport->name);
+			if (mh->xport->render) {
+				PUT(",");
+				if (n < cap)
+					n += mh->xport->render(mh, buf + n, cap - n, 1);
+			}
 			PUT("}");
 		}
 		PUT("]}");
@@ -1781,8 +1784,8 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 					PUT("%s%u", k++ ? "," : " (held by host ", h);
 			PUT("%s\n", seen ? "; kcollctl anomalies)" : "");
 			PUT("    transport %s\n", mh->xport->name);
-			if (n < cap)
-				n += kd_rdma_render(mh, buf + n, cap - n, 0);
+			if (mh->xport->render && n < cap)
+				n += mh->xport->render(mh, buf + n, cap - n, 0);
 		}
 	}
 #undef PUT

@@ -263,13 +263,24 @@ struct kd_mh;
  */
 struct kd_xport_ops {
 	const char *name;
+	/* Once, when xport.c considers it: 0 if usable (it logs what it runs
+	 * on), else -errno with why filled in. NULL: always usable. */
+	int (*init)(char *why, size_t cap);
 	int (*run_steps)(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
 			 uint32_t first, bool chain, uint32_t *bad_host);
 	/* Release mh->xpriv (the net thread has stopped); NULL: nothing to. */
 	void (*close)(struct kd_mh *mh);
+	/* kcollctl status: the transport's own state for mh (json: one
+	 * "key":value member); NULL: nothing to show. Returns bytes written. */
+	size_t (*render)(struct kd_mh *mh, char *buf, size_t cap, int json);
 };
 
-extern const struct kd_xport_ops kd_xport_tcp;
+extern const struct kd_xport_ops kd_xport_tcp;	/* xport_tcp.c */
+extern const struct kd_xport_ops kd_xport_rdma;	/* xport_rdma.c */
+
+/* xport.c: the transport new communicators use (KCOLL_NET_XPORT; auto: the
+ * best whose init succeeds, RDMA before TCP, logging why once). */
+const struct kd_xport_ops *kd_xport_default(void);
 
 enum kd_algo { KD_ALGO_AUTO, KD_ALGO_RING, KD_ALGO_RD, KD_ALGO_RABENSEIFNER, KD_ALGO_DIRECT };
 
@@ -359,8 +370,10 @@ struct kd_mh {
 	_Atomic uint64_t bytes_sent, bytes_recv;
 };
 
-/* net.c (control thread) */
-int kd_net_start(const char *listen_spec, const char *addrs_spec);
+/* net.c (control thread). pick: the transport for new communicators
+ * (main.c passes xport.c's kd_xport_default; called once here, at start). */
+int kd_net_start(const char *listen_spec, const char *addrs_spec,
+		 const struct kd_xport_ops *(*pick)(void));
 /* Who this daemon is to its peers (after kd_net_start): listen port (0 when
  * not listening) and up to max advertised addresses; returns how many. */
 int kd_net_self_addrs(uint16_t *port, uint32_t *addrs, int max);

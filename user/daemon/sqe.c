@@ -29,6 +29,18 @@ static int xfer_check(const struct kcoll_sqe *s, const char **why)
 		*why = "NULL or wrapping entry array";
 		return -EFAULT;
 	}
+	if (x->msg_len > KCOLL_NOTIF_MAX_BYTES) {
+		*why = "notification longer than KCOLL_NOTIF_MAX_BYTES";
+		return -EMSGSIZE;
+	}
+	if (x->msg_len && (!x->msg_addr || x->msg_addr + x->msg_len < x->msg_addr)) {
+		*why = "NULL or wrapping notification";
+		return -EFAULT;
+	}
+	if (!x->msg_len && x->msg_addr) {
+		*why = "notification address without a length";
+		return -EINVAL;
+	}
 	return 0;
 }
 

@@ -985,7 +985,7 @@ static int mem_kind(struct kcoll *k, const void *ptr, size_t bytes, uint8_t *kin
 /*
  * kcolld reaches a buffer outside kcoll memory with process_vm_readv/writev,
  * which pins the pages of every chunk it copies, page by page: with 4 KiB
- * pages that pinning costs about as much as the copy itself (docs/perf.md
+ * pages that pinning costs about as much as the copy itself (docs/perf/shim.md
  * section 5). Collapsing the 2 MiB-aligned inside of a large buffer into
  * huge pages once (MADV_COLLAPSE: synchronous, keeps the contents, adds no
  * memory beyond pages the op reads or writes anyway, all of them) lets

@@ -23,6 +23,7 @@ struct kcoll_seg {
 	uint32_t nr_notify;
 	const uint32_t *counters;	/* read-only mapping; kcolld increments */
 	size_t counters_len;
+	const uint32_t *notif_word;	/* in the same mapping: notifications queued */
 	struct kcoll_seg_wire desc;
 };
 
@@ -69,16 +70,18 @@ int kcoll_seg_register(struct kcoll *k, void *ptr, size_t len, const struct kcol
 	s->id = rep.desc.seg_id;
 	s->nr_notify = rep.desc.nr_notify;
 	s->desc = rep.desc;
-	if (s->nr_notify) {
+	{
 		void *p;
 
-		s->counters_len = ((size_t)s->nr_notify * sizeof(uint32_t) + 4095) & ~(size_t)4095;
+		s->counters_len = kcoll_seg_counters_len(s->nr_notify);
 		p = fd < 0 ? MAP_FAILED : mmap(NULL, s->counters_len, PROT_READ, MAP_SHARED, fd, 0);
 		if (p == MAP_FAILED) {
 			r = fd < 0 ? -EPROTO : -errno;
 			goto err_unreg;
 		}
 		s->counters = p;
+		s->notif_word = (const uint32_t *)((const uint8_t *)p +
+						   kcoll_seg_notif_word_off(s->nr_notify));
 	}
 	if (fd >= 0)
 		close(fd);
@@ -173,7 +176,7 @@ uint64_t kcoll_rseg_size(const struct kcoll_rseg *rs)
 
 static int xfer(uint8_t opcode, struct kcoll_seg *l, struct kcoll_rseg *rs,
 		const struct kcoll_xfer_entry *e, uint32_t n, uint32_t notify_id,
-		struct kcoll_req **req)
+		const void *msg, uint32_t msg_len, struct kcoll_req **req)
 {
 	struct kcoll_sqe sqe = { .opcode = opcode };
 
@@ -186,20 +189,96 @@ static int xfer(uint8_t opcode, struct kcoll_seg *l, struct kcoll_rseg *rs,
 	sqe.xfer.local_seg = l->id;
 	sqe.xfer.remote_seg = rs->handle;
 	sqe.xfer.notify_id = notify_id;
+	sqe.xfer.msg_addr = (uintptr_t)msg;
+	sqe.xfer.msg_len = msg_len;
 	return kcoll_priv_submit(l->k, &sqe, req);
 }
 
 int kcoll_xfer_write(struct kcoll_seg *l, struct kcoll_rseg *rs, const struct kcoll_xfer_entry *e,
 		     uint32_t n, uint32_t notify_id, struct kcoll_req **req)
 {
-	return xfer(KCOLL_OP_XFER_WRITE, l, rs, e, n, notify_id, req);
+	return xfer(KCOLL_OP_XFER_WRITE, l, rs, e, n, notify_id, NULL, 0, req);
 }
 
 int kcoll_xfer_read(struct kcoll_seg *l, struct kcoll_rseg *rs, const struct kcoll_xfer_entry *e,
 		    uint32_t n, uint32_t notify_id, struct kcoll_req **req)
 {
-	return xfer(KCOLL_OP_XFER_READ, l, rs, e, n, notify_id, req);
+	return xfer(KCOLL_OP_XFER_READ, l, rs, e, n, notify_id, NULL, 0, req);
 }
+
+/* The message is read by kcolld when it takes the SQE; like the entries it
+ * must stay valid until the request completes. */
+static int xfer_notif(uint8_t opcode, struct kcoll_seg *l, struct kcoll_rseg *rs,
+		      const struct kcoll_xfer_entry *e, uint32_t n, uint32_t notify_id,
+		      const void *msg, uint32_t msg_len, struct kcoll_req **req)
+{
+	if (msg_len > KCOLL_NOTIF_MAX_BYTES)
+		return -EMSGSIZE;
+	if (!msg || !msg_len)
+		return -EINVAL;
+	return xfer(opcode, l, rs, e, n, notify_id, msg, msg_len, req);
+}
+
+int kcoll_xfer_write_notif(struct kcoll_seg *l, struct kcoll_rseg *rs,
+			   const struct kcoll_xfer_entry *e, uint32_t n, uint32_t notify_id,
+			   const void *msg, uint32_t msg_len, struct kcoll_req **req)
+{
+	return xfer_notif(KCOLL_OP_XFER_WRITE, l, rs, e, n, notify_id, msg, msg_len, req);
+}
+
+int kcoll_xfer_read_notif(struct kcoll_seg *l, struct kcoll_rseg *rs,
+			  const struct kcoll_xfer_entry *e, uint32_t n, uint32_t notify_id,
+			  const void *msg, uint32_t msg_len, struct kcoll_req **req)
+{
+	return xfer_notif(KCOLL_OP_XFER_READ, l, rs, e, n, notify_id, msg, msg_len, req);
+}
+
+int kcoll_seg_get_notifs(struct kcoll_seg *s, struct kcoll_notif *out, uint32_t max, uint32_t *nr)
+{
+	struct kcoll_msg_seg_notifs req = { .hdr.type = KCOLL_MSG_SEG_NOTIFS };
+	struct kcoll_msg_seg_notifs_reply *rep;
+	uint32_t got = 0;
+	int r = 0;
+
+	if (!s || !nr || (max && (!out || out[0].size != sizeof(*out))))
+		return -EINVAL;
+	*nr = 0;
+	if (!max)
+		return 0;
+	rep = malloc(sizeof(*rep));
+	if (!rep)
+		return -ENOMEM;
+	req.id = s->id;
+	while (got < max) {
+		req.max = max - got < KCOLL_SEG_NOTIFS_PER_MSG ? max - got : KCOLL_SEG_NOTIFS_PER_MSG;
+		rep->nr = 0;
+		r = kcoll_priv_ctl(s->k, &req, sizeof(req), -1, rep, sizeof(*rep), NULL, 5000);
+		if (r)
+			break;
+		if (rep->nr > req.max) {
+			r = -EPROTO;
+			break;
+		}
+		for (uint32_t i = 0; i < rep->nr; i++, got++) {
+			struct kcoll_notif *o = &out[got];
+
+			memset(o, 0, sizeof(*o));
+			o->size = sizeof(*o);
+			o->sender = rep->rec[i].sender;
+			o->notify_id = rep->rec[i].notify_id;
+			o->len = rep->rec[i].len > KCOLL_NOTIF_MAX_BYTES ? KCOLL_NOTIF_MAX_BYTES :
+				 rep->rec[i].len;
+			memcpy(o->data, rep->rec[i].data, o->len);
+		}
+		if (!rep->left || rep->nr < req.max)
+			break;
+	}
+	free(rep);
+	*nr = got;
+	/* What was taken is the caller's even if a later round failed. */
+	return got ? 0 : r;
+}
+
 
 int kcoll_seg_notify_get(const struct kcoll_seg *s, uint32_t id, uint32_t *value)
 {
@@ -237,6 +316,29 @@ int kcoll_seg_notify_wait(struct kcoll_seg *s, uint32_t id, uint32_t value, int 
 		/* kcolld wakes every waiter after each increment; the slice
 		 * bounds how long a dead daemon goes unnoticed. */
 		kcoll_futex_wait((uint32_t *)&s->counters[id], v, left < slice_ns ? left : slice_ns);
+		if (!kcoll_priv_alive(s->k))
+			return -ENOTCONN;
+	}
+}
+
+int kcoll_seg_notif_wait(struct kcoll_seg *s, int timeout_ms)
+{
+	const int64_t slice_ns = 100 * 1000000LL;
+	int64_t deadline;
+
+	if (!s || !s->notif_word)
+		return -EINVAL;
+	deadline = timeout_ms < 0 ? INT64_MAX : mono_ns() + (int64_t)timeout_ms * 1000000;
+	for (;;) {
+		uint32_t v = __atomic_load_n(s->notif_word, __ATOMIC_ACQUIRE);
+		int64_t left;
+
+		if (v)
+			return 0;
+		left = deadline - mono_ns();
+		if (left <= 0)
+			return -ETIMEDOUT;
+		kcoll_futex_wait((uint32_t *)s->notif_word, 0, left < slice_ns ? left : slice_ns);
 		if (!kcoll_priv_alive(s->k))
 			return -ENOTCONN;
 	}

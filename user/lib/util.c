@@ -120,6 +120,11 @@ const char *kcoll_strerror(int err)
 		return "the segment descriptor names another kcolld without an address to reach it";
 	case ENOENT:
 		return "no such segment or handle (never registered, or already closed)";
+	case EMSGSIZE:
+		return "notification longer than KCOLL_NOTIF_MAX_BYTES";
+	case ENOBUFS:
+		return "the segment owner's notification queue is full (KCOLL_SEG_NOTIF_QUEUE untaken): "
+		       "its owner must take them with kcoll_seg_get_notifs; the batch's notify was not counted";
 	default:
 		return strerror(-err);
 	}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # MPI_Allreduce across the netns test bed with and without libkcoll_mpi.so,
 # side by side in one run with what bounds it: per round, the raw TCP ring
-# capacity (kcoll-tcpcap ring, as docs/perf.md section 4), mpi-coll-bench
+# capacity (kcoll-tcpcap ring, as docs/perf/cluster.md §4), mpi-coll-bench
 # under Open MPI (TCP between hosts, one rank per host, launched through
 # scripts/netns-rsh.sh), the same with the shim preloaded (each rank on its
 # own host's kcolld), for malloc and MPI_Alloc_mem buffers, and kcoll-bench's

@@ -41,7 +41,8 @@
 
 #define KCOLL_MPI_EXPORT __attribute__((visibility("default")))
 /* Measured break-even with Open MPI's shared-memory all-reduce on the 2-core
- * test VM (docs/perf.md section 5): 16 MiB. Set it lower on larger hosts. */
+ * test VM (docs/perf/shim.md section 5): 16 MiB. Set it lower on larger
+ * hosts. */
 #define KCOLL_MPI_DEFAULT_MIN_BYTES (16 * 1024 * 1024)
 /* Largest element kcoll moves: 8 bytes in reductions, 32 (MPI's largest
  * predefined type without holes, long double complex) in all-gather and
@@ -140,7 +141,7 @@ static long long kcoll_mpi_env_ll(const char *name, long long def, long long min
 /*
  * Counts feed only the KCOLL_MPI_DEBUG summary, so without it nothing is
  * counted: a locked add per call is measurable on a small message
- * (docs/perf.md section 5).
+ * (docs/perf/shim.md section 5).
  */
 static inline void kcoll_mpi_count(enum kcoll_mpi_call call, bool kcoll, MPI_Comm comm,
 				   size_t bytes)
@@ -486,7 +487,7 @@ static __attribute__((noinline)) int kcoll_mpi_allreduce(const void *sendbuf, vo
  * The exported wrappers of all-reduce and broadcast are this small on
  * purpose: a call below the threshold for any type (and no KCOLL_MPI_DEBUG)
  * costs one compare and a tail jump to PMPI (shim_check overhead measures
- * it; docs/perf.md section 5).
+ * it; docs/perf/shim.md section 5).
  */
 KCOLL_MPI_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count,
 				   MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)

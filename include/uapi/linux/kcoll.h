@@ -89,12 +89,16 @@ struct kcoll_sqe_xfer {
 	__u32 nr_entries;
 	__u32 local_seg;		/* handle of a registered local segment */
 	__u32 notify_id;		/* counter on the remote segment, or KCOLL_NOTIFY_NONE */
-	__u32 reserved[5];		/* must be zero */
+	__u32 msg_len;			/* notification bytes at msg_addr, 0: none */
+	__aligned_u64 msg_addr;		/* notification for the remote segment's owner */
+	__u32 reserved[2];		/* must be zero */
 };
 
 #define KCOLL_NOTIFY_NONE	0xffffffffU
 #define KCOLL_XFER_MAX_ENTRIES	4096		/* nr_entries limit: more is -E2BIG */
 #define KCOLL_SEG_MAX_NOTIFY	1024		/* notify counters per segment */
+#define KCOLL_NOTIF_MAX_BYTES	512		/* msg_len limit: more is -EMSGSIZE */
+#define KCOLL_SEG_NOTIF_QUEUE	256		/* notifications a segment holds untaken */
 
 struct kcoll_xfer_entry {
 	__aligned_u64 local_off;

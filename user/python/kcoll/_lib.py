@@ -20,6 +20,31 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("bytes", ctypes.c_uint8 * UNIQUE_ID_BYTES)]
 
 
+# KV-cache transfers (<kcoll/kcoll.h>, <linux/kcoll.h>); kcoll.kv uses them.
+SEG_DESC_BYTES = 128
+XFER_MAX_ENTRIES = 4096
+SEG_MAX_NOTIFY = 1024
+NOTIFY_NONE = 0xFFFFFFFF
+NOTIF_MAX_BYTES = 512
+SEG_NOTIF_QUEUE = 256
+SEG_F_GRANT_UID = 1
+
+
+class SegDesc(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint8 * SEG_DESC_BYTES)]
+
+
+class SegOpts(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("nr_notify", ctypes.c_uint32), ("grant_uid", ctypes.c_uint32)]
+
+
+class Notif(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint32), ("flags", ctypes.c_uint32), ("sender", ctypes.c_uint64),
+                ("notify_id", ctypes.c_uint32), ("len", ctypes.c_uint32),
+                ("data", ctypes.c_uint8 * NOTIF_MAX_BYTES)]
+
+
 def _candidates():
     env = os.environ.get("KCOLL_LIB")
     if env:
@@ -49,6 +74,7 @@ _p = ctypes.c_void_p
 _pp = ctypes.POINTER(ctypes.c_void_p)
 _i = ctypes.c_int
 _sz = ctypes.c_size_t
+_u32 = ctypes.c_uint32
 
 _protos = {
     "kcoll_connect": (_i, [_p, _pp]),
@@ -71,6 +97,20 @@ _protos = {
     "kcoll_mem_free": (_i, [_p, _p]),
     "kcoll_dtype_size": (_sz, [_i]),
     "kcoll_strerror": (ctypes.c_char_p, [_i]),
+    "kcoll_seg_register": (_i, [_p, _p, _sz, ctypes.POINTER(SegOpts), _pp]),
+    "kcoll_seg_unregister": (_i, [_p]),
+    "kcoll_seg_export": (_i, [_p, ctypes.POINTER(SegDesc)]),
+    "kcoll_seg_import": (_i, [_p, ctypes.POINTER(SegDesc), _pp]),
+    "kcoll_rseg_close": (_i, [_p]),
+    "kcoll_rseg_size": (ctypes.c_uint64, [_p]),
+    "kcoll_xfer_write_notif": (_i, [_p, _p, _p, _u32, _u32, _p, _u32, _pp]),
+    "kcoll_xfer_read_notif": (_i, [_p, _p, _p, _u32, _u32, _p, _u32, _pp]),
+    "kcoll_xfer_write": (_i, [_p, _p, _p, _u32, _u32, _pp]),
+    "kcoll_xfer_read": (_i, [_p, _p, _p, _u32, _u32, _pp]),
+    "kcoll_seg_notify_get": (_i, [_p, _u32, ctypes.POINTER(_u32)]),
+    "kcoll_seg_notify_wait": (_i, [_p, _u32, _u32, _i]),
+    "kcoll_seg_get_notifs": (_i, [_p, ctypes.POINTER(Notif), _u32, ctypes.POINTER(_u32)]),
+    "kcoll_seg_notif_wait": (_i, [_p, _i]),
 }
 for _name, (_res, _args) in _protos.items():
     _f = getattr(lib, _name)

@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@
 #define HDR_BYTES	64u		/* slot header, keeps payloads aligned */
 #define SETUP_MAGIC	0x6b637264u	/* "kcrd" */
 #define SLOT_MAGIC	0x6b637370u
+#define FLUSH_NS	2000000000LL	/* rdma_close waits this long for acknowledgements */
 
 enum { WR_RECV = 1, WR_DATA = 2, WR_CREDIT = 3, WR_ZC = 4 };
 #define WRID(host, qp, kind)	(((uint64_t)(host) << 16) | ((uint64_t)(qp) << 8) | (kind))
@@ -86,6 +88,8 @@ struct rpeer {
 	uint64_t pieces_out, pieces_in;
 	uint64_t pieces_zc;		/* of pieces_out: written from the buffer itself */
 	uint32_t zc_out;		/* zero-copy writes of this call not completed yet */
+	uint32_t sq_out;		/* writes posted, not completed yet (all kinds) */
+	bool eof;			/* its TCP stream closed: it left or died */
 };
 
 struct rstate {
@@ -97,10 +101,7 @@ struct rstate {
 	size_t zc_min;			/* KCOLL_IB_ZC_BYTES: pieces this large go zero-copy */
 };
 
-/* ---- choosing the transport ------------------------------------------ */
-
-static pthread_once_t pick_once = PTHREAD_ONCE_INIT;
-static const struct kd_xport_ops *picked;
+/* ---- starting ----------------------------------------------------------- */
 
 /*
  * A device being removed must be closed by every process before the kernel
@@ -117,41 +118,21 @@ static void *reaper(void *arg)
 	return NULL;
 }
 
-static void pick(void)
+/* Usable when a device is (user/daemon/xport.c chooses). */
+static int rdma_init(char *why, size_t cap)
 {
-	const char *want = kcoll_knob_str("KCOLL_NET_XPORT");
 	pthread_t t;
-	int r;
+	int r = kcoll_rdma_init();
 
-	picked = &kd_xport_tcp;
-	if (!strcmp(want, "tcp")) {
-		kc_info("transport between daemons: tcp (KCOLL_NET_XPORT=tcp)");
-		return;
-	}
-	if (strcmp(want, "rdma") && strcmp(want, "auto")) {
-		kc_warn("KCOLL_NET_XPORT='%s' is not auto, rdma or tcp: using tcp", want);
-		return;
-	}
-	r = kcoll_rdma_init();
 	if (r) {
-		if (!strcmp(want, "rdma"))
-			kc_err("transport between daemons: KCOLL_NET_XPORT=rdma but %s; falling back to tcp",
-			       kcoll_rdma_why());
-		else
-			kc_info("transport between daemons: tcp (rdma not used: %s)", kcoll_rdma_why());
-		return;
+		snprintf(why, cap, "%s", kcoll_rdma_why());
+		return r;
 	}
-	picked = &kd_xport_rdma;
 	if (!pthread_create(&t, NULL, reaper, NULL))
 		pthread_detach(t);
 	for (int d = 0; d < kcoll_rdma_ndevs(); d++)
 		kc_info("transport between daemons: rdma, device %s", kcoll_rdma_dev_name(d));
-}
-
-const struct kd_xport_ops *kd_xport_default(void)
-{
-	pthread_once(&pick_once, pick);
-	return picked;
+	return 0;
 }
 
 /* ---- the TCP side channel (setup) ------------------------------------ */
@@ -429,10 +410,18 @@ static int drain(struct kd_mh *mh, struct rstate *rs, bool *progress, uint32_t *
 
 		if (p->state != 1)
 			continue;
-		while ((n = ibv_poll_cq(p->ep->cq, 16, wc)) > 0) {
+		while (p->state == 1 && (n = ibv_poll_cq(p->ep->cq, 16, wc)) > 0) {
 			for (int i = 0; i < n; i++) {
 				uint32_t kind = wc[i].wr_id & 0xff, qpi = (wc[i].wr_id >> 8) & 0xff;
 
+				if (kind != WR_RECV && p->sq_out)
+					p->sq_out--;
+				if (wc[i].status != IBV_WC_SUCCESS && p->eof) {
+					/* Our credit to a peer that left: its QP is
+					 * gone. Fatal only to a call that needs it. */
+					p->state = -ECONNRESET;
+					break;
+				}
 				if (wc[i].status != IBV_WC_SUCCESS) {
 					*bad_host = h;
 					p->state = wc_fail(mh, h, &wc[i]);
@@ -534,6 +523,7 @@ static int consume(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct
 				     WRID(c->host, k % rs->nqp, WR_CREDIT));
 		if (r)
 			return r;
+		p->sq_out++;
 		c->pdone[h.piece] = true;
 		p->pieces_in++;
 		atomic_fetch_add(&mh->bytes_recv, pc->len + HDR_BYTES);
@@ -645,6 +635,7 @@ static int post_sends(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, str
 						WRID_ZC(rs->gen, c->host, qpi));
 			if (r)
 				return r;
+			p->sq_out++;
 			p->zc_out++;
 			p->pieces_zc++;
 		} else {
@@ -654,6 +645,7 @@ static int post_sends(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, str
 					     p->raddr + k * rs->slot_bytes, p->rkey, &k, WRID(c->host, qpi, WR_DATA));
 			if (r)
 				return r;
+			p->sq_out++;
 		}
 		p->sfree &= ~(1u << k);
 		p->pieces_out++;
@@ -666,6 +658,14 @@ static int post_sends(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, str
 	return 0;
 }
 
+static int peer_left(struct kd_mh *mh, uint32_t h, uint32_t *bad_host)
+{
+	kc_warn("comm %s: host %u (%s) closed its connection: its kcolld died or left", mh->comm->name, h,
+		mh->hosts[h].info.name);
+	*bad_host = h;
+	return -ECONNRESET;
+}
+
 static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
 			  uint32_t first, bool chain, uint32_t *bad_host)
 {
@@ -675,6 +675,7 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 	struct cursor *cs = NULL;
 	struct kd_piece **lists = NULL;
 	struct pollfd pfd[3 * KD_MAX_HOSTS + 1];
+	uint32_t pfd_host[3 * KD_MAX_HOSTS + 1];
 	int64_t slack = comm->timeout_ns + 2000000000LL, idle_since = 0;
 	int r = 0;
 
@@ -687,7 +688,7 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 		}
 		/* Pieces no larger than KCOLL_IB_PIECE_BYTES: a message of a
 		 * few of them keeps both QPs busy and overlaps the writes with
-		 * the receiver's copy-out (docs/perf.md §7). */
+		 * the receiver's copy-out (docs/perf/rdma.md §7). */
 		rs->piece = (size_t)kcoll_knob_ll("KCOLL_IB_PIECE_BYTES") & ~(size_t)4095;
 		if (!rs->piece || rs->piece > mh->piece)
 			rs->piece = mh->piece;
@@ -777,6 +778,10 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 			pending++;
 			if (gated(c))
 				continue;
+			if (rs->peer[c->host].state < 0) {
+				r = peer_left(mh, c->host, bad_host);
+				goto out;
+			}
 			r = c->send ? post_sends(mh, op, rs, c, &progress) :
 				      consume(mh, op, rs, c, first, &progress);
 			if (r) {
@@ -823,13 +828,26 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 			goto out;
 		if (progress)
 			continue;
+		/* Nothing moved: a peer that left can no longer give what a
+		 * cursor still needs. */
+		for (uint32_t i = 0; i < nc; i++)
+			if (!cs[i].done && rs->peer[cs[i].host].eof) {
+				r = peer_left(mh, cs[i].host, bad_host);
+				goto out;
+			}
 		for (uint32_t h = 0; h < mh->nhosts; h++) {
 			if (rs->peer[h].state != 1)
 				continue;
+			pfd_host[np] = h;
 			pfd[np++] = (struct pollfd){ .fd = rs->peer[h].ep->ch->fd, .events = POLLIN };
 			/* A peer that dies closes its TCP streams: that wakes us. */
-			pfd[np++] = (struct pollfd){ .fd = mh->hosts[h].data[0], .events = POLLIN | POLLRDHUP };
+			if (!rs->peer[h].eof) {
+				pfd_host[np] = h;
+				pfd[np++] = (struct pollfd){ .fd = mh->hosts[h].data[0],
+							     .events = POLLIN | POLLRDHUP };
+			}
 			/* A port going down raises an async event. */
+			pfd_host[np] = h;
 			pfd[np++] = (struct pollfd){ .fd = kcoll_rdma_async_fd(rs->peer[h].ep->port.dev),
 						     .events = POLLIN };
 		}
@@ -847,30 +865,26 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 		if (poll(pfd, np, left < 100 ? (int)left : 100) <= 0)
 			continue;
 		for (uint32_t i = 0; i + 1 < np; i++) {
-			uint32_t h = 0;
+			uint32_t h = pfd_host[i];
 
 			if (!pfd[i].revents)
 				continue;
-			for (uint32_t j = 0, q = 0; j < mh->nhosts; j++)
-				if (rs->peer[j].state == 1 && q++ == i / 3)
-					h = j;
-			if (i % 3 == 2) {
-				r = ports_ok(mh, rs, bad_host);
-				if (r)
-					goto out;
-			} else if (i % 3 == 0) {
+			if (pfd[i].fd == rs->peer[h].ep->ch->fd) {
 				struct ibv_cq *cq;
 				void *ctx;
 
 				if (!ibv_get_cq_event(rs->peer[h].ep->ch, &cq, &ctx))
 					ibv_ack_cq_events(cq, 1);
+			} else if (pfd[i].fd == mh->hosts[h].data[0]) {
+				/* It closes its streams only after its writes
+				 * completed (rdma_close), so all it sent is in
+				 * our CQ: the call fails only if, once that is
+				 * taken, it still needs this peer (above). */
+				rs->peer[h].eof = true;
 			} else {
-				kc_warn("comm %s: host %u (%s) closed its connection: its kcolld died or "
-					"left", comm->name, h, mh->hosts[h].info.name);
-				rs->peer[h].state = -ECONNRESET;
-				*bad_host = h;
-				r = -ECONNRESET;
-				goto out;
+				r = ports_ok(mh, rs, bad_host);
+				if (r)
+					goto out;
 			}
 		}
 		if (pfd[np - 1].revents & POLLIN) {
@@ -890,12 +904,49 @@ out:
 	return r;
 }
 
+/*
+ * A call returns once its last writes are posted, not delivered: a rank
+ * may destroy the communicator while the NIC still sends them. Destroying
+ * the QPs then would lose them, and a peer still in that call would wait
+ * for them in vain. Wait (boundedly) until each live peer acknowledged
+ * every write; only then do the QPs and, after them, the TCP streams close.
+ */
+static void flush_sends(struct kd_mh *mh, struct rstate *rs)
+{
+	int64_t end = kd_now_ns() + FLUSH_NS;
+	struct ibv_wc wc[16];
+
+	for (uint32_t h = 0; h < mh->nhosts; h++) {
+		struct rpeer *p = &rs->peer[h];
+
+		while (p->state == 1 && !p->eof && p->sq_out && kd_now_ns() < end) {
+			int n = ibv_poll_cq(p->ep->cq, 16, wc);
+
+			for (int i = 0; i < n; i++)
+				if ((wc[i].wr_id & 0xff) != WR_RECV && p->sq_out)
+					p->sq_out--;
+			for (int i = 0; i < n; i++)
+				if (wc[i].status != IBV_WC_SUCCESS)
+					p->state = -EIO;
+			if (n < 0)
+				p->state = -EIO;
+			if (!n)
+				usleep(100);
+		}
+		if (p->state == 1 && !p->eof && p->sq_out)
+			kc_warn("comm %s: closing with %u writes to host %u (%s) not acknowledged after %d ms",
+				mh->comm->name, p->sq_out, h, mh->hosts[h].info.name,
+				(int)(FLUSH_NS / 1000000));
+	}
+}
+
 static void rdma_close(struct kd_mh *mh)
 {
 	struct rstate *rs = mh->xpriv;
 
 	if (!rs)
 		return;
+	flush_sends(mh, rs);
 	for (uint32_t h = 0; h < mh->nhosts; h++)
 		peer_free(&rs->peer[h]);
 	free(rs->peer);
@@ -905,11 +956,6 @@ static void rdma_close(struct kd_mh *mh)
 	kcoll_rdma_reap();
 }
 
-const struct kd_xport_ops kd_xport_rdma = {
-	.name = "rdma",
-	.run_steps = rdma_run_steps,
-	.close = rdma_close,
-};
 
 /* ---- path control ------------------------------------------------------ */
 
@@ -970,7 +1016,7 @@ struct kcoll_rdma_path kd_rdma_path_for(struct kd_mh *mh, uint32_t host, uint32_
 
 /* ---- status ------------------------------------------------------------ */
 
-size_t kd_rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
+static size_t rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
 {
 	struct rstate *rs = mh->xpriv;
 	size_t n = 0;
@@ -1021,3 +1067,11 @@ size_t kd_rdma_render(struct kd_mh *mh, char *buf, size_t cap, int json)
 #undef PUT
 	return n < cap ? n : cap;
 }
+
+const struct kd_xport_ops kd_xport_rdma = {
+	.name = "rdma",
+	.init = rdma_init,
+	.run_steps = rdma_run_steps,
+	.close = rdma_close,
+	.render = rdma_render,
+};
