@@ -15,6 +15,9 @@ trap cleanup EXIT
 "$B/bin/kcolld" -L loud -f 2>&1 | grep -q "unknown log level"; ok $? "kcolld: bad log level is named"
 "$B/bin/kcollctl" >/dev/null 2>&1; [ $? -eq 2 ]; ok $? "kcollctl without a command exits 2"
 "$B/bin/kcollctl" frobnicate >/dev/null 2>&1; [ $? -eq 2 ]; ok $? "kcollctl: unknown command exits 2"
+out=$("$B/bin/kcollctl" plan --local 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q "local goes with 'anomalies' and 'events'" <<<"$out"
+ok $? "kcollctl: --local with another command than anomalies or events exits 2 and says why"
 out=$("$B/bin/kcollctl" -s "$T/none.sock" status 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "is it running" <<<"$out"; ok $? "kcollctl: no daemon -> exit 1 and what to do"
 

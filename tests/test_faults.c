@@ -1186,6 +1186,16 @@ static void hostile_control(void)
 	h = (struct kcoll_msg_hdr){ .type = 99 };
 	r = ctl_call_hdr(&rc, &h, sizeof(h));
 	tap_ok(r == -EOPNOTSUPP, "control: message type 99 -> EOPNOTSUPP (got %s)", en(r));
+	{
+		struct kcoll_msg_c4 q = { .hdr = { .type = KCOLL_MSG_C4, .flags = KCOLL_C4_F_LOCAL << 1 },
+					  .what = KCOLL_C4_ANOMALIES };
+
+		r = ctl_call_hdr(&rc, &q, sizeof(q));
+		tap_ok(r == -EOPNOTSUPP, "control: C4 request with an unknown flag -> EOPNOTSUPP (got %s)", en(r));
+		q.hdr.flags = KCOLL_C4_F_JSON | KCOLL_C4_F_LOCAL;
+		r = ctl_call_hdr(&rc, &q, sizeof(q));
+		tap_ok(r == 0, "control: C4 request with JSON and LOCAL -> answered (got %s)", en(r));
+	}
 	h = (struct kcoll_msg_hdr){ .type = KCOLL_MSG_COMM_INIT };
 	r = ctl_call_hdr(&rc, &h, sizeof(h));
 	tap_ok(r == -EINVAL, "control: COMM_INIT cut to its header -> EINVAL (got %s)", en(r));

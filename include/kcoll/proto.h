@@ -135,8 +135,10 @@ struct kcoll_msg_set_reply {
 	char error[128];
 };
 
-/* kcollctl anomalies / events / plan; hdr.flags bit 0: JSON. */
+/* kcollctl anomalies / events / plan; hdr.flags: KCOLL_C4_F_*. */
 enum kcoll_c4_what { KCOLL_C4_ANOMALIES = 0, KCOLL_C4_EVENTS = 1, KCOLL_C4_PLAN = 2 };
+#define KCOLL_C4_F_JSON		(1u << 0)
+#define KCOLL_C4_F_LOCAL	(1u << 1)	/* only this host's verdicts, not its peers' */
 
 struct kcoll_msg_c4 {
 	struct kcoll_msg_hdr hdr;

@@ -39,13 +39,28 @@
 #define KD_C4_LEAD	4		/* a plan applies this many ops after the proposal */
 #define KD_C4_ANSWER_NS	(2000 * 1000000LL)	/* a proposal unanswered this long is dropped */
 #define KD_C4_BPF_MAX	(KD_MAX_HOSTS * KCOLL_C4_MAX_LINKS)
+#define KD_C4_REMOTE	16		/* active anomalies kept per peer host */
+#define KD_C4_SHOW	64		/* merged entries kcollctl anomalies shows per comm */
 
 int (*kd_bpf_sums_hook)(struct kd_bpf_sum *out, uint32_t max, uint32_t *n);
 void (*kd_bpf_steer_hook)(struct kd_steer_want *w, uint32_t n, int64_t now);
 size_t (*kd_bpf_steer_render)(char *buf, size_t cap, int json);
 
+/* A peer host's last KD_P_C4_VIEW: its active anomalies and its data path's wait. */
+struct kd_c4_remote {
+	uint32_t n;
+	struct kcoll_c4_event e[KD_C4_REMOTE];
+	int64_t wall_ms[KD_C4_REMOTE];		/* raised, the observer's wall clock */
+	int64_t heard_ms[KD_C4_REMOTE];		/* first in a view from it, our wall clock */
+	uint32_t wait_host, wait_link, wait_ms;
+	uint64_t wait_seq;
+	int64_t at;				/* received (0: never) */
+};
+
 struct kd_c4 {
 	struct kcoll_c4 core;			/* comm->lock */
+	struct kd_c4_remote remote[KD_MAX_HOSTS];	/* control thread */
+	uint64_t view_sig;			/* of the last view sent to the peers */
 	struct kcoll_c4_plan plan;		/* control thread */
 	uint64_t seen_bytes[KD_MAX_HOSTS][KD_MAX_STREAMS][2];
 	uint64_t seen_busy[KD_MAX_HOSTS][KD_MAX_STREAMS][2];
@@ -58,7 +73,8 @@ struct kd_c4_logent {
 	uint64_t id;
 	char comm[17];
 	char link_addr[20];
-	uint32_t self;
+	uint32_t self;		/* the host that observed it */
+	bool remote;		/* a peer's verdict (KD_P_C4_VIEW), not ours */
 	int64_t wall_ms;
 	struct kcoll_c4_event e;
 	char text[512];
@@ -512,25 +528,172 @@ static int64_t wall_ms(void)
 	return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
 }
 
-static void log_event(struct kd_comm *comm, const struct kcoll_c4_event *e)
+/* observer: mh->self, or the peer host whose view reported it (at its wall_ms). */
+static void log_event(struct kd_comm *comm, const struct kcoll_c4_event *e, uint32_t observer, int64_t when)
 {
 	struct kd_c4_logent *le = &c4d.log[c4d.next_id % KD_C4_LOG];
 	struct kd_mh *mh = comm->mh;
 
 	le->id = c4d.next_id++;
 	memcpy(le->comm, comm->name, sizeof(le->comm));
-	le->self = mh->self;
-	le->wall_ms = wall_ms();
+	le->self = observer;
+	le->remote = observer != mh->self;
+	le->wall_ms = when;
 	le->e = *e;
 	le->link_addr[0] = 0;
 	if (e->link != KCOLL_C4_NONE)
 		kd_net_link_addr(mh, e->host, e->link, le->link_addr, sizeof(le->link_addr));
 	event_text(mh, e, le->text, sizeof(le->text));
-	if (e->raised) {
+	if (le->remote) {
+		/* the observer logs and counts it; here it is news of the communicator */
+		kc_info("comm %s: C4 (seen by host %u): %s", comm->name, observer, le->text);
+	} else if (e->raised) {
 		kd_metrics_c4_raised(e->kind);
 		kc_warn("comm %s: C4: %s", comm->name, le->text);
 	} else {
 		kc_info("comm %s: C4: %s", comm->name, le->text);
+	}
+}
+
+/* ---- the communicator's view: every host's verdicts ------------------------ */
+
+static bool same_verdict(const struct kcoll_c4_event *a, const struct kcoll_c4_event *b)
+{
+	return a->kind == b->kind && a->rank == b->rank && a->host == b->host && a->link == b->link;
+}
+
+static uint64_t fnv(uint64_t h, uint64_t v)
+{
+	for (int i = 0; i < 8; i++, v >>= 8)
+		h = (h ^ (v & 0xff)) * 0x100000001b3ULL;
+	return h;
+}
+
+/*
+ * Our data path's wait, when it is stalled: in op running_seq, nothing moved
+ * from the host it waits for since half the hang threshold or longer. A
+ * wait that moves on with every op is no news (sent on each change, it made
+ * a view per tick to every peer while an anomaly was active and ops flowed);
+ * a stalled one is what a hang report needs, and it holds still.
+ */
+static bool stalled_wait(struct kd_mh *mh, const struct kd_c4 *c, int64_t now, struct kd_p_c4_view *w)
+{
+	uint64_t seq = atomic_load(&mh->running_seq);
+	int64_t since = atomic_load(&mh->last_progress);
+	uint32_t whom = mh->wait_host;
+
+	*w = (struct kd_p_c4_view){ .wait_host = KCOLL_C4_NONE };
+	if (seq == UINT64_MAX || whom >= mh->nhosts || now - since < (int64_t)c->core.p.hang_ms * 500000)
+		return false;
+	*w = (struct kd_p_c4_view){ .wait_host = whom, .wait_seq = seq,
+				    .wait_link = mh->hosts[whom].link[mh->wait_stream % KD_MAX_STREAMS],
+				    .wait_ms = (uint32_t)((now - since) / 1000000) };
+	return true;
+}
+
+/* What the peers last heard of ours: the verdicts and the stalled wait (a
+ * hang report says whom each host waits for). 0: neither, so a healthy
+ * communicator sends no view at all. */
+static uint64_t view_sig(const struct kcoll_c4_event *act, uint32_t na, const struct kd_p_c4_view *v)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+
+	if (!na && v->wait_host == KCOLL_C4_NONE)
+		return 0;
+	for (uint32_t i = 0; i < na; i++)
+		h = fnv(fnv(h, (uint64_t)act[i].kind << 32 | act[i].rank),
+			(uint64_t)act[i].host << 32 | act[i].link);
+	return fnv(fnv(fnv(h, v->wait_host), v->wait_link), v->wait_seq) | 1;
+}
+
+static void view_send(struct kd_mh *mh, const struct kcoll_c4_event *act, uint32_t na,
+		      const struct kd_p_c4_view *w, int64_t now)
+{
+	struct {
+		struct kd_p_c4_view m;
+		struct kd_p_c4_anom a[KD_C4_REMOTE];
+	} v = { .m = *w };
+	int64_t wall = wall_ms();
+
+	v.m.n = na;
+	for (uint32_t i = 0; i < na; i++) {
+		const struct kcoll_c4_event *e = &act[i];
+
+		v.a[i] = (struct kd_p_c4_anom){
+			.kind = e->kind, .rank = e->rank, .host = e->host, .link = e->link,
+			.via_host = e->via_host, .nsamples = e->nsamples, .seq_lo = e->seq_lo, .bpf_flags = e->bpf_flags,
+			.bpf_dir = e->bpf_dir, .bpf_retrans = e->bpf_retrans, .bpf_srtt_us = e->bpf_srtt_us,
+			.bpf_usual_srtt_us = e->bpf_usual_srtt_us, .value = e->value, .ref = e->ref,
+			.spread = e->spread, .bpf_rate = e->bpf_rate, .bpf_usual = e->bpf_usual,
+			.wall_ms = wall - (now - (int64_t)e->t_ns) / 1000000,
+		};
+	}
+	for (uint32_t h = 0; h < mh->nhosts; h++)
+		if (h != mh->self && !mh->hosts[h].dead &&
+		    !kd_net_ctrl_send(mh, h, &v, KD_P_C4_VIEW, sizeof(v.m) + na * sizeof(v.a[0])))
+			kd_metrics_c4_view_sent();
+}
+
+void kd_c4_on_view(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
+{
+	const struct kd_p_c4_view *m = (const void *)h;
+	const struct kd_p_c4_anom *a = (const void *)(m + 1);
+	struct kd_mh *mh = comm->mh;
+	struct kd_c4_remote *r, old;
+
+	if (h->len < sizeof(*m) || m->n > KD_PMSG_MAX / sizeof(*a) || h->len != sizeof(*m) + m->n * sizeof(*a)) {
+		kc_warn("comm %s: host %u sent a malformed C4 view; ignored", comm->name, from_host);
+		return;
+	}
+	if (!mh->c4)
+		return;
+	r = &mh->c4->remote[from_host];
+	pthread_mutex_lock(&comm->lock);
+	old = *r;
+	r->n = 0;
+	/* a host judges ranks and links of this communicator only; more than
+	 * we keep: a newer peer's bound, the first ones stay */
+	for (uint32_t i = 0; i < m->n && r->n < KD_C4_REMOTE; i++) {
+		if (a[i].kind < KCOLL_C4_COMM_HANG || a[i].kind > KCOLL_C4_NONCOMM_SLOW ||
+		    a[i].host >= mh->nhosts || (a[i].rank != KCOLL_C4_NONE && a[i].rank >= comm->nranks) ||
+		    (a[i].link != KCOLL_C4_NONE && a[i].link >= KCOLL_C4_MAX_LINKS))
+			continue;
+		r->wall_ms[r->n] = a[i].wall_ms;
+		r->e[r->n++] = (struct kcoll_c4_event){
+			.kind = a[i].kind, .raised = 1, .rank = a[i].rank, .host = a[i].host, .link = a[i].link,
+			.via_host = a[i].via_host, .value = a[i].value, .ref = a[i].ref, .spread = a[i].spread,
+			.nsamples = a[i].nsamples, .seq_lo = a[i].seq_lo, .bpf_flags = a[i].bpf_flags,
+			.bpf_dir = a[i].bpf_dir, .bpf_rate = a[i].bpf_rate, .bpf_usual = a[i].bpf_usual,
+			.bpf_retrans = a[i].bpf_retrans, .bpf_srtt_us = a[i].bpf_srtt_us,
+			.bpf_usual_srtt_us = a[i].bpf_usual_srtt_us,
+		};
+	}
+	r->wait_host = m->wait_host < mh->nhosts ? m->wait_host : KCOLL_C4_NONE;
+	r->wait_link = m->wait_link;
+	r->wait_ms = m->wait_ms;
+	r->wait_seq = m->wait_seq;
+	r->at = kd_now_ns();
+	pthread_mutex_unlock(&comm->lock);
+
+	/* its raises and clears join our event log, tagged with it */
+	for (uint32_t i = 0; i < r->n; i++) {
+		uint32_t j = 0;
+
+		while (j < old.n && !same_verdict(&r->e[i], &old.e[j]))
+			j++;
+		r->heard_ms[i] = j < old.n ? old.heard_ms[j] : wall_ms();
+		if (j == old.n)
+			log_event(comm, &r->e[i], from_host, r->wall_ms[i]);
+	}
+	for (uint32_t j = 0; j < old.n; j++) {
+		bool still = false;
+
+		for (uint32_t i = 0; i < r->n && !still; i++)
+			still = same_verdict(&r->e[i], &old.e[j]);
+		if (!still) {
+			old.e[j].raised = 0;
+			log_event(comm, &old.e[j], from_host, wall_ms());
+		}
 	}
 }
 
@@ -748,6 +911,10 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	} rep;
 	uint64_t running = atomic_load(&mh->running_seq);
 	bool enforce = kcoll_knob_ll("KCOLL_C4_PLAN") != 0;
+	struct kcoll_c4_event act[KD_C4_REMOTE];
+	struct kd_p_c4_view wait;
+	uint64_t sig;
+	uint32_t na;
 
 	params(&p);
 	for (uint32_t h = 0; h < mh->nhosts; h++)
@@ -777,6 +944,8 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	nev = kcoll_c4_events(&c->core, c->consumed, ev, 16);
 	if (nev)
 		c->consumed = ev[nev - 1].id;
+	na = kcoll_c4_active(&c->core, act, KD_C4_REMOTE);
+	stalled_wait(mh, c, now, &wait);
 	for (uint32_t rk = 0; rk < comm->nranks; rk++) {
 		struct kcoll_c4_rankrep s;
 
@@ -802,7 +971,12 @@ static void tick_comm(struct kd_comm *comm, int64_t now)
 	}
 
 	for (uint32_t i = 0; i < nev; i++)
-		log_event(comm, &ev[i]);
+		log_event(comm, &ev[i], mh->self, wall_ms());
+	sig = view_sig(act, na, &wait);
+	if (sig != c->view_sig) {
+		view_send(mh, act, na, &wait, now);
+		c->view_sig = sig;
+	}
 	/* one communicator's plan steers the foreign flows (the first one) */
 	if (kd_bpf_steer_hook && !c4d.steered) {
 		steer_foreign(mh, &c->plan, enforce, now, recv_ready);
@@ -853,7 +1027,7 @@ void kd_c4_active_kinds(uint64_t *n, uint32_t nkinds)
 	}
 }
 
-static size_t render_events(uint64_t since, char *buf, size_t cap, int json)
+static size_t render_events(uint64_t since, char *buf, size_t cap, int json, bool local)
 {
 	uint64_t first = c4d.next_id > KD_C4_LOG ? c4d.next_id - KD_C4_LOG : 1;
 	size_t n = 0;
@@ -867,6 +1041,8 @@ static size_t render_events(uint64_t since, char *buf, size_t cap, int json)
 		const struct kd_c4_logent *le = &c4d.log[id % KD_C4_LOG];
 		char js[640];
 
+		if (local && le->remote)
+			continue;
 		if (json) {
 			jstr(js, sizeof(js), le->text);
 			PUT("%s{\"id\":%" PRIu64 ",\"comm\":\"%s\",\"observer\":%u,\"time_ms\":%" PRId64
@@ -883,8 +1059,8 @@ static size_t render_events(uint64_t since, char *buf, size_t cap, int json)
 
 			gmtime_r(&t, &tm);
 			strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
-			PUT("%" PRIu64 " %s.%03d comm %s: %s\n", le->id, ts, (int)(le->wall_ms % 1000), le->comm,
-			    le->text);
+			PUT("%" PRIu64 " %s.%03d comm %s: %s [seen by host %u]\n", le->id, ts,
+			    (int)(le->wall_ms % 1000), le->comm, le->text, le->self);
 		}
 		any = true;
 	}
@@ -893,7 +1069,103 @@ static size_t render_events(uint64_t since, char *buf, size_t cap, int json)
 	return n;
 }
 
-static size_t render_anomalies(char *buf, size_t cap, int json)
+/* One verdict of the communicator and the hosts that hold it. */
+struct kd_c4_shown {
+	struct kcoll_c4_event e;
+	uint64_t seen;		/* bitmap of the observing hosts */
+	int64_t held_ms;	/* since when this host knows it (raised here or heard), wall clock */
+};
+
+static void shown_add(struct kd_c4_shown *out, uint32_t *n, uint32_t max, const struct kcoll_c4_event *e,
+		      uint32_t observer, int64_t held_ms)
+{
+	for (uint32_t i = 0; i < *n; i++)
+		if (same_verdict(&out[i].e, e)) {
+			out[i].seen |= 1ULL << observer;
+			if (held_ms < out[i].held_ms)
+				out[i].held_ms = held_ms;
+			return;
+		}
+	if (*n < max)
+		out[(*n)++] = (struct kd_c4_shown){ .e = *e, .seen = 1ULL << observer, .held_ms = held_ms };
+}
+
+/* Our active anomalies, then (unless local) each live peer's, one entry per
+ * (kind, rank, host, link) with the evidence of its first observer.
+ * comm->lock held. */
+static uint32_t merged(const struct kd_mh *mh, bool local, struct kd_c4_shown *out, uint32_t max)
+{
+	struct kcoll_c4_event act[KD_C4_SHOW];
+	uint32_t na = kcoll_c4_active(&mh->c4->core, act, KD_C4_SHOW), n = 0;
+	int64_t now = kd_now_ns(), wall = wall_ms();
+
+	for (uint32_t i = 0; i < na; i++)
+		shown_add(out, &n, max, &act[i], mh->self, wall - (now - (int64_t)act[i].t_ns) / 1000000);
+	for (uint32_t h = 0; !local && h < mh->nhosts; h++) {
+		const struct kd_c4_remote *r = &mh->c4->remote[h];
+
+		for (uint32_t i = 0; h != mh->self && !mh->hosts[h].dead && i < r->n; i++)
+			shown_add(out, &n, max, &r->e[i], h, r->heard_ms[i]);
+	}
+	return n;
+}
+
+/* kcollctl status: the communicator's active anomalies as every host judges
+ * them (what kcollctl anomalies lists) and the hosts that hold one. */
+uint32_t kd_c4_summary(struct kd_comm *comm, uint64_t *seen)
+{
+	struct kd_c4_shown act[KD_C4_SHOW];
+	uint32_t n = 0;
+
+	*seen = 0;
+	pthread_mutex_lock(&comm->lock);
+	if (comm->mh && comm->mh->c4)
+		n = merged(comm->mh, false, act, KD_C4_SHOW);
+	pthread_mutex_unlock(&comm->lock);
+	for (uint32_t i = 0; i < n; i++)
+		*seen |= act[i].seen;
+	return n;
+}
+
+/* What host h's data path is stalled on: from our net thread, or from h's
+ * last view (its age added). False: it is not stalled as far as we know. */
+static bool host_wait(struct kd_mh *mh, uint32_t h, int64_t now, uint64_t *seq, uint32_t *whom,
+		      uint32_t *link, uint64_t *ms)
+{
+	const struct kd_c4_remote *r = &mh->c4->remote[h];
+
+	if (h == mh->self) {
+		struct kd_p_c4_view w;
+
+		if (!stalled_wait(mh, mh->c4, now, &w))
+			return false;
+		*seq = w.wait_seq;
+		*whom = w.wait_host;
+		*link = w.wait_link;
+		*ms = w.wait_ms;
+		return true;
+	}
+	if (!r->at || r->wait_host == KCOLL_C4_NONE || mh->hosts[h].dead)
+		return false;
+	*seq = r->wait_seq;
+	*whom = r->wait_host;
+	*link = r->wait_link;
+	*ms = r->wait_ms + (uint64_t)(now - r->at) / 1000000;
+	return true;
+}
+
+static size_t seen_list(uint64_t seen, char *buf, size_t cap)
+{
+	size_t n = 0;
+
+	buf[0] = 0;
+	for (uint32_t h = 0; h < 64; h++)
+		if (seen & (1ULL << h))
+			PUT("%s%u", n ? "," : "", h);
+	return n;
+}
+
+static size_t render_anomalies(char *buf, size_t cap, int json, bool local)
 {
 	size_t n = 0;
 	bool firstc = true;
@@ -902,30 +1174,38 @@ static size_t render_anomalies(char *buf, size_t cap, int json)
 		PUT("{\"comms\":[");
 	for (struct kd_comm *comm = kd.comms; comm && n + 4096 < cap; comm = comm->next) {
 		struct kd_mh *mh = comm->mh;
-		struct kcoll_c4_event act[32];
+		struct kd_c4_shown act[KD_C4_SHOW];
 		struct kcoll_c4 *c;
+		int64_t now = kd_now_ns();
 		uint32_t na;
 
 		if (!mh || !mh->c4 || comm->state != KD_COMM_ACTIVE)
 			continue;
 		pthread_mutex_lock(&comm->lock);
 		c = &mh->c4->core;
-		na = kcoll_c4_active(c, act, 32);
+		na = merged(mh, local, act, KD_C4_SHOW);
 		if (json) {
-			PUT("%s{\"comm\":\"%s\",\"host\":%u,\"active\":[", firstc ? "" : ",", comm->name, mh->self);
+			PUT("%s{\"comm\":\"%s\",\"host\":%u,\"local\":%s,\"active\":[", firstc ? "" : ",",
+			    comm->name, mh->self, local ? "true" : "false");
 			for (uint32_t i = 0; i < na && n + 2048 < cap; i++) {
+				char sl[256];
+
 				PUT("%s", i ? "," : "");
-				n += event_json(mh, &act[i], buf + n, n < cap ? cap - n : 0);
+				n += event_json(mh, &act[i].e, buf + n, n < cap ? cap - n : 0);
+				seen_list(act[i].seen, sl, sizeof(sl));
+				n--;	/* reopen the object */
+				PUT(",\"seen_by\":[%s],\"held_ms\":%" PRId64 "}", sl, act[i].held_ms);
 			}
 			PUT("],\"links\":[");
 		} else {
-			PUT("comm %s (host %u of %u): %u active anomal%s\n", comm->name, mh->self, mh->nhosts, na,
-			    na == 1 ? "y" : "ies");
+			PUT("comm %s (host %u of %u%s): %u active anomal%s\n", comm->name, mh->self, mh->nhosts,
+			    local ? ", its own verdicts only" : "", na, na == 1 ? "y" : "ies");
 			for (uint32_t i = 0; i < na; i++) {
-				char t[512];
+				char t[512], sl[256];
 
-				event_text(mh, &act[i], t, sizeof(t));
-				PUT("  %s\n", t);
+				event_text(mh, &act[i].e, t, sizeof(t));
+				seen_list(act[i].seen, sl, sizeof(sl));
+				PUT("  %s [seen by host %s]\n", t, sl);
 			}
 			PUT("  links (rate of large pieces over the last %u ms, MB/s):\n", c->p.window_ms);
 			PUT("    %-5s %-16s %-5s %-22s %10s %s    (BPF: %s)\n", "HOST", "NAME", "DIR", "LINK", "RATE",
@@ -969,8 +1249,8 @@ static size_t render_anomalies(char *buf, size_t cap, int json)
 		if (json)
 			PUT("],\"ranks\":[");
 		else
-			PUT("  ranks:\n    %-5s %-5s %-16s %8s %10s %10s %s\n", "RANK", "HOST", "NAME", "OPS",
-			    "AGE_MS", "THINK_MS", "STATE");
+			PUT("  ranks:\n    %-5s %-5s %-16s %8s %10s %10s %-9s %9s %s\n", "RANK", "HOST", "NAME", "OPS",
+			    "AGE_MS", "THINK_MS", "STATE", "LAST_DONE", "WAITS IN");
 		for (uint32_t r = 0; r < comm->nranks && n + 512 < cap; r++) {
 			const struct kcoll_c4_rank *k = &c->rank[r];
 			struct kcoll_c4_rankrep s = { 0 };
@@ -982,14 +1262,44 @@ static size_t render_anomalies(char *buf, size_t cap, int json)
 				s = (struct kcoll_c4_rankrep){ .nsub = k->nsub, .think_us = k->rep_think_us,
 							       .age_ms = k->rep_age_ms };
 			const char *st = k->hung ? "HUNG" : k->straggler ? "STRAGGLER" : known ? "ok" : "unknown";
+			uint64_t wseq = 0, wms = 0;
+			uint32_t whom = 0, wlink = 0;
+			bool waits = host_wait(mh, c->rank_host[r], now, &wseq, &whom, &wlink, &wms);
+			char wt[96] = "";
 
-			if (json)
+			/* Its host is stalled in op wseq: the ops before it completed
+			 * there. A hung rank never submitted op nsub, which the other
+			 * ranks wait in: every op before it completed. */
+			if (!waits && k->hung) {
+				wseq = s.nsub;
+				wms = s.age_ms;
+			}
+			if (waits)
+				snprintf(wt, sizeof(wt), "op %" PRIu64 ": host %u on link %u, %" PRIu64 " ms", wseq,
+					 whom, wlink, wms);
+			else if (k->hung)
+				snprintf(wt, sizeof(wt), "op %" PRIu64 ": its own submission, %" PRIu64 " ms", wseq,
+					 wms);
+			if (json) {
 				PUT("%s{\"rank\":%u,\"host\":%u,\"local\":%s,\"ops\":%" PRIu64 ",\"age_ms\":%u,"
-				    "\"think_us\":%u,\"state\":\"%s\"}", r ? "," : "", r, c->rank_host[r],
+				    "\"think_us\":%u,\"state\":\"%s\"", r ? "," : "", r, c->rank_host[r],
 				    k->local ? "true" : "false", s.nsub, s.age_ms, s.think_us, st);
-			else
+				if (waits)
+					PUT(",\"last_done\":%" PRId64 ",\"waits\":{\"for\":\"host\",\"op\":%" PRIu64
+					    ",\"host\":%u,\"link\":%u,\"ms\":%" PRIu64 "}", (int64_t)wseq - 1, wseq,
+					    whom, wlink, wms);
+				else if (k->hung)
+					PUT(",\"last_done\":%" PRId64 ",\"waits\":{\"for\":\"submission\",\"op\":%"
+					    PRIu64 ",\"ms\":%" PRIu64 "}", (int64_t)wseq - 1, wseq, wms);
+				PUT("}");
+			} else if (wt[0]) {
+				PUT("    %-5u %-5u %-16.16s %8" PRIu64 " %10u %10.2f %-9s %9" PRId64 " %s\n", r,
+				    c->rank_host[r], hname(mh, c->rank_host[r]), s.nsub, s.age_ms, s.think_us / 1e3, st,
+				    (int64_t)wseq - 1, wt);
+			} else {
 				PUT("    %-5u %-5u %-16.16s %8" PRIu64 " %10u %10.2f %s\n", r, c->rank_host[r],
 				    hname(mh, c->rank_host[r]), s.nsub, s.age_ms, s.think_us / 1e3, st);
+			}
 		}
 		if (json)
 			PUT("]}");
@@ -1066,19 +1376,21 @@ static size_t render_plan(char *buf, size_t cap, int json)
 	return n;
 }
 
-size_t kd_c4_render(uint32_t what, uint64_t since, char *buf, size_t cap, int json)
+size_t kd_c4_render(uint32_t what, uint64_t since, char *buf, size_t cap, uint32_t flags)
 {
+	int json = !!(flags & KCOLL_C4_F_JSON);
+	bool local = flags & KCOLL_C4_F_LOCAL;
 	size_t n;
 
 	switch (what) {
 	case KCOLL_C4_EVENTS:
-		n = render_events(since, buf, cap, json);
+		n = render_events(since, buf, cap, json, local);
 		break;
 	case KCOLL_C4_PLAN:
 		n = render_plan(buf, cap, json);
 		break;
 	default:
-		n = render_anomalies(buf, cap, json);
+		n = render_anomalies(buf, cap, json, local);
 		break;
 	}
 	return n < cap ? n : cap - 1;

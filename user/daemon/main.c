@@ -290,7 +290,12 @@ static void on_c4(struct kd_client *c, const struct kcoll_msg_c4 *m, ssize_t len
 		reply_hdr(c, &m->hdr, buf, sizeof(*h), -EINVAL, -1);
 		return;
 	}
-	n = kd_c4_render(m->what, m->since, buf + sizeof(*h), sizeof(buf) - sizeof(*h), m->hdr.flags & 1);
+	/* an option we do not know (a newer kcollctl's) would be answered as if absent */
+	if (m->hdr.flags & ~(KCOLL_C4_F_JSON | KCOLL_C4_F_LOCAL)) {
+		reply_hdr(c, &m->hdr, buf, sizeof(*h), -EOPNOTSUPP, -1);
+		return;
+	}
+	n = kd_c4_render(m->what, m->since, buf + sizeof(*h), sizeof(buf) - sizeof(*h), m->hdr.flags);
 	reply_hdr(c, &m->hdr, buf, sizeof(*h) + n, 0, -1);
 }
 

@@ -136,6 +136,7 @@ static struct {
 	struct link_ent link[NLINKS];
 	uint32_t nlink;
 	uint64_t c4_raised[NKINDS];
+	uint64_t c4_views;
 	uint64_t retrans[NOURLINKS];
 	char ifname[NOURLINKS][32];	/* our link l's interface, looked up once */
 	uint64_t requests[NCODES];
@@ -145,6 +146,11 @@ void kd_metrics_c4_raised(uint32_t kind)
 {
 	if (kind < NKINDS)
 		ctl.c4_raised[kind]++;
+}
+
+void kd_metrics_c4_view_sent(void)
+{
+	ctl.c4_views++;
 }
 
 static struct link_ent *link_find(const char *peer, uint32_t l, uint32_t dir)
@@ -355,6 +361,9 @@ static void render_c4(struct out *o)
 	head(o, "kcoll_c4_anomalies_active", "gauge", "C4 anomalies active now, by kind");
 	for (uint32_t k = KCOLL_C4_COMM_HANG; k < NKINDS; k++)
 		put(o, "kcoll_c4_anomalies_active{kind=\"%s\"} %lu\n", kind_name[k], (unsigned long)active[k]);
+	head(o, "kcoll_c4_views_sent_total", "counter",
+	     "C4 views (this host's active anomalies and its data path's wait) sent to peer hosts");
+	put(o, "kcoll_c4_views_sent_total %lu\n", (unsigned long)ctl.c4_views);
 }
 
 static void link_labels(struct out *o, const struct link_ent *e)

@@ -27,6 +27,8 @@ void kd_metrics_kv(bool write, int err, uint64_t bytes, int64_t ns);
 
 /* Control thread (the C4 tick, c4d.c). */
 void kd_metrics_c4_raised(uint32_t kind);
+/* A C4 view (this host's verdicts and wait) went to a peer host. */
+void kd_metrics_c4_view_sent(void);
 /* Link observation deltas toward peer host 'peer' over our link l, direction
  * dir (0 rx, 1 tx): bytes of large pieces and the time they took. */
 void kd_metrics_link(const char *peer, uint32_t l, uint32_t dir, uint64_t bytes, uint64_t busy_ns);

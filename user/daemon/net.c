@@ -1273,6 +1273,9 @@ static void on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 	case KD_P_PLAN:
 		kd_c4_on_plan(comm, pc->host, h);
 		return;
+	case KD_P_C4_VIEW:
+		kd_c4_on_view(comm, pc->host, h);
+		return;
 	case KD_P_ANSWER: {
 		const struct kd_p_answer *m = (const void *)h;
 
@@ -1285,8 +1288,14 @@ static void on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 		return;
 	}
 	}
-	kc_warn("comm %s: host %u sent an unexpected control message (type %u)", comm->name,
-		pc->host, h->type);
+	/* A newer peer's type is informative by contract (types that change a
+	 * peer's duty bump KD_PEER_VERSION): ignore it without alarm. */
+	if (h->type > KD_P_C4_VIEW)
+		kc_dbg("comm %s: host %u sent control message type %u, newer than this kcolld; ignored",
+		       comm->name, pc->host, h->type);
+	else
+		kc_warn("comm %s: host %u sent an unexpected control message (type %u)", comm->name,
+			pc->host, h->type);
 }
 
 /* NEW connection: its HELLO says what it is for. */
@@ -1700,6 +1709,8 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 {
 	size_t n = 0;
 	char a[32];
+	uint64_t seen;
+	uint32_t na;
 
 #define PUT(...) do { if (n < cap) n += snprintf(buf + n, cap - n, __VA_ARGS__); } while (0)
 	if (json) {
@@ -1732,6 +1743,11 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 				    "\"dead\":%s}", h ? "," : "", h, mh->hosts[h].info.name,
 				    mh->hosts[h].first_rank, mh->hosts[h].nranks,
 				    mh->hosts[h].dead ? "true" : "false");
+			na = kd_c4_summary(c, &seen);
+			PUT("],\"c4_active\":%u,\"c4_seen_by\":[", na);
+			for (uint32_t h = 0, k = 0; h < 64; h++)
+				if (seen & (1ULL << h))
+					PUT("%s%u", k++ ? "," : "", h);
 			PUT("],\"xport\":\"%s\"", mh->xport->name);
 			if (mh->xport->render) {
 				PUT(",");
@@ -1761,6 +1777,12 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 			    "%lu B received\n", c->name, mh->self, mh->nhosts, kd_algo_name(mh->algo),
 			    mh->nstreams, mh->lane_bytes, (unsigned long)atomic_load(&mh->bytes_sent),
 			    (unsigned long)atomic_load(&mh->bytes_recv));
+			na = kd_c4_summary(c, &seen);
+			PUT("    C4: %u active anomal%s over its hosts", na, na == 1 ? "y" : "ies");
+			for (uint32_t h = 0, k = 0; h < 64; h++)
+				if (seen & (1ULL << h))
+					PUT("%s%u", k++ ? "," : " (held by host ", h);
+			PUT("%s\n", seen ? "; kcollctl anomalies)" : "");
 			PUT("    transport %s\n", mh->xport->name);
 			if (mh->xport->render && n < cap)
 				n += mh->xport->render(mh, buf + n, cap - n, 0);

@@ -50,6 +50,7 @@ enum kd_pmsg_type {
 	KD_P_KV_ACK = 13,	/* KV connection: the owner's verdict on the HELLO (kv.c) */
 	KD_P_KV_REQ = 14,	/* KV connection: a frame of a batch, or its notify */
 	KD_P_KV_RESP = 15,
+	KD_P_C4_VIEW = 16,	/* control: the sender's active anomalies, when they change (c4d.c) */
 };
 
 /* KD_CONN_KV: HELLO.token is a segment token, from_host its segment id,
@@ -162,6 +163,30 @@ struct kd_p_c4 {
 	uint32_t steer_recv;	/* links on which the sender restores every foreign flow to us
 				 * steered onto another link (the receiving half of kcoll_steer) */
 	uint32_t pad;
+};
+
+/* One active anomaly as its observer judged it at its raise (struct
+ * kcoll_c4_event's verdict and evidence, spelt out for the wire). */
+struct kd_p_c4_anom {
+	uint32_t kind, rank, host, link, via_host, nsamples, seq_lo, bpf_flags;
+	uint32_t bpf_dir, bpf_retrans, bpf_srtt_us, bpf_usual_srtt_us;
+	uint64_t value, ref, spread, bpf_rate, bpf_usual;
+	int64_t wall_ms;	/* when the observer raised it, its wall clock */
+};
+
+/*
+ * Followed by n struct kd_p_c4_anom: every anomaly the sender has active, a
+ * snapshot replacing its previous one, sent when the set or, with one
+ * active, the data path's wait changes. Peer version 3 without it logs an
+ * unexpected control message and goes on, so the version stays.
+ */
+struct kd_p_c4_view {
+	struct kd_phdr hdr;
+	uint32_t n;
+	uint32_t wait_host;	/* the sender's data path waits for this host; KCOLL_C4_NONE: not */
+	uint32_t wait_link;	/* on this link */
+	uint32_t wait_ms;	/* for this long when sent */
+	uint64_t wait_seq;	/* in this op */
 };
 
 /*
@@ -427,6 +452,7 @@ void kd_c4_completed(struct kd_comm *comm, const struct kd_op *op);
 /* Control thread */
 void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h);
 void kd_c4_on_plan(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h);
+void kd_c4_on_view(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h);
 /* Net thread (or an inline op), at the start of op seq: the agreed plans
  * that apply from it on take effect; waits while a proposal for it is open. */
 void kd_c4_op_start(struct kd_mh *mh, struct kd_op *op);
@@ -434,8 +460,11 @@ void kd_c4_tick(int64_t now);
 /* Control thread: active anomalies of every communicator, counted by kind
  * into n[0..nkinds) (metrics.c). */
 void kd_c4_active_kinds(uint64_t *n, uint32_t nkinds);
+/* kcollctl status: active anomalies over every host of comm (0: none or no
+ * detector); *seen: the hosts that hold one, a bitmap. */
+uint32_t kd_c4_summary(struct kd_comm *comm, uint64_t *seen);
 /* kcollctl anomalies / events / plan */
-size_t kd_c4_render(uint32_t what, uint64_t since, char *buf, size_t cap, int json);
+size_t kd_c4_render(uint32_t what, uint64_t since, char *buf, size_t cap, uint32_t flags);
 
 /* mh.c */
 int kd_mh_start(struct kd_mh *mh);

@@ -34,11 +34,15 @@ static void usage(FILE *f)
 		"             up to this size run in the ranks when every host has one; 0: off),\n"
 		"             chunk_bytes, timeout_ms. Other keys go to kcoll.ko's /sys/kernel/kcoll/KEY\n"
 		"             (slow_ratio_pct, hang_ms, ...; docs/sysfs.md)\n"
-		"  anomalies  C4 detector: anomalies active now in each multi-host communicator\n"
-		"             (hangs, slow links, stragglers) with the evidence: link rates, ranks\n"
-		"  events [--follow] [--since ID]\n"
-		"             C4 events (raised and cleared) this kcolld logged; --follow keeps\n"
-		"             printing new ones until interrupted\n"
+		"  anomalies [--local]\n"
+		"             C4 detector: anomalies active now in each multi-host communicator\n"
+		"             (hangs, slow links, stragglers) as every host of it judges them, each\n"
+		"             with the hosts that saw it, and the evidence: link rates, ranks;\n"
+		"             --local: only this host's own verdicts\n"
+		"  events [--follow] [--since ID] [--local]\n"
+		"             C4 events (raised and cleared) of every host of each communicator, as\n"
+		"             this kcolld logged them; --follow keeps printing new ones until\n"
+		"             interrupted; --local: only this host's own\n"
 		"  plan       C4 planner: the local link each data stream to each peer uses, the\n"
 		"             one the plan wants, and why\n"
 		"  top [-d SECONDS] [-n COUNT]\n"
@@ -232,14 +236,14 @@ int kcollctl_fetch(const char *path, uint32_t type, bool json, uint32_t what, ch
 }
 
 /* anomalies / plan, or events from id 'since' (--follow: poll until killed). */
-static int c4(const char *path, uint32_t what, int json, bool follow, uint64_t since)
+static int c4(const char *path, uint32_t what, int json, bool follow, uint64_t since, bool local)
 {
 	static char buf[KCOLL_MSG_BYTES];
 
 	for (;;) {
 		struct kcoll_msg_c4 req = {
-			.hdr = { .magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_C4, .flags = json ? 1 : 0,
-				 .len = sizeof(req), .seq = 1 },
+			.hdr = { .magic = KCOLL_PROTO_MAGIC, .type = KCOLL_MSG_C4, .len = sizeof(req), .seq = 1,
+				 .flags = (json ? KCOLL_C4_F_JSON : 0) | (local ? KCOLL_C4_F_LOCAL : 0) },
 			.what = what, .since = since,
 		};
 		int n = ctl_request(path, &req, sizeof(req), buf, sizeof(buf) - 1, false);
@@ -250,7 +254,8 @@ static int c4(const char *path, uint32_t what, int json, bool follow, uint64_t s
 			return 1;
 		buf[n] = 0;
 		if (h->status == -EOPNOTSUPP) {
-			fprintf(stderr, "kcollctl: this kcolld has no C4 detector: run the same kcoll build\n");
+			fprintf(stderr, "kcollctl: this kcolld has no C4 detector or does not know an option "
+				"asked for (--local): run the same kcoll build\n");
 			return 1;
 		}
 		if (h->status) {
@@ -281,7 +286,7 @@ int main(int argc, char **argv)
 	const char *path = kcoll_knob_str("KCOLL_SOCKET");
 	const char *cmd = NULL, *args[2] = { NULL, NULL };
 	int json = 0, nargs = 0;
-	bool follow = false;
+	bool follow = false, local = false;
 	uint64_t since = 0;
 	double delay = 1.0;
 	long count = 0;
@@ -295,6 +300,8 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			path = argv[i];
+		} else if (!strcmp(argv[i], "--local")) {
+			local = true;
 		} else if (!strcmp(argv[i], "--follow") || !strcmp(argv[i], "-f")) {
 			follow = true;
 		} else if (!strcmp(argv[i], "--since")) {
@@ -331,6 +338,10 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (local && strcmp(cmd, "anomalies") && strcmp(cmd, "events")) {
+		fprintf(stderr, "kcollctl: --local goes with 'anomalies' and 'events'\n");
+		return 2;
+	}
 	if (!strcmp(cmd, "status"))
 		return status(path, json);
 	if (!strcmp(cmd, "metrics")) {
@@ -347,11 +358,11 @@ int main(int argc, char **argv)
 	if (!strcmp(cmd, "top"))
 		return kcollctl_top(path, delay, count, json);
 	if (!strcmp(cmd, "anomalies"))
-		return c4(path, KCOLL_C4_ANOMALIES, json, false, 0);
+		return c4(path, KCOLL_C4_ANOMALIES, json, false, 0, local);
 	if (!strcmp(cmd, "events"))
-		return c4(path, KCOLL_C4_EVENTS, json, follow, since);
+		return c4(path, KCOLL_C4_EVENTS, json, follow, since, local);
 	if (!strcmp(cmd, "plan"))
-		return c4(path, KCOLL_C4_PLAN, json, false, 0);
+		return c4(path, KCOLL_C4_PLAN, json, false, 0, false);
 	if (!strcmp(cmd, "config")) {
 		kcoll_knobs_print(stdout, json);
 		return 0;
