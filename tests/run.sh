@@ -102,6 +102,8 @@ san_skip() {
 	case "$1" in
 	t_shim_mpich.sh) why="the shim's code runs under ASan in t_shim.sh (Open MPI);"
 		why+=" MPICH's own behaviour is checked by the plain pass" ;;
+	t_shim_cluster.sh) why="the shim's code runs under ASan in t_shim.sh, the daemons'"
+		why+=" multi-host code in t_multihost.sh and t_cluster.sh; the plain pass runs it" ;;
 	*) return 1 ;;
 	esac
 }

@@ -104,7 +104,12 @@ kcoll_calls() {
 
 {
 	check="$build/tests/shim_check_$m"
-	for np in 1 2 3 4; do
+	# Under ASan (make check's second pass) 2 and 3 ranks: the shim's code
+	# is the same at 1 and 4, which the plain pass runs, and 4 ASan ranks
+	# on 2 cores cost most of this test's time there.
+	nps="1 2 3 4"
+	[ "${KCOLL_TEST_SAN:-0}" = 1 ] && nps="2 3"
+	for np in $nps; do
 		run "$m" "$np" "$check" check >"$tmp/plain.$m.$np" 2>"$tmp/plain.$m.$np.err"
 		ok $? "$m np $np: shim_check without the shim exits 0"
 		with_shim "$m" "$np" "$check" check >"$tmp/shim.$m.$np" 2>"$tmp/shim.$m.$np.err"
