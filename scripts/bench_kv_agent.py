@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""The Python KV agent (kcoll.kv) moving the batches kcoll-kvbench -m local
+moves, for scripts/bench-torch.sh's ratio to the C benchmark.
+
+    bench_kv_agent.py [-b 64K,256K,1M,4M] [-B 64] [-q 2] [-d 1] [-s 256M]
+
+One process, two agents (each its own kcolld connection): the target
+allocates a segment in kcolld-mapped memory, the initiator allocates its own
+and writes batches of --batch blocks at random distinct block slots of both
+segments, --depth batches in flight, for --duration seconds per block size.
+As in kcoll-kvbench, the batches cycle through min(64, seg / (block x
+batch)) distinct ones drawn beforehand, so that they sweep the segments;
+what a batch costs in Python (plan_blocks' checks, sort and merge, the
+submission, the wait) is in the time. Prints one JSON document:
+{"rows": [{"block", "batch", "batches", "bytes", "GBps"}]}.
+"""
+import argparse
+import collections
+import json
+import time
+
+import numpy as np
+
+import kcoll.kv as kv
+
+
+def size(v):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:].upper(), 1)
+    return int(v[:-1] if mult > 1 else v) * mult
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-b", "--block", default="64K,256K,1M,4M")
+    ap.add_argument("-B", "--batch", type=int, default=64)
+    ap.add_argument("-q", "--depth", type=int, default=2)
+    ap.add_argument("-d", "--duration", type=float, default=1.0)
+    ap.add_argument("-s", "--seg-bytes", type=size, default=256 << 20)
+    a = ap.parse_args()
+
+    rng = np.random.default_rng(1)
+    target, init = kv.Agent("target"), kv.Agent("initiator")
+    _, dseg = target.alloc(a.seg_bytes)
+    src, sseg = init.alloc(a.seg_bytes)
+    src[:] = 1  # touch every page before timing
+    remote = init.import_desc(dseg.desc)
+    rows = []
+    for block in (size(b) for b in a.block.split(",")):
+        slots = a.seg_bytes // block
+        batch = min(a.batch, slots)
+        nb = max(1, min(64, a.seg_bytes // (block * batch)))
+        plans = [(rng.choice(slots, batch, replace=False) * block,
+                  rng.choice(slots, batch, replace=False) * block, block) for _ in range(nb)]
+        init.write(sseg, remote, plans[0]).wait()  # warm up: the first batch maps the pages
+        inflight = collections.deque()
+        done = 0
+        t0 = time.perf_counter()
+        end = t0 + a.duration
+        while True:
+            now = time.perf_counter()
+            if now < end and len(inflight) < a.depth:
+                inflight.append(init.write(sseg, remote, plans[done % nb]))
+                done += 1
+                continue
+            if not inflight:
+                break
+            inflight.popleft().wait()
+        elapsed = time.perf_counter() - t0
+        nbytes = done * batch * block
+        rows.append({"block": block, "batch": batch, "batches": done, "bytes": nbytes,
+                     "GBps": nbytes / elapsed / 1e9})
+    remote.close()
+    target.close()
+    init.close()
+    print(json.dumps({"tool": "scripts/bench_kv_agent.py", "depth": a.depth, "mem": "shm",
+                      "seg_bytes": a.seg_bytes, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Draw torch.distributed all_reduce busbw vs size (log x) from a
+# scripts/bench-torch.sh result: the kcoll backend and gloo, one line per N,
+# and the kcoll backend on tensors in kcolld-mapped memory dashed.
+#   scripts/plot-torch.sh [IN.json [OUT.png]]
+# IN defaults to the newest docs/perf/torch-*.json, OUT to
+# docs/perf/torch-allreduce.png. Needs gnuplot (scripts/deps.sh --bench).
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/plot-lib.sh"
+plot_begin plot-torch "$top/docs/perf/torch-*.json" "$top/docs/perf/torch-allreduce.png" \
+	"run scripts/bench-torch.sh" "$@"
+
+# One data file per series ("size busbw"), and a gnuplot plot clause naming them.
+python3 - "$in" "$tmp" >"$tmp/plot.gp" <<'EOF'
+import json, os, sys
+
+doc = json.load(open(sys.argv[1]))
+tmp = sys.argv[2]
+series = {}
+for s in doc["summary"]:
+    if s["part"] == "sweep" and s["system"] in ("kcoll", "gloo", "kcoll_shm"):
+        series.setdefault((s["system"], s["N"]), []).append((s["size"], s["busbw"]))
+if not series:
+    sys.exit("plot-torch: no sweep in %s" % sys.argv[1])
+
+names = {"kcoll": "torch, kcoll backend", "gloo": "torch, gloo",
+         "kcoll_shm": "torch, kcoll backend, kcolld-mapped tensors"}
+colors = {"kcoll": ["#1f77b4", "#0b3d91"], "gloo": ["#d62728", "#8c1c13"],
+          "kcoll_shm": ["#6baed6", "#3182bd"]}
+order = {"kcoll": 0, "gloo": 1, "kcoll_shm": 2}
+clauses = []
+for (system, n) in sorted(series, key=lambda k: (order[k[0]], k[1])):
+    path = os.path.join(tmp, "%s-%d.dat" % (system, n))
+    with open(path, "w") as fh:
+        for size, bw in sorted(series[(system, n)]):
+            fh.write("%d %g\n" % (size, bw))
+    idx = sum(1 for c in clauses if c[0] == system)
+    dash = "dt 2" if system == "kcoll_shm" else "dt 1"
+    clauses.append((system, "'%s' using 1:2 with linespoints lw 2 pt 7 ps 0.6 %s lc rgb '%s' "
+                    "title '%s N=%d'" % (path, dash, colors[system][idx % 2], names[system], n)))
+ymax = max(bw for pts in series.values() for _, bw in pts) * 1.15
+print("set yrange [0:%g]" % ymax)
+sizes = sorted({size for pts in series.values() for size, _ in pts})
+def label(b):
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return "%d%s" % (b >> shift, unit)
+    return str(b)
+print("set xtics (" + ", ".join("'%s' %d" % (label(b), b) for b in sizes) + ")")
+print("set xrange [%g:%g]" % (sizes[0] / 1.25, sizes[-1] * 1.25))
+print("set title 'torch.distributed all_reduce f32 sum, busbw vs size, best of %s rounds "
+      "(%s, %s CPUs, torch %s, %s)' noenhanced"
+      % (doc.get("rounds", "?"), doc.get("host", "?"), doc.get("cpus", "?"), doc.get("torch", "?"),
+         doc.get("date", "?")[:10]))
+print("plot " + ", \\\n     ".join(c[1] for c in clauses))
+EOF
+
+gnuplot <<EOF
+set terminal pngcairo size 1000,620 font 'sans,10'
+set output '$out'
+set logscale x 2
+set xlabel 'size (bytes)'
+set ylabel 'bus bandwidth (GB/s)'
+set grid
+set key top left
+load '$tmp/plot.gp'
+EOF
