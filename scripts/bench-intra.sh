@@ -70,16 +70,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-if [ -n "${KCOLL_SOCKET:-}" ]; then
-	sock=$KCOLL_SOCKET
-else
-	[ -x "$bin/kcolld" ] || die "$bin/kcolld missing: run make (or set KCOLL_SOCKET)"
-	sock="$tmp/kcolld.sock"
-	"$bin/kcolld" -f -s "$sock" -l "$tmp/kcolld.log" &
-	daemon_pid=$!
-	for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-	[ -S "$sock" ] || { cat "$tmp/kcolld.log" >&2; die "kcolld did not create $sock"; }
-fi
+. "$top/scripts/bench-lib.sh"
+bench_kcolld
 
 mpi=()
 if [ -x "$bin/mpi-coll-bench" ] && command -v mpirun >/dev/null; then
