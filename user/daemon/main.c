@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -435,6 +436,31 @@ out:
 	return true;
 }
 
+/*
+ * Every client holds a socket and its ring's fds, every peer daemon of
+ * every multi-host communicator up to 2 + streams connections, every lane
+ * one more (docs/perf/lanes-scale-2026-11-27.md counted 45 at 16 hosts for
+ * one communicator): the usual soft limit of 1024 runs out long before the
+ * memory does. Take the hard limit, as servers that hold many connections
+ * do; the systemd unit raises that (LimitNOFILE).
+ */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl))
+		return;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rlim_t was = rl.rlim_cur;
+
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl))
+			kc_warn("cannot raise the open-file limit from %llu to %llu: %s",
+				(unsigned long long)was, (unsigned long long)rl.rlim_max, strerror(errno));
+	}
+	kc_info("open-file limit: %llu", (unsigned long long)rl.rlim_cur);
+}
+
 static int setup_signals(void)
 {
 	sigset_t set;
@@ -613,6 +639,7 @@ int main(int argc, char **argv)
 			fclose(pf);
 		}
 	}
+	raise_nofile();
 	sigfd = setup_signals();
 	kd.epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (sigfd < 0 || kd.epfd < 0 || kd_pool_start(kd.nworkers)) {
