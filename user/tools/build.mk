@@ -2,8 +2,10 @@
 # anchor mpi-coll-bench printing the same table and JSON.
 # bench_common: the options, check values, table and JSON every benchmark shares.
 BENCH_COMMON_OBJ := $(OBJ)/user/tools/bench_common.o
+# launch: the process launcher of kcoll-bench and kcoll-kvbench.
+LAUNCH_OBJ := $(OBJ)/user/tools/launch.o
 BENCH_KCOLL := $(BIN)/kcoll-bench
-BENCH_KCOLL_OBJ := $(OBJ)/user/tools/kcoll-bench.o $(BENCH_COMMON_OBJ)
+BENCH_KCOLL_OBJ := $(OBJ)/user/tools/kcoll-bench.o $(BENCH_COMMON_OBJ) $(LAUNCH_OBJ)
 
 $(BENCH_KCOLL): $(BENCH_KCOLL_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB)
 	$(call msg,LD,$@)
@@ -94,11 +96,11 @@ ALL_TARGETS += $(GLOO_BENCH)
 endif
 
 # kcoll-kvbench: KV-cache transfers (docs/kv.md).
-$(BIN)/kcoll-kvbench: $(OBJ)/user/tools/kcoll-kvbench.o $(BENCH_COMMON_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB)
+KVBENCH_OBJ := $(OBJ)/user/tools/kcoll-kvbench.o $(BENCH_COMMON_OBJ) $(LAUNCH_OBJ)
+$(BIN)/kcoll-kvbench: $(KVBENCH_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB)
 	$(call msg,LD,$@)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(CFLAGS) -o $@ $(OBJ)/user/tools/kcoll-kvbench.o $(BENCH_COMMON_OBJ) $(LIB)/libkcoll.a \
-		$(COMMON_LIB) $(LDFLAGS) -lm
+	$(Q)$(CC) $(CFLAGS) -o $@ $(KVBENCH_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB) $(LDFLAGS) -lm
 
 ALL_TARGETS += $(BIN)/kcoll-kvbench
 

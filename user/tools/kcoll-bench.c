@@ -40,15 +40,14 @@
  *   id HEX                               --print-id
  * The parent prints the table, the JSON and the failures, and when a rank
  * fails or exits non-zero stops the others (SIGTERM to each one's process
- * group, SIGKILL KB_KILL_GRACE_MS later).
+ * group, SIGKILL LAUNCH_KILL_GRACE_MS later): launch.c, shared with
+ * kcoll-kvbench, starts the children and reads their lines.
  *
  * Options, check values, the table and the JSON document are bench_common's,
  * shared with the MPI and Gloo anchors.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -56,16 +55,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <kcoll/kcoll.h>
 
 #include "bench_common.h"
 #include "config.h"
+#include "launch.h"
 #include "reduce.h"
 
 #define KB_MAX_PER_HOST		64	/* -N */
@@ -73,11 +70,7 @@
 #define KB_MAX_RANKS		(KB_MAX_PER_HOST * KB_MAX_HOSTS)
 #define KB_WAIT_SLACK_MS	30000	/* per op, beyond the daemon's own KCOLL_TIMEOUT_MS */
 #define KB_PROGRESS_AFTER_S	2.0	/* sweeps shorter than this print no tty progress */
-#define KB_KILL_GRACE_MS	3000	/* SIGTERM, then SIGKILL */
-#define KB_DRAIN_MS		2000	/* output still arriving after every rank exited */
 #define KB_NAME_BYTES		64	/* a host name in the exchange, NUL included */
-#define KB_LINE_BYTES		1024	/* one report line */
-#define KB_POLL_MS		200
 
 enum kb_mode { MODE_LOCAL, MODE_HOSTS, MODE_MPI, MODE_WORKER, MODE_PRINT_ID };
 
@@ -169,8 +162,6 @@ static struct bench_prog prog = {
 static char my_host[KB_NAME_BYTES] = "?";
 /* A rank whose parent prints: failures go to stdout as "fail" lines. */
 static bool to_parent;
-/* The signal that asked the parent to stop, 0 if none. */
-static volatile sig_atomic_t stop_signal;
 
 static void usage(FILE *f)
 {
@@ -204,37 +195,6 @@ BENCH_USAGE_SWEEP
 static int nranks_of(const struct kbench_opts *ko)
 {
 	return (ko->hosts ? ko->hosts : 1) * ko->per_host;
-}
-
-static int hex_digit(char ch)
-{
-	if (ch >= '0' && ch <= '9')
-		return ch - '0';
-	if (ch >= 'a' && ch <= 'f')
-		return ch - 'a' + 10;
-	if (ch >= 'A' && ch <= 'F')
-		return ch - 'A' + 10;
-	return -1;
-}
-
-static int id_from_hex(const char *hex, kcoll_unique_id_t *id)
-{
-	if (strlen(hex) != 2 * sizeof(id->bytes))
-		return -EINVAL;
-	for (size_t i = 0; i < sizeof(id->bytes); i++) {
-		int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
-
-		if (hi < 0 || lo < 0)
-			return -EINVAL;
-		id->bytes[i] = (uint8_t)(hi << 4 | lo);
-	}
-	return 0;
-}
-
-static void id_to_hex(const kcoll_unique_id_t *id, char *hex)
-{
-	for (size_t i = 0; i < sizeof(id->bytes); i++)
-		sprintf(hex + 2 * i, "%02x", id->bytes[i]);
 }
 
 /* -N, -d, -o, -r and kcoll-bench's own options. */
@@ -285,20 +245,12 @@ static void parse_opt(const struct bench_prog *p, void *ctx, struct bench_opts *
 		ko->rank = bench_parse_long(p, arg, "--worker", 0, KB_MAX_RANKS - 1);
 		break;
 	case OPT_ID:
-		if (id_from_hex(arg, &ko->id))
+		if (launch_hex_decode(arg, ko->id.bytes, sizeof(ko->id.bytes)))
 			bench_usage_error(p, "--id takes %zu hex digits", 2 * sizeof(ko->id.bytes));
 		ko->have_id = true;
 		break;
 	case OPT_PRINT_ID: ko->mode = MODE_PRINT_ID; break;
 	}
-}
-
-static double now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
 /* KCOLL_TIMEOUT_MS (libkcoll's and kcolld's hang timeout), capped to fit an int with slack. */
@@ -336,7 +288,7 @@ static int report_init(struct report *rep, const struct kbench_opts *o)
 {
 	int n = o->b.nranks;
 
-	*rep = (struct report){ .o = o, .nrows = bench_count_rows(&o->b), .start_us = now_us() };
+	*rep = (struct report){ .o = o, .nrows = bench_count_rows(&o->b), .start_us = launch_now_us() };
 	rep->rows = calloc(rep->nrows, sizeof(*rep->rows));
 	rep->names = calloc(n, sizeof(*rep->names));
 	rep->names_ptr = calloc(n, sizeof(*rep->names_ptr));
@@ -367,7 +319,7 @@ static void report_host(struct report *rep, int r, const char *name)
 static void progress(struct report *rep, size_t bytes)
 {
 	const struct bench_opts *o = &rep->o->b;
-	double s = (now_us() - rep->start_us) / 1e6;
+	double s = (launch_now_us() - rep->start_us) / 1e6;
 	int done = rep->nrows_done;
 
 	if (rep->o->progress) {
@@ -617,13 +569,13 @@ static int measure(struct bench_rank *b, bool inplace, const struct bench_counts
 	r = barrier(b);
 	if (r)
 		return r;
-	t0 = now_us();
+	t0 = launch_now_us();
 	for (int i = 0; i < o->iters; i++) {
 		r = run_coll(b, inplace, n->param);
 		if (r)
 			return r;
 	}
-	st->time_us[inplace] = (now_us() - t0) / o->iters;
+	st->time_us[inplace] = (launch_now_us() - t0) / o->iters;
 	st->wrong[inplace] = wrong;
 	return 0;
 }
@@ -812,13 +764,13 @@ static int memcpy_main(const struct kbench_opts *ko, struct report *rep)
 
 		for (int i = 0; i < o->warmup; i++)
 			memcpy(dst, src, bytes);
-		t0 = now_us();
+		t0 = launch_now_us();
 		for (int i = 0; i < o->iters; i++) {
 			memcpy(dst, src, bytes);
 			/* keep the copies: the compiler may not drop or merge them */
 			__asm__ volatile("" : : "r"(dst) : "memory");
 		}
-		st.time_us[0] = st.time_us[1] = (now_us() - t0) / o->iters;
+		st.time_us[0] = st.time_us[1] = (launch_now_us() - t0) / o->iters;
 		report_row(rep, row, &st);
 	}
 	free(src);
@@ -828,24 +780,12 @@ static int memcpy_main(const struct kbench_opts *ko, struct report *rep)
 
 /* ---- children: forked ranks, launched workers, the id helper ------------ */
 
-struct child {
-	pid_t pid;			/* 0: reaped (or never started) */
-	int fd;				/* its stdout, -1: closed */
-	int rank;			/* -1: the --print-id helper */
-	bool failed;			/* sent a "fail" line */
-	size_t len;
-	char buf[KB_LINE_BYTES];
-};
-
+/* The parent's side of a run (launch.c does the processes). */
 struct job {
 	const struct kbench_opts *o;
 	struct report *rep;		/* NULL for the id helper */
-	struct child *c;
-	int n;
-	bool failed;			/* some rank failed: the rest are being stopped */
-	double kill_at;			/* SIGKILL what is left at this time; 0: not yet */
-	bool sent_kill;
-	double deadline;		/* give up then (id helper only); 0: none */
+	struct launch l;		/* child i is rank i, or the id helper */
+	bool id_helper;
 	kcoll_unique_id_t id;		/* the id helper's answer */
 	bool have_id;
 };
@@ -863,273 +803,72 @@ static void rank_label(const struct job *j, int rank, const char *name, char *ou
 		snprintf(out, len, "rank %d (host %d)", rank, rank / j->o->per_host);
 }
 
-static void on_stop_signal(int sig)
+/* Child i's rank; -1: the id helper. */
+static int job_rank(const struct job *j, int i)
 {
-	stop_signal = sig;
+	return j->id_helper ? -1 : i;
 }
 
-static void catch_stop_signals(bool on)
+static void job_label(struct launch *l, int i, char *out, size_t len)
 {
-	struct sigaction sa = { .sa_handler = on ? on_stop_signal : SIG_DFL };
+	struct job *j = l->ctx;
+	int rank = job_rank(j, i);
 
-	sigemptyset(&sa.sa_mask);	/* no SA_RESTART: poll returns EINTR */
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	sigaction(SIGHUP, &sa, NULL);
+	rank_label(j, rank, j->rep && rank >= 0 ? j->rep->names_ptr[rank] : NULL, out, len);
 }
 
-/* Signal every child's process group (each child leads its own). */
-static void job_signal(struct job *j, int sig)
+/* One line from child i. */
+static void job_line(struct launch *l, int i, char *line)
 {
-	for (int i = 0; i < j->n; i++) {
-		if (j->c[i].pid <= 0)
-			continue;
-		if (kill(-j->c[i].pid, sig) && errno == ESRCH)
-			kill(j->c[i].pid, sig);
-	}
-}
-
-/* The first failure stops everybody. */
-static void job_fail(struct job *j)
-{
-	if (j->failed)
-		return;
-	j->failed = true;
-	job_signal(j, SIGTERM);
-	j->kill_at = now_us() + KB_KILL_GRACE_MS * 1e3;
-}
-
-/*
- * Start child i with its stdout on a pipe to us, stdin /dev/null, in a
- * process group of its own: exec argv, or run fn(arg) in the fork.
- */
-static int spawn(struct job *j, int i, char *const *argv, int (*fn)(void *), void *arg)
-{
-	struct child *c = &j->c[i];
-	int p[2];
-
-	if (pipe2(p, O_CLOEXEC))
-		return -errno;
-	fflush(stdout);
-	fflush(stderr);
-	c->pid = fork();
-	if (c->pid < 0) {
-		int err = -errno;
-
-		c->pid = 0;
-		close(p[0]);
-		close(p[1]);
-		return err;
-	}
-	if (c->pid == 0) {
-		int null = open("/dev/null", O_RDONLY);
-
-		setpgid(0, 0);
-		catch_stop_signals(false);
-		if (null >= 0)
-			dup2(null, STDIN_FILENO);
-		dup2(p[1], STDOUT_FILENO);	/* the copy is not close-on-exec */
-		for (int q = 0; q < i; q++)	/* earlier ranks' pipes (exec would close them) */
-			if (j->c[q].fd >= 0)
-				close(j->c[q].fd);
-		if (argv) {
-			execvp(argv[0], argv);
-			fprintf(stderr, "%s: cannot run '%s': %s\n", prog.name, argv[0],
-				strerror(errno));
-			_exit(127);
-		}
-		to_parent = true;
-		i = fn(arg);
-		fflush(stdout);
-		_exit(i ? 1 : 0);
-	}
-	setpgid(c->pid, c->pid);	/* also here: no race with an early kill */
-	close(p[1]);
-	c->fd = p[0];
-	fcntl(c->fd, F_SETFL, O_NONBLOCK);
-	return 0;
-}
-
-/* One line from child c. */
-static void job_line(struct job *j, struct child *c, char *line)
-{
+	struct job *j = l->ctx;
 	char label[160], name[KB_NAME_BYTES];
-	int r, err, blamed, off = 0;
+	int r, err, blamed, off = 0, rank = job_rank(j, i);
 	struct rank_stat st;
 	long long w0, w1;
 
-	if (c->rank < 0) {
+	if (rank < 0) {
 		char hex[2 * KCOLL_UNIQUE_ID_BYTES + 1];
 
-		if (sscanf(line, "id %256s", hex) == 1 && !id_from_hex(hex, &j->id)) {
+		if (sscanf(line, "id %256s", hex) == 1 &&
+		    !launch_hex_decode(hex, j->id.bytes, sizeof(j->id.bytes))) {
 			j->have_id = true;
 			return;
 		}
-	} else if (c->rank == 0 && sscanf(line, "row %d %lf %lf %lld %lld", &r, &st.time_us[0],
-					  &st.time_us[1], &w0, &w1) == 5) {
+	} else if (rank == 0 && sscanf(line, "row %d %lf %lf %lld %lld", &r, &st.time_us[0],
+				       &st.time_us[1], &w0, &w1) == 5) {
 		st.wrong[0] = w0;
 		st.wrong[1] = w1;
 		report_row(j->rep, r, &st);
 		return;
-	} else if (c->rank == 0 && sscanf(line, "host %d %63s", &r, name) == 2) {
+	} else if (rank == 0 && sscanf(line, "host %d %63s", &r, name) == 2) {
 		report_host(j->rep, r, name);
 		return;
 	} else if (sscanf(line, "fail %d %d %d %63s %n", &r, &err, &blamed, name, &off) == 4 &&
 		   off > 0) {
-		rank_label(j, c->rank, name, label, sizeof(label));
+		rank_label(j, rank, name, label, sizeof(label));
 		fprintf(stderr, "%s: %s: %s\n", prog.name, label, line + off);
-		c->failed = true;
-		job_fail(j);
+		launch_child_failed(l, i);
 		return;
 	}
-	rank_label(j, c->rank, NULL, label, sizeof(label));
+	rank_label(j, rank, NULL, label, sizeof(label));
 	fprintf(stderr, "%s: %s says: %s\n", prog.name, label, line);
 }
 
-/* Read what child c has to say; close at EOF. */
-static void job_read(struct job *j, struct child *c)
+static const struct launch_ops job_ops = {
+	.line = job_line,
+	.label = job_label,
+};
+
+/* Room for n children: 0, or -1 (said why). */
+static int job_init(struct job *j, const struct kbench_opts *o, struct report *rep, int n)
 {
-	for (;;) {
-		ssize_t n = read(c->fd, c->buf + c->len, sizeof(c->buf) - 1 - c->len);
-		char *nl;
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && errno == EAGAIN)
-			return;
-		if (n <= 0) {
-			if (c->len) {	/* a last line without its newline */
-				c->buf[c->len] = '\0';
-				job_line(j, c, c->buf);
-				c->len = 0;
-			}
-			close(c->fd);
-			c->fd = -1;
-			return;
-		}
-		c->len += n;
-		c->buf[c->len] = '\0';
-		while ((nl = strchr(c->buf, '\n'))) {
-			*nl = '\0';
-			job_line(j, c, c->buf);
-			c->len -= nl + 1 - c->buf;
-			memmove(c->buf, nl + 1, c->len + 1);
-		}
-		if (c->len == sizeof(c->buf) - 1) {	/* too long for a report line */
-			job_line(j, c, c->buf);
-			c->len = 0;
-		}
-	}
-}
-
-/* Did we cause this exit status (SIGTERM or SIGKILL after a failure)? */
-static bool stopped_by_us(const struct job *j, int st)
-{
-	int sig = WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st) - 128;	/* sh: 128 + sig */
-
-	return (j->failed && sig == SIGTERM) || (j->sent_kill && sig == SIGKILL);
-}
-
-/* A child exited with status st. */
-static void job_reaped(struct job *j, struct child *c, int st)
-{
-	char label[160];
-	bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-
-	c->pid = 0;
-	if (ok)
-		return;
-	/* A rank that said why, or that we stopped, needs no second message;
-	 * one that died on its own (crashed, killed) does. */
-	if (!c->failed && !stopped_by_us(j, st) && !(j->failed && WIFEXITED(st) &&
-						      WEXITSTATUS(st) == 1)) {
-		rank_label(j, c->rank, j->rep && c->rank >= 0 ? j->rep->names_ptr[c->rank] : NULL,
-			   label, sizeof(label));
-		if (WIFSIGNALED(st))
-			fprintf(stderr, "%s: %s killed by signal %d (%s)\n", prog.name, label,
-				WTERMSIG(st), strsignal(WTERMSIG(st)));
-		else
-			fprintf(stderr, "%s: %s exited with status %d%s\n", prog.name, label,
-				WEXITSTATUS(st), WEXITSTATUS(st) == 127 ?
-				" (could not run its command)" : "");
-	}
-	job_fail(j);
-}
-
-/* Until every child has exited and said everything. 0, or -1 if any failed. */
-static int job_run(struct job *j)
-{
-	struct pollfd *pfd = calloc(j->n, sizeof(*pfd));
-	int *who = calloc(j->n, sizeof(*who));
-	double drain_until = 0;
-
-	if (!pfd || !who) {
-		free(pfd);
-		free(who);
-		job_fail(j);
+	*j = (struct job){ .o = o, .rep = rep, .id_helper = !rep };
+	if (launch_init(&j->l, n, prog.name, &job_ops, j, 0)) {
+		fprintf(stderr, "%s: out of memory\n", prog.name);
 		return -1;
 	}
-	for (;;) {
-		int alive = 0, np = 0, st;
-		pid_t pid;
-
-		for (int i = 0; i < j->n; i++) {
-			alive += j->c[i].pid > 0;
-			if (j->c[i].fd >= 0) {
-				who[np] = i;
-				pfd[np++] = (struct pollfd){ .fd = j->c[i].fd, .events = POLLIN };
-			}
-		}
-		if (!alive && !np)
-			break;
-		if (!alive) {
-			/* Exited, but something it started still holds the pipe. */
-			if (!drain_until)
-				drain_until = now_us() + KB_DRAIN_MS * 1e3;
-			if (now_us() > drain_until) {
-				for (int q = 0; q < np; q++) {
-					close(j->c[who[q]].fd);
-					j->c[who[q]].fd = -1;
-				}
-				break;
-			}
-		}
-		if (poll(pfd, np, KB_POLL_MS) > 0)
-			for (int q = 0; q < np; q++)
-				if (pfd[q].revents)
-					job_read(j, &j->c[who[q]]);
-		while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
-			for (int i = 0; i < j->n; i++)
-				if (j->c[i].pid == pid)
-					job_reaped(j, &j->c[i], st);
-		if (stop_signal && !j->failed) {
-			fprintf(stderr, "%s: %s: stopping every rank\n", prog.name,
-				strsignal(stop_signal));
-			job_fail(j);
-		}
-		if (j->deadline && now_us() > j->deadline && !j->failed) {
-			fprintf(stderr, "%s: no answer in time (KCOLL_TIMEOUT_MS %d)\n", prog.name,
-				timeout_ms());
-			job_fail(j);
-		}
-		if (j->kill_at && now_us() > j->kill_at) {
-			job_signal(j, SIGKILL);
-			j->kill_at = 0;
-			j->sent_kill = true;
-		}
-	}
-	free(pfd);
-	free(who);
-	return j->failed ? -1 : 0;
-}
-
-/* Leave with the signal that stopped us, as if it had not been caught. */
-static void restore_stop_signal(void)
-{
-	if (!stop_signal)
-		return;
-	catch_stop_signals(false);
-	raise(stop_signal);
+	j->l.noun = "rank";
+	return 0;
 }
 
 /* ---- local ranks (forked) ------------------------------------------- */
@@ -1144,8 +883,10 @@ static int local_rank(void *arg)
 {
 	const struct local_rank *lr = arg;
 	struct kcoll *k;
-	int r = connect_daemon(lr->o, &k);
+	int r;
 
+	to_parent = true;
+	r = connect_daemon(lr->o, &k);
 	if (r)
 		return say_fail(lr->rank, r, -1, "connecting to kcolld at %s", socket_name(lr->o));
 	r = rank_main(lr->o, k, lr->id, lr->rank, NULL);
@@ -1157,21 +898,23 @@ static int local_main(const struct kbench_opts *o, struct report *rep)
 {
 	int n = o->b.nranks, started = 0, r;
 	struct local_rank *lr = calloc(n, sizeof(*lr));
-	struct job j = { .o = o, .rep = rep, .n = n, .c = calloc(n, sizeof(*j.c)) };
 	kcoll_unique_id_t id;
 	struct kcoll *k = NULL;
+	struct job j;
 
-	if (!lr || !j.c) {
+	if (!lr) {
 		fprintf(stderr, "%s: out of memory\n", prog.name);
-		goto err_free;
+		return 1;
 	}
+	if (job_init(&j, o, rep, n))
+		goto err_free;
 	r = connect_daemon(o, &k);
 	if (r) {
 		fprintf(stderr, "%s: cannot reach kcolld at %s: %s\n", prog.name, socket_name(o),
 			kcoll_strerror(r));
 		fprintf(stderr, "%s: is the daemon running? start it with 'kcolld -f -s SOCKET' "
 			"and pass -s SOCKET or set KCOLL_SOCKET\n", prog.name);
-		goto err_free;
+		goto err_launch;
 	}
 	r = kcoll_get_unique_id(k, &id);
 	if (r) {
@@ -1180,153 +923,70 @@ static int local_main(const struct kbench_opts *o, struct report *rep)
 	}
 	if (!o->b.json)
 		print_header(o, &rep->env, NULL);
-	catch_stop_signals(true);
-	for (int i = 0; i < n; i++)
-		j.c[i] = (struct child){ .fd = -1, .rank = i };
+	launch_catch_signals(true);
 	for (; started < n; started++) {
 		lr[started] = (struct local_rank){ .o = o, .id = &id, .rank = started };
-		r = spawn(&j, started, NULL, local_rank, &lr[started]);
+		r = launch_spawn(&j.l, started, NULL, local_rank, &lr[started]);
 		if (r) {
 			fprintf(stderr, "%s: fork: %s\n", prog.name, strerror(-r));
-			job_fail(&j);
+			launch_fail(&j.l);
 			break;
 		}
 	}
-	r = job_run(&j);
+	r = launch_run(&j.l);
 	kcoll_disconnect(k);
+	launch_free(&j.l);
 	free(lr);
-	free(j.c);
 	r = report_finish(rep, !r && started == n);
-	restore_stop_signal();
+	launch_restore_signal();
 	return r;
 
 err_disconnect:
 	kcoll_disconnect(k);
+err_launch:
+	launch_free(&j.l);
 err_free:
 	free(lr);
-	free(j.c);
 	return 1;
 }
 
 /* ---- --hosts: launched workers ---------------------------------------- */
 
-/* A growing argv (NULL-terminated, strings owned). */
-struct argv_buf {
-	char **v;
-	int n, cap;
-	bool oom;
-};
-
-static void av_add(struct argv_buf *a, const char *s)
-{
-	char *copy;
-
-	if (a->n + 2 > a->cap) {
-		int cap = a->cap ? 2 * a->cap : 32;
-		char **v = realloc(a->v, cap * sizeof(*v));
-
-		if (!v) {
-			a->oom = true;
-			return;
-		}
-		a->v = v;
-		a->cap = cap;
-	}
-	copy = strdup(s);
-	if (!copy) {
-		a->oom = true;
-		return;
-	}
-	a->v[a->n++] = copy;
-	a->v[a->n] = NULL;
-}
-
-static void __attribute__((format(printf, 2, 3))) av_addf(struct argv_buf *a, const char *fmt, ...)
-{
-	char s[64];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(s, sizeof(s), fmt, ap);
-	va_end(ap);
-	av_add(a, s);
-}
-
-static void av_free(struct argv_buf *a)
-{
-	for (int i = 0; i < a->n; i++)
-		free(a->v[i]);
-	free(a->v);
-	*a = (struct argv_buf){ 0 };
-}
-
-/* The template's words for host h: %h is h, %% a percent sign. */
-static void av_template(struct argv_buf *a, const char *tmpl, int host)
-{
-	const char *p = tmpl;
-
-	while (*p) {
-		char word[4096];
-		size_t n = 0;
-
-		p += strspn(p, " \t");
-		if (!*p)
-			break;
-		for (; *p && *p != ' ' && *p != '\t'; p++) {
-			if (p[0] == '%' && p[1] == 'h') {
-				n += snprintf(word + n, sizeof(word) - n, "%d", host);
-				p++;
-			} else if (p[0] == '%' && p[1] == '%') {
-				word[n++] = '%';
-				p++;
-			} else {
-				word[n++] = *p;
-			}
-			if (n >= sizeof(word) - 16) {
-				a->oom = true;
-				return;
-			}
-		}
-		word[n] = '\0';
-		av_add(a, word);
-	}
-}
-
 /* Every option a worker needs to run the same sweep, as it parses them. */
-static void av_bench(struct argv_buf *a, const struct kbench_opts *o)
+static void av_bench(struct launch_argv *a, const struct kbench_opts *o)
 {
 	const struct bench_opts *b = &o->b;
 
-	av_add(a, bench_coll_name(b->coll));
-	av_add(a, "-b");
-	av_addf(a, "%zu", b->min_bytes);
-	av_add(a, "-e");
-	av_addf(a, "%zu", b->max_bytes);
-	av_add(a, "-f");
-	av_addf(a, "%lu", b->factor);
-	av_add(a, "-n");
-	av_addf(a, "%d", b->iters);
-	av_add(a, "-w");
-	av_addf(a, "%d", b->warmup);
-	av_add(a, "-c");
-	av_addf(a, "%d", b->check);
-	av_add(a, "-d");
-	av_add(a, kcoll_dtype_name(o->dtype));
-	av_add(a, "-o");
-	av_add(a, kcoll_redop_name(o->op));
-	av_add(a, "-r");
-	av_addf(a, "%d", b->root);
-	av_add(a, "--mem");
-	av_add(a, mem_name(o));
+	launch_argv_add(a, bench_coll_name(b->coll));
+	launch_argv_add(a, "-b");
+	launch_argv_addf(a, "%zu", b->min_bytes);
+	launch_argv_add(a, "-e");
+	launch_argv_addf(a, "%zu", b->max_bytes);
+	launch_argv_add(a, "-f");
+	launch_argv_addf(a, "%lu", b->factor);
+	launch_argv_add(a, "-n");
+	launch_argv_addf(a, "%d", b->iters);
+	launch_argv_add(a, "-w");
+	launch_argv_addf(a, "%d", b->warmup);
+	launch_argv_add(a, "-c");
+	launch_argv_addf(a, "%d", b->check);
+	launch_argv_add(a, "-d");
+	launch_argv_add(a, kcoll_dtype_name(o->dtype));
+	launch_argv_add(a, "-o");
+	launch_argv_add(a, kcoll_redop_name(o->op));
+	launch_argv_add(a, "-r");
+	launch_argv_addf(a, "%d", b->root);
+	launch_argv_add(a, "--mem");
+	launch_argv_add(a, mem_name(o));
 	if (b->inplace)
-		av_add(a, "--inplace");
-	av_add(a, "--hosts");
-	av_addf(a, "%d", o->hosts);
-	av_add(a, "-N");
-	av_addf(a, "%d", o->per_host);
+		launch_argv_add(a, "--inplace");
+	launch_argv_add(a, "--hosts");
+	launch_argv_addf(a, "%d", o->hosts);
+	launch_argv_add(a, "-N");
+	launch_argv_addf(a, "%d", o->per_host);
 	if (o->socket) {
-		av_add(a, "-s");
-		av_add(a, o->socket);
+		launch_argv_add(a, "-s");
+		launch_argv_add(a, o->socket);
 	}
 }
 
@@ -1369,36 +1029,43 @@ static char *launch_template(const struct kbench_opts *o, const char *self)
 static int fetch_id(const struct kbench_opts *o, const char *tmpl, const char *self,
 		    kcoll_unique_id_t *id)
 {
-	struct child c = { .fd = -1, .rank = -1 };
-	struct job j = { .o = o, .c = &c, .n = 1 };
-	struct argv_buf a = { 0 };
+	struct launch_argv a = { 0 };
+	char late[64];
+	struct job j;
 	int r;
 
-	av_template(&a, tmpl, 0);
-	av_add(&a, self);
-	av_add(&a, bench_coll_name(o->b.coll));
-	av_add(&a, "--print-id");
+	launch_argv_template(&a, tmpl, 0);
+	launch_argv_add(&a, self);
+	launch_argv_add(&a, bench_coll_name(o->b.coll));
+	launch_argv_add(&a, "--print-id");
 	if (o->socket) {
-		av_add(&a, "-s");
-		av_add(&a, o->socket);
+		launch_argv_add(&a, "-s");
+		launch_argv_add(&a, o->socket);
 	}
 	if (a.oom || !a.n) {
 		fprintf(stderr, "%s: bad launch template '%s'\n", prog.name, tmpl);
-		av_free(&a);
+		launch_argv_free(&a);
 		return -1;
 	}
-	r = spawn(&j, 0, a.v, NULL, NULL);
+	if (job_init(&j, o, NULL, 1)) {
+		launch_argv_free(&a);
+		return -1;
+	}
+	r = launch_spawn(&j.l, 0, a.v, NULL, NULL);
+	launch_argv_free(&a);
 	if (r) {
 		fprintf(stderr, "%s: fork: %s\n", prog.name, strerror(-r));
-		av_free(&a);
+		launch_free(&j.l);
 		return -1;
 	}
 	/* Connecting and the id take a few ms; a launcher (ssh) may take seconds. */
-	j.deadline = now_us() + timeout_ms() * 1e3;
-	r = job_run(&j);
-	av_free(&a);
+	snprintf(late, sizeof(late), "no answer in time (KCOLL_TIMEOUT_MS %d)", timeout_ms());
+	j.l.deadline = launch_now_us() + timeout_ms() * 1e3;
+	j.l.deadline_msg = late;
+	r = launch_run(&j.l);
+	launch_free(&j.l);
 	if (r || !j.have_id) {
-		if (!stop_signal)
+		if (!launch_stop_signal)
 			fprintf(stderr, "%s: no communicator id from host 0's daemon through "
 				"'%s' (run '%s' by hand to see why)\n", prog.name, tmpl, tmpl);
 		return -1;
@@ -1410,15 +1077,13 @@ static int fetch_id(const struct kbench_opts *o, const char *tmpl, const char *s
 static int hosts_main(const struct kbench_opts *o, struct report *rep)
 {
 	int n = o->b.nranks, started = 0, r = -1;
-	struct job j = { .o = o, .rep = rep, .n = n, .c = calloc(n, sizeof(*j.c)) };
 	char self[PATH_MAX], hex[2 * KCOLL_UNIQUE_ID_BYTES + 1], *tmpl = NULL;
 	kcoll_unique_id_t id;
 	ssize_t len;
+	struct job j;
 
-	if (!j.c) {
-		fprintf(stderr, "%s: out of memory\n", prog.name);
+	if (job_init(&j, o, rep, n))
 		return 1;
-	}
 	len = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	if (len <= 0) {
 		fprintf(stderr, "%s: cannot find myself (/proc/self/exe): %s\n", prog.name,
@@ -1429,42 +1094,40 @@ static int hosts_main(const struct kbench_opts *o, struct report *rep)
 	tmpl = launch_template(o, self);
 	if (!tmpl)
 		goto out;
-	catch_stop_signals(true);
+	launch_catch_signals(true);
 	if (fetch_id(o, tmpl, self, &id))
 		goto out;
-	id_to_hex(&id, hex);
+	launch_hex_encode(id.bytes, sizeof(id.bytes), hex);
 	if (!o->b.json)
 		print_header(o, &rep->env, tmpl);
-	for (int i = 0; i < n; i++)
-		j.c[i] = (struct child){ .fd = -1, .rank = i };
 	for (; started < n; started++) {
-		struct argv_buf a = { 0 };
+		struct launch_argv a = { 0 };
 
-		av_template(&a, tmpl, started / o->per_host);
-		av_add(&a, self);
+		launch_argv_template(&a, tmpl, started / o->per_host);
+		launch_argv_add(&a, self);
 		av_bench(&a, o);
-		av_add(&a, "--worker");
-		av_addf(&a, "%d", started);
-		av_add(&a, "--id");
-		av_add(&a, hex);
-		r = a.oom ? -ENOMEM : spawn(&j, started, a.v, NULL, NULL);
-		av_free(&a);
+		launch_argv_add(&a, "--worker");
+		launch_argv_addf(&a, "%d", started);
+		launch_argv_add(&a, "--id");
+		launch_argv_add(&a, hex);
+		r = a.oom ? -ENOMEM : launch_spawn(&j.l, started, a.v, NULL, NULL);
+		launch_argv_free(&a);
 		if (r) {
 			fprintf(stderr, "%s: starting rank %d: %s\n", prog.name, started, strerror(-r));
-			job_fail(&j);
+			launch_fail(&j.l);
 			break;
 		}
 	}
-	r = job_run(&j);
+	r = launch_run(&j.l);
 out:
 	free(tmpl);
-	free(j.c);
+	launch_free(&j.l);
 	if (!started) {
-		restore_stop_signal();
+		launch_restore_signal();
 		return 1;	/* nothing ran: no table to close */
 	}
 	r = report_finish(rep, !r && started == n);
-	restore_stop_signal();
+	launch_restore_signal();
 	return r;
 }
 
@@ -1505,7 +1168,7 @@ static int print_id_main(const struct kbench_opts *o)
 			kcoll_strerror(r));
 		return 1;
 	}
-	id_to_hex(&id, hex);
+	launch_hex_encode(id.bytes, sizeof(id.bytes), hex);
 	printf("id %s\n", hex);
 	return fflush(stdout) ? 1 : 0;
 }
@@ -1543,7 +1206,7 @@ static int id_file_write(const char *path, const kcoll_unique_id_t *id)
 
 	snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
 	job_key(key, sizeof(key));
-	id_to_hex(id, hex);
+	launch_hex_encode(id->bytes, sizeof(id->bytes), hex);
 	f = fopen(tmp, "w");
 	if (!f)
 		return -errno;
@@ -1562,7 +1225,7 @@ static int id_file_write(const char *path, const kcoll_unique_id_t *id)
 static int id_file_read(const char *path, kcoll_unique_id_t *id, int wait_ms)
 {
 	char key[256], want[256], hex[2 * KCOLL_UNIQUE_ID_BYTES + 1];
-	double until = now_us() + wait_ms * 1e3;
+	double until = launch_now_us() + wait_ms * 1e3;
 
 	job_key(want, sizeof(want));
 	do {
@@ -1574,11 +1237,11 @@ static int id_file_read(const char *path, kcoll_unique_id_t *id, int wait_ms)
 
 			fclose(f);
 			ours = n == 2 && (!strcmp(key, want) || !strcmp(want, "-") || !strcmp(key, "-"));
-			if (ours && !id_from_hex(hex, id))
+			if (ours && !launch_hex_decode(hex, id->bytes, sizeof(id->bytes)))
 				return 0;
 		}
 		usleep(20000);
-	} while (now_us() < until);
+	} while (launch_now_us() < until);
 	return -ETIMEDOUT;
 }
 

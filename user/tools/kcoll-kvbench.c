@@ -32,7 +32,6 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,6 +40,7 @@
 #include "bench_common.h"
 #include "config.h"
 #include "iov.h"
+#include "launch.h"
 
 #define MAX_BLOCKS	16
 #define MAX_THREADS	64
@@ -76,7 +76,7 @@ static struct {
 	.shm = true, .anchor = true,
 };
 
-static kcoll_seg_desc_t descs[MAX_DESCS];
+static kcoll_seg_desc_t descs[MAX_THREADS];	/* local: one per target; --desc: MAX_DESCS */
 static int ndescs;
 
 static void usage(FILE *f)
@@ -266,8 +266,11 @@ static void on_signal(int sig)
 	stop = 1;
 }
 
-/* Register a segment and publish its descriptor; then serve until told. */
-static int target_run(kcoll_seg_desc_t *out, const char *path, int ready_fd)
+/*
+ * Register a segment and publish its descriptor, in the file path or (a
+ * target forked by local mode) as "desc HEX" on stdout; then serve until told.
+ */
+static int target_run(const char *path)
 {
 	struct kcoll *k;
 	struct kcoll_seg *seg;
@@ -285,9 +288,16 @@ static int target_run(kcoll_seg_desc_t *out, const char *path, int ready_fd)
 		fprintf(stderr, "kcoll-kvbench: target: %s\n", kcoll_strerror(r));
 		return 1;
 	}
-	if (out)
-		kcoll_seg_export(seg, out);
-	if (path) {
+	if (!path) {
+		char hex[2 * KCOLL_SEG_DESC_BYTES + 1];
+		kcoll_seg_desc_t d;
+
+		kcoll_seg_export(seg, &d);
+		launch_hex_encode(d.bytes, sizeof(d.bytes), hex);
+		printf("desc %s\n", hex);
+		if (fflush(stdout))
+			return 1;
+	} else {
 		char tmp[4096];
 		kcoll_seg_desc_t d;
 		FILE *f;
@@ -302,8 +312,6 @@ static int target_run(kcoll_seg_desc_t *out, const char *path, int ready_fd)
 		fprintf(stderr, "kcoll-kvbench: target: %zu bytes, descriptor in %s; Ctrl-C ends it\n",
 			opt.seg_bytes, path);
 	}
-	if (ready_fd >= 0 && write(ready_fd, "r", 1) != 1)
-		return 1;
 	while (!stop)
 		pause();
 	kcoll_seg_unregister(seg);
@@ -332,6 +340,70 @@ static int read_descs(const char *list)
 	}
 	free(dup);
 	return ndescs ? 0 : -ENOENT;
+}
+
+/* Local mode's targets, forked through launch.c: target i's descriptor is descs[i]. */
+static bool target_ready[MAX_THREADS];
+
+static void target_line(struct launch *l, int i, char *line)
+{
+	char hex[2 * KCOLL_SEG_DESC_BYTES + 1];
+
+	if (sscanf(line, "desc %256s", hex) == 1 &&
+	    !launch_hex_decode(hex, descs[i].bytes, sizeof(descs[i].bytes))) {
+		target_ready[i] = true;
+		return;
+	}
+	fprintf(stderr, "kcoll-kvbench: target %d says: %s\n", i, line);
+}
+
+static void target_label(struct launch *l, int i, char *out, size_t len)
+{
+	snprintf(out, len, "target %d", i);
+}
+
+/* One that dies before it is ready has said why on stderr. */
+static bool target_exited(struct launch *l, int i, int st)
+{
+	if (target_ready[i])
+		return false;
+	fprintf(stderr, "kcoll-kvbench: target %d failed to start (its error is above)\n", i);
+	return true;
+}
+
+static int target_child(void *arg)
+{
+	return target_run(NULL);
+}
+
+/* Start the targets one by one, each once the one before has its segment. 0 or -1. */
+static int targets_start(struct launch *l)
+{
+	static const struct launch_ops ops = {
+		.line = target_line, .label = target_label, .exited = target_exited,
+	};
+
+	/* In our process group: a Ctrl-C here ends them as well. */
+	if (launch_init(l, ndescs, "kcoll-kvbench", &ops, NULL, LAUNCH_SAME_GROUP)) {
+		fprintf(stderr, "kcoll-kvbench: out of memory\n");
+		return -1;
+	}
+	l->noun = "target";
+	for (int i = 0; i < ndescs; i++) {
+		int r = launch_spawn(l, i, NULL, target_child, NULL);
+
+		if (r) {
+			fprintf(stderr, "kcoll-kvbench: target %d failed to start: fork: %s\n", i,
+				strerror(-r));
+			return -1;
+		}
+		/* One that dies before it is ready says so and fails the run. */
+		while (!target_ready[i] && !l->failed && launch_poll(l))
+			;
+		if (!target_ready[i])
+			return -1;
+	}
+	return 0;
 }
 
 /* ---- initiator --------------------------------------------------------------- */
@@ -1066,15 +1138,14 @@ int main(int argc, char **argv)
 {
 	struct worker ws[MAX_THREADS] = { 0 };
 	struct row rows[MAX_BLOCKS];
-	pid_t kids[MAX_THREADS];
-	int nkids = 0, r = 0;
-	kcoll_seg_desc_t *shared = NULL;
+	struct launch targets = { 0 };
+	int r = 0;
 	char host[64] = "";
 
 	parse(argc, argv);
 	gethostname(host, sizeof(host) - 1);
 	if (opt.mode == MODE_TARGET)
-		return target_run(NULL, opt.desc_path, -1);
+		return target_run(opt.desc_path);
 	if (opt.mode == MODE_TCP_SINK)
 		return tcp_sink();
 	if (opt.mode == MODE_TCP_SOURCE)
@@ -1084,40 +1155,9 @@ int main(int argc, char **argv)
 			return 1;
 	} else {
 		ndescs = opt.many_to_one ? 1 : opt.threads;
-		shared = mmap(NULL, sizeof(*shared) * ndescs, PROT_READ | PROT_WRITE,
-			      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-		if (shared == MAP_FAILED)
-			return 1;
-		/* A pipe per target, our write end closed: one that dies before it
-		 * is ready leaves read() at EOF instead of blocking for ever. */
-		for (int i = 0; i < ndescs; i++) {
-			int p[2];
-			pid_t pid;
-			char c;
-			bool up;
-
-			if (pipe(p)) {
-				fprintf(stderr, "kcoll-kvbench: pipe: %s\n", strerror(errno));
-				r = 1;
-				goto out;
-			}
-			pid = fork();
-			if (pid == 0) {
-				close(p[0]);
-				_exit(target_run(&shared[i], NULL, p[1]));
-			}
-			close(p[1]);
-			if (pid > 0)
-				kids[nkids++] = pid;
-			up = pid > 0 && read(p[0], &c, 1) == 1;
-			close(p[0]);
-			if (!up) {
-				fprintf(stderr, "kcoll-kvbench: target %d failed to start%s\n", i,
-					pid > 0 ? " (its error is above)" : ": fork failed");
-				r = 1;
-				goto out;
-			}
-			descs[i] = shared[i];
+		if (targets_start(&targets)) {
+			r = 1;
+			goto out;
 		}
 	}
 	for (int i = 0; i < opt.threads && !r; i++) {
@@ -1172,9 +1212,10 @@ out:
 			kcoll_disconnect(ws[i].k);
 		free(ws[i].lat);
 	}
-	for (int i = 0; i < nkids; i++) {
-		kill(kids[i], SIGTERM);
-		waitpid(kids[i], NULL, 0);
+	if (targets.c) {
+		launch_stop(&targets);
+		launch_run(&targets);
+		launch_free(&targets);
 	}
 	return r ? 1 : 0;
 }
