@@ -6,7 +6,7 @@ LIBKCOLL_DEPS := $(OBJ)/user/common/proto.o $(OBJ)/user/common/config.o $(OBJ)/u
 		 $(OBJ)/user/common/kdev.o $(OBJ)/user/common/reduce.o $(OBJ)/user/common/reduce_ref.o
 # Device buffers: the GPU loader (dlopens the CUDA driver only where one is used).
 LIBKCOLL_DEPS += $(OBJ)/gpu/gpu.o
-$(OBJ)/user/lib/kcoll.o: CPPFLAGS += -Igpu
+$(OBJ)/user/lib/mem.o: CPPFLAGS += -Igpu
 
 $(LIB)/libkcoll.a: $(LIBKCOLL_OBJS) $(LIBKCOLL_DEPS)
 	$(call msg,AR,$@)
