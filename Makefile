@@ -177,7 +177,7 @@ fuzz:
 	$(call msg,FUZZ,tests/test_fuzz_sqe.c for $(FUZZ_SECONDS) s)
 	@mkdir -p build-fuzz/corpus
 	$(Q)clang $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined -DKCOLL_LIBFUZZER \
-		-o build-fuzz/fuzz_sqe tests/test_fuzz_sqe.c user/daemon/sqe.c user/lib/util.c
+		-o build-fuzz/fuzz_sqe tests/test_fuzz_sqe.c user/daemon/sqe.c user/common/dtype.c
 	$(Q)build-fuzz/fuzz_sqe -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus
 
 # PREFIX, DESTDIR, BINDIR, SBINDIR, LIBDIR, INCLUDEDIR, MANDIR, UNITDIR: see

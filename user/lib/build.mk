@@ -3,7 +3,8 @@ LIBKCOLL_SRCS := $(sort $(wildcard user/lib/*.c))
 LIBKCOLL_OBJS := $(LIBKCOLL_SRCS:%.c=$(OBJ)/%.o)
 # The internal helpers it needs come from user/common.
 LIBKCOLL_DEPS := $(OBJ)/user/common/proto.o $(OBJ)/user/common/config.o $(OBJ)/user/common/log.o \
-		 $(OBJ)/user/common/kdev.o $(OBJ)/user/common/reduce.o $(OBJ)/user/common/reduce_ref.o
+		 $(OBJ)/user/common/kdev.o $(OBJ)/user/common/reduce.o $(OBJ)/user/common/reduce_ref.o \
+		 $(OBJ)/user/common/dtype.o
 # Device buffers: the GPU loader (dlopens the CUDA driver only where one is used).
 LIBKCOLL_DEPS += $(OBJ)/gpu/gpu.o
 $(OBJ)/user/lib/mem.o: CPPFLAGS += -Igpu

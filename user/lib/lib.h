@@ -4,7 +4,8 @@
  * version script exports the kcoll_* API only). The files, one job each:
  * conn.c the connection to kcolld, req.c requests on the ring, comm.c
  * communicators and collectives, mem.c memory, lane.c lanes, kv.c KV
- * segments and transfers, util.c names and error sentences.
+ * segments and transfers, strerror.c error sentences (the data types'
+ * names and sizes: user/common/dtype.c).
  *
  * Locking: k->ctl_lock serializes control request/reply pairs on the socket;
  * k->ring_lock covers SQ production, CQ consumption and the request table.
