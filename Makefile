@@ -153,11 +153,16 @@ deps:
 	$(Q)scripts/deps.sh
 
 # The host tier: plain build, then the same tests under ASan+UBSan, then a
-# clang -Werror build. Prints TAP and a final "N passed, N failed" line.
+# clang -Werror build, then 10 s of libFuzzer on the SQE validator (clang's
+# libFuzzer runtime: libclang-rt-dev). Prints TAP and a final "N passed,
+# N failed" line per pass.
 check:
 	$(Q)$(MAKE) --no-print-directory check-host
 	$(Q)$(MAKE) --no-print-directory SAN=1 check-san
 	$(Q)$(MAKE) --no-print-directory CC=clang BUILD=build-clang all
+	$(Q)mkdir -p build-fuzz && $(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 >build-fuzz/check.log 2>&1 || \
+		{ tail -n 30 build-fuzz/check.log; echo "make fuzz failed: build-fuzz/check.log"; exit 1; }
+	$(Q)grep -h '^Done [0-9]* runs' build-fuzz/check.log | sed 's/^/fuzz (tests\/test_fuzz_sqe.c, libFuzzer): /'
 
 check-host: all $(CHECK_TARGETS)
 	$(Q)tests/run.sh $(BUILD)
