@@ -32,7 +32,7 @@ enum kcoll_msg_type {
 	KCOLL_MSG_SET = 9,		/* set a run-time tunable (kcollctl set) */
 	KCOLL_MSG_COMM_LANE = 11,	/* -> a lane's socket (docs/multihost.md "Lanes") */
 	KCOLL_MSG_METRICS = 12,		/* kcollctl metrics: reply Prometheus text (docs/metrics.md) */
-	/* KV-cache segments (user/daemon/kv.c, docs/kv.md) */
+	/* KV-cache segments (user/daemon/kv_seg.c, docs/kv.md) */
 	KCOLL_MSG_SEG_REG = 32,		/* -> descriptor + notify counters memfd */
 	KCOLL_MSG_SEG_UNREG = 33,
 	KCOLL_MSG_SEG_IMPORT = 34,	/* descriptor -> import handle */

@@ -89,7 +89,7 @@ struct kd_client {
 	pthread_mutex_t lock;	/* regions and members */
 	struct kd_region *regions;
 	struct kd_member members[KD_MAX_COMMS];	/* index = comm handle - 1 */
-	struct kd_kv_client *kv;	/* KV segments imported (kv.c), NULL until one is */
+	struct kd_kv_client *kv;	/* KV segments imported (kv_seg.c), NULL until one is */
 
 	atomic_ulong ops;
 	atomic_ulong errors;
@@ -337,7 +337,7 @@ size_t kd_tunables_render(char *buf, size_t cap, int json);
 /* kcollctl set chunk_bytes|timeout_ms VALUE (until sysfs changes it again). */
 int kd_tunable_set(const char *key, const char *value, char *err, size_t errlen);
 
-/* kv.c: KV-cache segments and batched transfers (docs/kv.md) */
+/* kv_seg.c, kv_local.c: KV-cache segments and batched transfers (docs/kv.md) */
 /* Control thread: a SEG_* message; fills the reply (and an fd to pass). */
 int kd_kv_message(struct kd_client *c, const struct kcoll_msg_hdr *h, size_t len, void *reply,
 		  size_t *reply_len, int *reply_fd);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The frames of a KD_CONN_KV connection after its HELLO (docs/kv.md "Across
- * hosts"): the owner's verdict on the HELLO, then requests and answers. kv.c
- * speaks them; tests/kv_hostile.c speaks them as a peer that is not kcolld.
+ * hosts"): the owner's verdict on the HELLO, then requests and answers.
+ * kv_send.c and kv_serve.c speak them; tests/kv_hostile.c speaks them as a
+ * peer that is not kcolld.
  */
 #ifndef KCOLLD_KV_WIRE_H
 #define KCOLLD_KV_WIRE_H

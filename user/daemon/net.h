@@ -47,14 +47,14 @@ enum kd_pmsg_type {
 	KD_P_DATA = 10,		/* data stream: one piece of one step */
 	KD_P_C4 = 11,		/* control: our ranks' submission summaries (c4d.c) */
 	KD_P_PLAN = 12,		/* control: which streams the pair leaves unused (c4d.c) */
-	KD_P_KV_ACK = 13,	/* KV connection: the owner's verdict on the HELLO (kv.c) */
+	KD_P_KV_ACK = 13,	/* KV connection: the owner's verdict on the HELLO (kv_serve.c) */
 	KD_P_KV_REQ = 14,	/* KV connection: a frame of a batch, or its notify */
 	KD_P_KV_RESP = 15,
 	KD_P_C4_VIEW = 16,	/* control: the sender's active anomalies, when they change (c4d.c) */
 };
 
 /* KD_CONN_KV: HELLO.token is a segment token, from_host its segment id,
- * stream the stream index; kv.c owns the connection after the HELLO. */
+ * stream the stream index; kv_serve.c owns the connection after the HELLO. */
 /* KD_CONN_LANE: one per host pair of a communicator with lanes, handed to the
  * local rank (docs/multihost.md "Lanes"). */
 #define KD_LANE_MAX_HOSTS	8
@@ -412,7 +412,7 @@ extern size_t (*kd_bpf_steer_render)(char *buf, size_t cap, int json);
 void kd_net_stop(void);
 void kd_net_event(struct kd_pconn *pc, uint32_t events);
 void kd_net_fill_id(struct kcoll_id *id);
-/* kv.c: a KD_CONN_KV HELLO; takes the connection's fd (answers and serves it). */
+/* kv_serve.c: a KD_CONN_KV HELLO; takes the connection's fd (answers and serves it). */
 void kd_kv_accept(int fd, const struct kd_p_hello *m);
 /* This daemon's address and instance nonce, for KV segment descriptors. */
 void kd_net_self(struct kd_p_hostinfo *me);

@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What the KV engine's files share (docs/kv.md), private to them:
+ *
+ *   kv_seg.c    the segment registry, descriptors, imports, the segment
+ *               requests of the control socket, a segment's lock, memory
+ *               and status
+ *   kv_local.c  one batch off the ring: validation, same-host copy rounds
+ *   kv_send.c   a batch to another kcolld: TCP streams, frames, the stream
+ *               threads' queue, the initiator's RDMA path
+ *   kv_serve.c  the owner's side of a peer kcolld's connection
+ *   kv_notif.c  notification queues; kv_rdma.c the verbs connection
+ *
+ * The entry points for the rest of kcolld (kd_kv_*) are in kcolld.h and
+ * net.h.
+ */
+#ifndef KCOLLD_KV_INT_H
+#define KCOLLD_KV_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kcolld.h"
+#include "kv_notif.h"
+
+#define KV_ROUND_BYTES		(1u << 20)
+#define KV_ROUND_IOVS		512
+#define KV_MAX_IMPORTS		1024	/* per client */
+#define KV_FRAME_BYTES		(4u << 20)	/* the largest frame an owner takes */
+#define KV_FRAME_ENTRIES	4096
+
+struct kv_remote;
+
+struct kd_seg {
+	uint32_t id;
+	uint8_t token[KCOLL_SEG_TOKEN_BYTES];
+	struct kd_client *owner;	/* valid while !dead (its close unregisters first) */
+	pid_t pid;
+	uid_t uid;
+	bool granted;
+	uid_t grant_uid;
+	uint64_t addr, size;
+	uint32_t nr_notify;
+	uint32_t *counters;		/* shared with the owner; then the notif word */
+	size_t counters_len;
+	struct kv_notifq notifs;	/* ours: messages for the owner (kv_notif.h) */
+	pthread_rwlock_t lock;		/* readers: a copy round; writer: unregister */
+	atomic_bool dead;
+	atomic_int refs;
+	struct kv_remote *rm;		/* imported from another kcolld (NULL: ours) */
+	pthread_mutex_t conns_lock;
+	struct kv_conn *conns;		/* peers' connections serving this segment */
+	struct kd_seg *next;
+};
+
+/* A peer kcolld's connection to one of our segments (served by kv_serve). */
+struct kv_conn {
+	int fd;
+	int how;		/* what seg_kill shuts down: SHUT_RD (serving), SHUT_RDWR (sending) */
+	struct kd_seg *seg;	/* held by the serving thread; the batch holds it for streams */
+	struct kv_conn *next;	/* seg->conns */
+};
+
+/* One block of a batch: source and destination offsets in their segments. */
+struct kv_piece {
+	uint64_t src, dst, len;
+};
+
+struct kv_side {
+	struct kd_seg *seg;
+	struct kd_buf buf;	/* whole segment: direct when mapped */
+};
+
+struct kd_kv_client {
+	struct kd_seg *imports[KV_MAX_IMPORTS];	/* index = handle - 1, held */
+	uint64_t sender[KV_MAX_IMPORTS];	/* names the import to its owner's notifs */
+};
+
+/* The registry and the counters of status (kv_seg.c). */
+struct kv_state {
+	pthread_mutex_t lock;
+	struct kd_seg *segs;
+	uint32_t nsegs;
+	uint32_t next_id;
+	atomic_ulong xfers_ok, xfers_failed, bytes;
+	atomic_ulong rdma_bytes, rdma_sessions;	/* initiator: bytes; owner: sessions */
+	atomic_uint next_sender;
+	atomic_ulong notifs;			/* notifications queued for our owners */
+};
+
+extern struct kv_state kv;
+
+/* kv_seg.c */
+void seg_put(struct kd_seg *s);
+/* A live segment by id, referenced. */
+struct kd_seg *seg_find(uint32_t id);
+/* seg_kill shuts cn down while it is in s's conns. */
+void conn_link(struct kd_seg *s, struct kv_conn *cn);
+void conn_unlink(struct kd_seg *s, struct kv_conn *cn);
+int token_eq(const uint8_t *a, const uint8_t *b);
+int notif_deliver(struct kd_seg *s, uint64_t sender, uint32_t notify_id, const uint8_t *data,
+		  uint32_t len);
+int lock_sides(struct kv_side *a, struct kv_side *b);
+void unlock_sides(struct kv_side *a, struct kv_side *b);
+int side_resolve(struct kv_side *s);
+/* A process_vm_* call's result: 0, or why it moved less than want. */
+int vm_err(ssize_t got, size_t want);
+
+/* kv_send.c */
+int io_full(int fd, void *buf, size_t n, bool out);
+int io_iovs(int fd, struct iovec *iov, size_t n, bool out);
+void sock_timeouts(int fd, int64_t ns);
+int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out);
+void remote_free(struct kv_remote *rm);
+int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
+	       bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
+	       const struct kv_msgout *msg, int64_t t0, uint64_t *moved);
+
+#endif

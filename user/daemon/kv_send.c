@@ -1,0 +1,1224 @@
+// SPDX-License-Identifier: MIT
+/*
+ * KV batches across hosts, the initiator's side (docs/kv.md "Across
+ * hosts"): the initiator's kcolld talks to the owner's (kv_serve.c) over TCP
+ * streams (KD_CONN_KV connections, opened on the first transfer of an
+ * import), or over RDMA where both sides can.
+ *
+ *   initiator -> owner   HELLO {kind KV, token, from_host = seg_id, stream}
+ *   owner -> initiator   KV_ACK {status}: 0, -ENOENT, -EIDRM or -EACCES
+ *   initiator -> owner   KV_REQ {op, nr, notify_id, tag} kv_fent[nr] [payload]
+ *   owner -> initiator   KV_RESP {status, tag} [payload of a read]
+ *
+ * A batch is validated whole first (kv_local.c), then cut into frames of
+ * KV_FRAME_MIN..KV_FRAME_CUT and at most KV_FRAME_ENTRIES blocks (small
+ * blocks coalesce, large ones are split). A one-frame batch with nothing
+ * in flight goes out on stream 0 from the ring thread; any other joins the
+ * import's queue, and each stream's thread takes the oldest frame nobody
+ * took whenever its last one was answered: the streams stay busy across a
+ * client's batches (up to KV_QUEUE_MAX in flight) and a slow stream
+ * carries fewer frames. The notify is one last NOTIFY frame once every
+ * data frame of the batch was answered. The owner receives a frame in
+ * place under the segment's reader lock (into a buffer first when the
+ * segment is not mapped); unregistering shuts the connections down rather
+ * than wait for a slow peer.
+ * Another transport (RDMA) replaces the frame exchange of frame_xchg()
+ * and the connection set of remote_connect(); the batch logic stays.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "kv_int.h"
+#include "iov.h"
+#include "log.h"
+#include "config.h"
+#include "metrics.h"
+#include "net.h"
+#include "kv_rdma.h"
+#include "kv_wire.h"
+
+#define KV_FRAME_CUT		(2u << 20)	/* the largest an initiator sends */
+#define KV_FRAME_MIN		(1u << 20)	/* and so a stream per MiB of a batch at most */
+#define KV_MAX_STREAMS		8
+#define KV_QUEUE_MAX		4	/* batches in flight per import */
+#define KV_NOTIFY_FRAME		UINT32_MAX	/* a flight entry for the batch's notify */
+
+struct kv_stream;
+struct kv_remote;
+
+struct kv_worker {
+	struct kv_remote *rm;
+	int idx;
+};
+
+struct kv_batch;
+
+struct kv_remote {
+	struct kcoll_seg_wire w;
+	pthread_mutex_t lock;		/* submitters: set-up, RDMA and the queue's tail */
+	int nstreams;
+	int fd[KV_MAX_STREAMS];
+	/* Batches over TCP, one thread per stream (started by the first batch
+	 * that needs them, kept until the import goes). A submitter appends
+	 * its batch to the queue and returns; each stream thread takes the
+	 * oldest frame no stream took yet whenever its last one was answered
+	 * (stream_worker). */
+	pthread_mutex_t wlock;
+	pthread_cond_t go;		/* a frame to take, or quit */
+	pthread_cond_t space;		/* a batch left the queue */
+	struct kv_batch *q_head, *q_tail;
+	uint32_t nq;
+	uint64_t seq;			/* tags' high half: the batch's number */
+	int broken;			/* a stream failed: take no frame; reopen once drained */
+	pthread_t tid[KV_MAX_STREAMS];
+	struct kv_worker wk[KV_MAX_STREAMS];
+	bool started[KV_MAX_STREAMS], quit;
+	struct kv_fent *fe[KV_MAX_STREAMS];	/* per stream, kept with the import */
+	struct iovec *iov[KV_MAX_STREAMS];
+	/* RDMA (kv_rdma.h): set up over fd[0] on the first batch whose local
+	 * segment is mapped; fd[0] then carries only notify answers. */
+	struct kv_rdma *rd;
+	bool rd_off;			/* refused for this import (logged once) */
+	uint32_t rd_seg;		/* the local segment the region covers */
+	struct kd_buf rd_buf;		/* its mapping, held while registered */
+	struct kv_rdma_hello peer;
+	uint32_t features;		/* the owner's KV_ACK_F_*, from stream 0's ACK */
+};
+
+int io_full(int fd, void *buf, size_t n, bool out)
+{
+	uint8_t *p = buf;
+
+	while (n) {
+		ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, MSG_WAITALL);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k == 0 || errno != EAGAIN ? -ECONNRESET : -ETIMEDOUT;
+		p += k;
+		n -= k;
+	}
+	return 0;
+}
+
+void sock_timeouts(int fd, int64_t ns)
+{
+	struct timeval tv = { .tv_sec = ns / 1000000000, .tv_usec = ns % 1000000000 / 1000 };
+
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
+{
+	struct kd_seg *s;
+	struct kv_remote *rm;
+	int64_t streams = kcoll_knob_ll("KCOLL_KV_STREAMS");
+
+	if (!w->port || !w->naddrs || w->naddrs > KCOLL_ID_MAX_ADDRS)
+		return -EREMOTE;
+	s = calloc(1, sizeof(*s));
+	rm = calloc(1, sizeof(*rm));
+	if (!s || !rm) {
+		free(s);
+		free(rm);
+		return -ENOMEM;
+	}
+	rm->w = *w;
+	rm->nstreams = streams < 1 ? 1 : streams > KV_MAX_STREAMS ? KV_MAX_STREAMS : (int)streams;
+	for (int i = 0; i < KV_MAX_STREAMS; i++)
+		rm->fd[i] = -1;
+	pthread_mutex_init(&rm->lock, NULL);
+	pthread_mutex_init(&rm->wlock, NULL);
+	pthread_cond_init(&rm->go, NULL);
+	pthread_cond_init(&rm->space, NULL);
+	s->rm = rm;
+	s->size = w->size;
+	s->nr_notify = w->nr_notify;
+	pthread_rwlock_init(&s->lock, NULL);
+	pthread_mutex_init(&s->conns_lock, NULL);
+	atomic_init(&s->refs, 1);
+	*out = s;
+	return 0;
+}
+
+static void remote_close_streams(struct kv_remote *rm)
+{
+	for (int i = 0; i < KV_MAX_STREAMS; i++) {
+		if (rm->fd[i] >= 0)
+			close(rm->fd[i]);
+		rm->fd[i] = -1;
+	}
+}
+
+static void rdma_drop(struct kv_remote *rm)
+{
+	kv_rdma_destroy(rm->rd);
+	rm->rd = NULL;
+	kd_buf_release(&rm->rd_buf);
+}
+
+void remote_free(struct kv_remote *rm)
+{
+	pthread_mutex_lock(&rm->wlock);
+	while (rm->nq)	/* the batches in flight end first (their clients may be gone) */
+		pthread_cond_wait(&rm->space, &rm->wlock);
+	rm->quit = true;
+	pthread_cond_broadcast(&rm->go);
+	pthread_mutex_unlock(&rm->wlock);
+	for (int i = 0; i < KV_MAX_STREAMS; i++) {
+		if (rm->started[i])
+			pthread_join(rm->tid[i], NULL);
+		free(rm->fe[i]);
+		free(rm->iov[i]);
+	}
+	rdma_drop(rm);
+	remote_close_streams(rm);
+	pthread_cond_destroy(&rm->go);
+	pthread_cond_destroy(&rm->space);
+	pthread_mutex_destroy(&rm->wlock);
+	pthread_mutex_destroy(&rm->lock);
+	free(rm);
+}
+
+/* Between batches a healthy stream has nothing to read. */
+static bool fd_idle(int fd)
+{
+	struct pollfd pf = { .fd = fd, .events = POLLIN | POLLRDHUP };
+
+	return fd >= 0 && poll(&pf, 1, 0) == 0;
+}
+
+/* Open the streams that are not open; the owner's verdict on the token. */
+static int remote_connect(struct kv_remote *rm)
+{
+	struct kd_p_hostinfo me;
+
+	kd_net_self(&me);
+	for (int i = 0; i < rm->nstreams; i++) {
+		struct kd_p_hello h = { 0 };
+		struct kv_ack ack;
+		int fd, r;
+
+		if (rm->fd[i] >= 0) {
+			/* Between batches a healthy stream has nothing to read:
+			 * readable means the owner dropped it (idle past its
+			 * KCOLL_TIMEOUT_MS, restart): reconnect, not fail. */
+			struct pollfd pf = { .fd = rm->fd[i], .events = POLLIN | POLLRDHUP };
+
+			if (poll(&pf, 1, 0) == 0)
+				continue;
+			close(rm->fd[i]);
+			rm->fd[i] = -1;
+		}
+		fd = kd_net_connect(rm->w.addrs[i % rm->w.naddrs], rm->w.port);
+		if (fd < 0)
+			return fd == -ETIMEDOUT ? -EHOSTUNREACH : fd;
+		sock_timeouts(fd, kd.timeout_ns);
+		h.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_HELLO, .len = sizeof(h) };
+		h.version = KD_PEER_VERSION;
+		h.kind = KD_CONN_KV;
+		memcpy(h.token, rm->w.token, sizeof(h.token));
+		h.from_host = rm->w.seg_id;
+		h.stream = i;
+		h.nonce = me.nonce;
+		r = io_full(fd, &h, sizeof(h), true);
+		if (!r)
+			r = io_full(fd, &ack, sizeof(ack.hdr), false);
+		/* A REJECT (older peer, bad version) is longer than an ACK: its
+		 * header says so; either way the connection is over. */
+		if (!r && (ack.hdr.magic != KD_PEER_MAGIC || ack.hdr.type != KD_P_KV_ACK ||
+			   ack.hdr.len != sizeof(ack)))
+			r = -EPROTO;
+		if (!r)
+			r = io_full(fd, &ack.status, sizeof(ack) - sizeof(ack.hdr), false);
+		if (!r)
+			r = ack.status > 0 ? -EPROTO : ack.status;
+		if (r) {
+			close(fd);
+			return r;
+		}
+		if (i == 0)
+			rm->features = ack.features;
+		rm->fd[i] = fd;
+	}
+	return 0;
+}
+
+struct kv_frame {
+	uint32_t first, n;	/* sub-pieces */
+	uint64_t bytes;
+};
+
+/* One stream's view of a batch, for sending its frames and reading their answers. */
+struct kv_stream {
+	struct kv_side *local;
+	const struct kv_piece *sp;	/* sub-pieces: src/dst in the batch's direction */
+	const struct kv_frame *frames;
+	bool write;
+	int fd;
+	uint64_t tag;			/* frame fi's tag: tag | fi */
+	uint64_t moved;
+	struct iovec *iov;		/* KV_FRAME_ENTRIES + 2: a frame sent from the mapping */
+	struct kv_fent *fe;		/* KV_FRAME_ENTRIES: a frame's entries */
+};
+
+/* A batch handed to the stream threads (run_remote), until its last answer. */
+struct kv_batch {
+	struct kd_client *c;		/* held */
+	uint64_t user_data;
+	struct kv_side local;		/* held: the segment and its mapping */
+	bool write;
+	uint32_t notify_id;
+	struct kv_msgout msg;		/* the notification, sent with the notify */
+	struct kv_piece *sp;
+	struct kv_frame *fr;
+	uint32_t nfr;
+	uint64_t tag;			/* its frames' tags: tag | frame */
+	int64_t t0;			/* taken off the ring (metrics) */
+	/* under the import's wlock: */
+	uint32_t next;			/* the first frame no stream took */
+	uint32_t left;			/* answers due: frames, and the notify or msg */
+	bool notify_sent;
+	int err;			/* the first error */
+	uint64_t moved;
+	struct kv_batch *qnext;
+	struct kv_conn node[KV_MAX_STREAMS];	/* in local's conns: seg_kill shuts the streams */
+};
+
+/* Copy between a frame buffer and the local segment (under its lock). */
+static int local_io(struct kv_stream *st, const struct kv_frame *f, uint8_t *buf)
+{
+	struct kv_side *l = st->local;
+	struct iovec liov[KV_ROUND_IOVS], riov[KV_ROUND_IOVS];
+	uint64_t at = 0;
+	int r = lock_sides(l, l);
+
+	if (r)
+		return r;
+	for (uint32_t i = 0; i < f->n && !r;) {
+		uint32_t k = 0;
+		size_t bytes = 0;
+
+		for (; i < f->n && k < KV_ROUND_IOVS; i++, k++) {
+			const struct kv_piece *p = &st->sp[f->first + i];
+			/* write: the local side is the source; read: the destination */
+			uint64_t off = st->write ? p->src : p->dst;
+
+			if (l->buf.direct) {
+				if (st->write)
+					memcpy(buf + at, l->buf.direct + off, p->len);
+				else
+					memcpy(l->buf.direct + off, buf + at, p->len);
+			}
+			riov[k] = (struct iovec){ (void *)(uintptr_t)(l->seg->addr + off), p->len };
+			at += p->len;
+			bytes += p->len;
+		}
+		if (l->buf.direct)
+			continue;
+		liov[0] = (struct iovec){ buf + at - bytes, bytes };
+		r = vm_err(st->write ? process_vm_readv(l->seg->pid, liov, 1, riov, k, 0) :
+			   process_vm_writev(l->seg->pid, liov, 1, riov, k, 0), bytes);
+	}
+	unlock_sides(l, l);
+	return r;
+}
+
+/* kcoll_io_iovs with MSG_MORE: 0, -ETIMEDOUT (the socket's timeout) or
+ * -ECONNRESET. */
+int io_iovs(int fd, struct iovec *iov, size_t n, bool out)
+{
+	int r = kcoll_io_iovs(fd, iov, n, out, true);
+
+	return !r ? 0 : r == -EAGAIN ? -ETIMEDOUT : -ECONNRESET;
+}
+
+/* A write frame straight from the mapped local segment, under its reader
+ * lock: seg_kill shuts this stream down instead of waiting for the peer. */
+static int frame_send_mapped(struct kv_stream *st, const struct kv_frame *f, struct kv_req *rq,
+			     struct kv_fent *fe)
+{
+	struct kv_side *l = st->local;
+	size_t n = 2;
+	int r = lock_sides(l, l);
+
+	if (r)
+		return r;
+	st->iov[0] = (struct iovec){ rq, sizeof(*rq) };
+	st->iov[1] = (struct iovec){ fe, f->n * sizeof(*fe) };
+	for (uint32_t i = 0; i < f->n; i++) {
+		const struct kv_piece *p = &st->sp[f->first + i];
+
+		st->iov[n++] = (struct iovec){ l->buf.direct + p->src, p->len };
+	}
+	r = io_iovs(st->fd, st->iov, n, true);
+	unlock_sides(l, l);
+	return r;
+}
+
+static int frame_send(struct kv_stream *st, uint32_t fi, uint8_t *buf, struct kv_fent *fe)
+{
+	const struct kv_frame *f = &st->frames[fi];
+	struct kv_req rq = { 0 };
+	struct iovec iov[3];
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = st->write ? 3 : 2 };
+	size_t total;
+	int r;
+
+	for (uint32_t i = 0; i < f->n; i++) {
+		const struct kv_piece *p = &st->sp[f->first + i];
+
+		fe[i] = (struct kv_fent){ st->write ? p->dst : p->src, p->len };
+	}
+	rq.op = st->write ? KV_OP_WRITE : KV_OP_READ;
+	rq.nr = f->n;
+	rq.tag = st->tag | fi;
+	total = sizeof(rq) + f->n * sizeof(*fe) + (st->write ? f->bytes : 0);
+	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = (uint32_t)total };
+	if (st->write && st->local->buf.direct)
+		return frame_send_mapped(st, f, &rq, fe);
+	if (st->write && (r = local_io(st, f, buf)))
+		return r;
+	iov[0] = (struct iovec){ &rq, sizeof(rq) };
+	iov[1] = (struct iovec){ fe, f->n * sizeof(*fe) };
+	iov[2] = (struct iovec){ buf, f->bytes };
+	while (total) {
+		ssize_t k = sendmsg(st->fd, &mh, MSG_NOSIGNAL);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return k < 0 && errno == EAGAIN ? -ETIMEDOUT : -ECONNRESET;
+		total -= k;
+		while (k && (size_t)k >= mh.msg_iov->iov_len) {
+			k -= mh.msg_iov->iov_len;
+			mh.msg_iov++;
+			mh.msg_iovlen--;
+		}
+		if (k) {
+			mh.msg_iov->iov_base = (uint8_t *)mh.msg_iov->iov_base + k;
+			mh.msg_iov->iov_len -= k;
+		}
+	}
+	return 0;
+}
+
+/* A read frame's payload straight into the mapped local segment, under its
+ * reader lock (seg_kill shuts this stream down rather than wait). */
+static int frame_recv_mapped(struct kv_stream *st, const struct kv_frame *f)
+{
+	struct kv_side *l = st->local;
+	int r = lock_sides(l, l);
+
+	if (r)
+		return r;
+	for (uint32_t i = 0; i < f->n; i++) {
+		const struct kv_piece *p = &st->sp[f->first + i];
+
+		st->iov[i] = (struct iovec){ l->buf.direct + p->dst, p->len };
+	}
+	r = io_iovs(st->fd, st->iov, f->n, false);
+	unlock_sides(l, l);
+	return r;
+}
+
+static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
+{
+	const struct kv_frame *f = &st->frames[fi];
+	struct kv_resp rs;
+	int r = io_full(st->fd, &rs, sizeof(rs), false);
+
+	if (r)
+		return r;
+	if (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP)
+		return -EPROTO;
+	if (rs.status)	/* an error may answer an earlier frame or none (tag ~0) */
+		return rs.status > 0 ? -EPROTO : rs.status;
+	if (rs.tag != (st->tag | fi) || rs.hdr.len != sizeof(rs) + (!st->write ? f->bytes : 0))
+		return -EPROTO;
+	if (!st->write && st->local->buf.direct) {
+		r = frame_recv_mapped(st, f);
+	} else if (!st->write) {
+		r = io_full(st->fd, buf, f->bytes, false);
+		if (!r)
+			r = local_io(st, f, buf);
+	}
+	if (!r)
+		st->moved += f->bytes;
+	return r;
+}
+
+/* A stream broke: the owner may have said why first (-EIDRM, tag ~0). */
+static int last_word(int fd, int err)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	struct kv_resp rs;
+
+	if (poll(&p, 1, 100) != 1 || recv(fd, &rs, sizeof(rs), MSG_DONTWAIT) != sizeof(rs))
+		return err;
+	/* Unread answers of earlier frames may come first: those are fine. */
+	while (rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP && rs.tag != UINT64_MAX &&
+	       !rs.status && rs.hdr.len == sizeof(rs))
+		if (recv(fd, &rs, sizeof(rs), MSG_DONTWAIT) != sizeof(rs))
+			return err;
+	return rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP && rs.status < 0 ?
+	       rs.status : err;
+}
+
+/*
+ * Frame fi out on st's stream and its answer in. A mapped local segment is
+ * sent from and received into in place; other memory needs a frame buffer
+ * (*buf, made on first need: a write's frame is staged before it is sent,
+ * a read's answer received before it is copied out).
+ */
+static int frame_xchg(struct kv_stream *st, uint32_t fi, uint8_t **buf)
+{
+	int r;
+
+	if (!st->local->buf.direct && !*buf && !(*buf = malloc(KV_FRAME_BYTES)))
+		return -ENOMEM;
+	r = frame_send(st, fi, *buf, st->fe);
+	return r ? r : frame_recv(st, fi, *buf);
+}
+
+/* A stream broke (-ECONNRESET): say why when we can, the local segment
+ * unregistered under it or the owner's last word. */
+static int stream_err(const struct kv_stream *st, int r)
+{
+	if (r != -ECONNRESET)
+		return r;
+	return atomic_load(&st->local->seg->dead) ? -EIDRM : last_word(st->fd, r);
+}
+
+static int notify_send(int fd, uint32_t id, uint64_t tag)
+{
+	struct kv_req rq = { .op = KV_OP_NOTIFY, .notify_id = id, .tag = tag };
+
+	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = sizeof(rq) };
+	return io_full(fd, &rq, sizeof(rq), true);
+}
+
+static int notify_recv(int fd, uint64_t tag)
+{
+	struct kv_resp rs;
+	int r = io_full(fd, &rs, sizeof(rs), false);
+
+	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
+		   rs.hdr.len != sizeof(rs) || (rs.tag != tag && !rs.status)))
+		r = -EPROTO;
+	return r ? r : rs.status > 0 ? -EPROTO : rs.status;
+}
+
+/* A batch's last frame, once all its data landed: NOTIFY, or MSG when it
+ * carries a notification (which bumps the counter too). */
+static bool has_final(uint32_t notify_id, const struct kv_msgout *m)
+{
+	return notify_id != KCOLL_NOTIFY_NONE || m->len;
+}
+
+/*
+ * Send the final frame and read its answer: 0 with the owner's verdict on a
+ * MSG in *ans (-ENOBUFS, -EIDRM: the stream stays in step, the batch fails
+ * and the streams go on), or the stream's error. A NOTIFY's refusal is the
+ * stream's error, as it always was.
+ */
+static int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans)
+{
+	struct kv_req rq = { .op = KV_OP_MSG, .notify_id = id, .tag = tag };
+	struct kv_msg km = { .sender = m->sender, .len = m->len };
+	struct iovec iov[3] = { { &rq, sizeof(rq) }, { &km, sizeof(km) },
+				{ (void *)m->data, m->len } };
+	struct kv_resp rs;
+	int r;
+
+	*ans = 0;
+	if (!m->len) {
+		r = notify_send(fd, id, tag);
+		return r ? r : notify_recv(fd, tag);
+	}
+	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ,
+				   .len = sizeof(rq) + sizeof(km) + m->len };
+	r = kcoll_io_iovs(fd, iov, 3, true, false);
+	if (!r)
+		r = io_full(fd, &rs, sizeof(rs), false);
+	if (r)
+		return r;
+	if (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP || rs.hdr.len != sizeof(rs) ||
+	    rs.status > 0)
+		return -EPROTO;
+	if (rs.tag != tag)	/* the owner's last word before it closes, or garbage */
+		return rs.status ? rs.status : -EPROTO;
+	*ans = rs.status;
+	return 0;
+}
+
+/* Stream s's view of batch b for frame_send / frame_recv. */
+static struct kv_stream batch_stream(struct kv_remote *rm, struct kv_batch *b, int s)
+{
+	return (struct kv_stream){ .local = &b->local, .sp = b->sp, .frames = b->fr,
+				   .write = b->write, .fd = rm->fd[s], .tag = b->tag,
+				   .iov = rm->iov[s], .fe = rm->fe[s] };
+}
+
+/* n of b's answers came (or never will: err). Under wlock. true: b is
+ * over and out of the queue: batch_end it once wlock is dropped. */
+static bool batch_account(struct kv_remote *rm, struct kv_batch *b, int err, uint32_t n)
+{
+	struct kv_batch **pp;
+
+	if (err && !b->err)
+		b->err = err;
+	b->left -= n;
+	if (b->left == 1 && b->err && !b->notify_sent && has_final(b->notify_id, &b->msg)) {
+		b->notify_sent = true;	/* only the notify is due: it will not be sent */
+		b->left = 0;
+	}
+	if (b->left)
+		return false;
+	for (pp = &rm->q_head; *pp != b; pp = &(*pp)->qnext)
+		;
+	*pp = b->qnext;
+	if (rm->q_tail == b)
+		rm->q_tail = NULL;
+	for (struct kv_batch *q = rm->q_head; q; q = q->qnext)
+		rm->q_tail = q;
+	rm->nq--;
+	pthread_cond_broadcast(&rm->space);
+	return true;
+}
+
+/* No stream takes b's frames any more (an error, or its client left): the
+ * untaken frames and an unsent notify are counted out. */
+static bool batch_stop(struct kv_remote *rm, struct kv_batch *b, int err)
+{
+	uint32_t untaken = b->nfr - b->next;
+
+	b->next = b->nfr;
+	if (!b->notify_sent && has_final(b->notify_id, &b->msg)) {
+		b->notify_sent = true;
+		untaken++;
+	}
+	return batch_account(rm, b, err, untaken);
+}
+
+static void batch_free(struct kv_batch *b)
+{
+	free(b->sp);
+	free(b->fr);
+	free(b);
+}
+
+/* Post b's completion and let go of what it held (not under wlock). */
+static void batch_end(struct kv_remote *rm, struct kv_batch *b)
+{
+	struct kd_seg *ls = b->local.seg;
+
+	for (int s = 0; s < rm->nstreams; s++)
+		conn_unlink(ls, &b->node[s]);
+	atomic_fetch_add(b->err ? &kv.xfers_failed : &kv.xfers_ok, 1);
+	atomic_fetch_add(&kv.bytes, b->moved);
+	kd_metrics_kv(b->write, b->err, b->moved, kd_now_ns() - b->t0);
+	if (b->err)
+		kc_dbg("client %u (pid %d): transfer failed: transfer to another kcolld failed (%s)",
+		       b->c->id, b->c->pid, strerror(-b->err));
+	kd_client_post(b->c, b->user_data, b->err, b->moved, KCOLL_RANK_NONE, 0);
+	kd_buf_release(&b->local.buf);
+	seg_put(ls);
+	kd_client_put(b->c);
+	batch_free(b);
+}
+
+/* Under wlock: the oldest frame no stream took, skipping (and ending)
+ * batches that may not go on; NULL: none. */
+static struct kv_batch *frame_take(struct kv_remote *rm, uint32_t *fi)
+{
+	struct kv_batch *b = rm->q_head;
+
+	while (b) {
+		if (b->next == b->nfr) {
+			b = b->qnext;
+			continue;
+		}
+		if (!b->err && !atomic_load(&b->c->stop) && !atomic_load(&b->c->dead)) {
+			*fi = b->next++;
+			return b;
+		}
+		if (batch_stop(rm, b, b->err ? b->err : -ECANCELED)) {
+			pthread_mutex_unlock(&rm->wlock);
+			batch_end(rm, b);
+			pthread_mutex_lock(&rm->wlock);
+		}
+		b = rm->q_head;	/* the queue may have changed */
+	}
+	return NULL;
+}
+
+/* Under wlock: stream failed with err: fail the n batches of what it carried
+ * and every batch with frames nobody took; no stream takes another. */
+static void stream_broke(struct kv_remote *rm, struct kv_batch **carried, uint32_t n, int err)
+{
+	rm->broken = err;
+	for (uint32_t k = 0; k < n; k++)
+		if (batch_account(rm, carried[k], err, 1)) {
+			pthread_mutex_unlock(&rm->wlock);
+			batch_end(rm, carried[k]);
+			pthread_mutex_lock(&rm->wlock);
+		}
+	for (struct kv_batch *q = rm->q_head; q;) {
+		if (q->next < q->nfr && batch_stop(rm, q, err)) {
+			pthread_mutex_unlock(&rm->wlock);
+			batch_end(rm, q);
+			pthread_mutex_lock(&rm->wlock);
+			q = rm->q_head;
+			continue;
+		}
+		q = q->qnext;
+	}
+}
+
+/*
+ * Stream s's thread: take the oldest frame no stream took yet (of any
+ * queued batch), send it, read its answer, and again: each stream has one
+ * frame unanswered at a time, so every stream carries a batch's frames as
+ * soon as it is free, a stream the kernel serves slower takes fewer, and
+ * at most streams x frame bytes are in flight (docs/perf/kv.md section 6a:
+ * more in flight moved less here). The thread reading a batch's last
+ * answer sends its notify on its own stream (all its data landed), or ends
+ * it. A stream that fails marks the import broken (stream_broke); frames
+ * other streams carry are still answered, and the next batch after the
+ * queue drained opens the streams afresh.
+ */
+static void *stream_worker(void *arg)
+{
+	struct kv_remote *rm = ((struct kv_worker *)arg)->rm;
+	int s = ((struct kv_worker *)arg)->idx;
+	uint8_t *buf = NULL;	/* frames of unmapped memory, made on first need */
+
+	pthread_mutex_lock(&rm->wlock);
+	for (;;) {
+		struct kv_batch *b = NULL;
+		struct kv_stream st;
+		uint32_t fi = 0;
+		int r, ans = 0;	/* ans: the owner's verdict on a MSG frame */
+
+		if (!rm->broken)
+			b = frame_take(rm, &fi);
+		if (!b) {
+			if (rm->quit)
+				break;
+			pthread_cond_wait(&rm->go, &rm->wlock);
+			continue;
+		}
+		pthread_mutex_unlock(&rm->wlock);
+		st = batch_stream(rm, b, s);
+		r = frame_xchg(&st, fi, &buf);
+		while (!r) {	/* answered: count it; the batch's notify, if its turn */
+			bool notify, ended;
+
+			pthread_mutex_lock(&rm->wlock);
+			b->moved += st.moved;
+			st.moved = 0;
+			ended = batch_account(rm, b, ans, 1);
+			notify = !ended && b->left == 1 && !b->notify_sent &&
+				 has_final(b->notify_id, &b->msg);
+			if (notify)
+				b->notify_sent = true;	/* left's last 1 is its answer */
+			pthread_mutex_unlock(&rm->wlock);
+			if (ended)
+				batch_end(rm, b);
+			if (!notify)
+				break;
+			r = final_xchg(st.fd, b->notify_id, &b->msg, b->tag | KV_NOTIFY_FRAME, &ans);
+		}
+		r = stream_err(&st, r);
+		pthread_mutex_lock(&rm->wlock);
+		if (r)
+			stream_broke(rm, &b, 1, r);
+	}
+	pthread_mutex_unlock(&rm->wlock);
+	free(buf);
+	return NULL;
+}
+
+/* ---- the initiator's RDMA path --------------------------------------------
+ *
+ * With a device on both sides and both segments mapped, a batch moves as
+ * RDMA WRITEs (or READs) from the local segment's region straight into the
+ * owner's, and its notify is a WRITE_WITH_IMM the owner answers on fd[0].
+ * Otherwise the frames above (TCP), with the reason logged once per import.
+ */
+#define KV_RDMA_CHUNK		(4u << 20)	/* one work request at most */
+#define KV_RDMA_INFLIGHT	128
+
+static void rdma_refuse(struct kv_remote *rm, bool loud, const char *why)
+{
+	char host[sizeof(rm->w.host) + 1];
+
+	rm->rd_off = true;
+	snprintf(host, sizeof(host), "%.*s", (int)sizeof(rm->w.host), rm->w.host);
+	if (loud)
+		kc_err("kv: segment %u of %s: KCOLL_NET_XPORT=rdma but RDMA is not usable (%s); using TCP",
+		       rm->w.seg_id, host, why);
+	else
+		kc_info("kv: segment %u of %s: over TCP (RDMA not used: %s)", rm->w.seg_id, host, why);
+}
+
+/*
+ * Make rm's RDMA connection ready for a batch from local (held, mapped).
+ * 0: use it; 1: use TCP (the streams are open); < 0: the streams broke.
+ */
+static int rdma_ready(struct kv_remote *rm, struct kv_side *local)
+{
+	struct kv_req rq = { .op = KV_OP_RDMA, .tag = UINT32_MAX - 1 };
+	struct kv_rdma_hello me, peer;
+	struct kv_resp rs;
+	char why[256];
+	bool loud;
+	int r;
+
+	if (rm->rd) {
+		if (rm->rd_seg == local->seg->id && rm->rd_buf.rg == local->buf.rg)
+			return 0;
+		/* Another local segment: register it in this connection's PD
+		 * (the old region is deregistered before its mapping goes). */
+		struct kd_buf nb = { 0 };
+
+		if (lock_sides(local, local))
+			return -EIDRM;
+		kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &nb);
+		unlock_sides(local, local);
+		r = nb.direct ? kv_rdma_set_mr(rm->rd, nb.direct, local->seg->size) : -EIDRM;
+		kd_buf_release(&rm->rd_buf);
+		rm->rd_buf = nb;
+		if (r) {
+			/* The owner's side is in RDMA mode on fd[0]: start afresh. */
+			rdma_drop(rm);
+			remote_close_streams(rm);
+			return r;
+		}
+		rm->rd_seg = local->seg->id;
+		return 0;
+	}
+	if (rm->rd_off)
+		return 1;
+	if (!kv_rdma_wanted(why, sizeof(why), &loud)) {
+		rdma_refuse(rm, loud, why);
+		return 1;
+	}
+	if (lock_sides(local, local))
+		return -EIDRM;
+	kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &rm->rd_buf);
+	unlock_sides(local, local);
+	if (!rm->rd_buf.direct) {
+		kd_buf_release(&rm->rd_buf);
+		return 1;
+	}
+	r = kv_rdma_create(rm->fd[0], rm->rd_buf.direct, local->seg->size, false, &rm->rd, why, sizeof(why));
+	if (r) {
+		kd_buf_release(&rm->rd_buf);
+		rdma_refuse(rm, loud, why);
+		return 1;
+	}
+	kv_rdma_hello_fill(rm->rd, &me);
+	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ,
+				   .len = sizeof(rq) + sizeof(me) };
+	r = io_full(rm->fd[0], &rq, sizeof(rq), true);
+	if (!r)
+		r = io_full(rm->fd[0], &me, sizeof(me), true);
+	if (!r)
+		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
+	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
+		   rs.hdr.len != sizeof(rs) + sizeof(peer) || rs.tag != rq.tag))
+		r = rs.status < 0 ? rs.status : -EPROTO;
+	if (!r)
+		r = io_full(rm->fd[0], &peer, sizeof(peer), false);
+	if (r) {
+		rdma_drop(rm);
+		return r;
+	}
+	peer.why[sizeof(peer.why) - 1] = 0;
+	if (rs.status) {
+		rdma_drop(rm);
+		if (rs.status == -EIDRM)
+			return -EIDRM;
+		rdma_refuse(rm, loud, peer.why);
+		return 1;
+	}
+	r = kv_rdma_connect(rm->rd, &peer, 0, why, sizeof(why));
+	if (r) {
+		rdma_drop(rm);
+		remote_close_streams(rm);	/* the owner's side is in RDMA mode */
+		rdma_refuse(rm, loud, why);
+		r = remote_connect(rm);
+		return r ? r : 1;
+	}
+	rm->peer = peer;
+	rm->rd_seg = local->seg->id;
+	kc_info("kv: segment %u of %.*s: over RDMA (%s)", rm->w.seg_id, (int)sizeof(rm->w.host), rm->w.host,
+		kv_rdma_dev(rm->rd));
+	return 0;
+}
+
+/* Is the next thing on fd the answer to the batch's WRITE_WITH_IMM notify? */
+static bool notify_answer_next(int fd)
+{
+	struct kv_resp rs;
+
+	return recv(fd, &rs, sizeof(rs), MSG_PEEK | MSG_DONTWAIT) == sizeof(rs) &&
+	       rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP &&
+	       rs.hdr.len == sizeof(rs) && rs.tag == UINT32_MAX;
+}
+
+/* Sleep until a completion or fd[0] says something; deadline in ns.
+ * imm_out: the notify's WRITE_WITH_IMM is posted, so its answer may reach
+ * fd[0] before the send's own completion: that is no error, only the
+ * completion is then waited for. */
+static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *local, int64_t deadline,
+		     bool imm_out)
+{
+	struct pollfd pf[2] = { { .fd = kv_rdma_fd(rm->rd), .events = POLLIN },
+				{ .fd = rm->fd[0], .events = POLLIN } };
+	int64_t left = deadline - kd_now_ns();
+	int r;
+
+	if (left <= 0)
+		return -ETIMEDOUT;
+	r = poll(pf, 2, left > 100000000 ? 100 : (int)(left / 1000000) + 1);
+	if (r < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (pf[0].revents)
+		kv_rdma_ack_event(rm->rd);
+	if (atomic_load(&local->seg->dead))
+		return -EIDRM;
+	if (atomic_load(&c->stop) || atomic_load(&c->dead))
+		return -ECANCELED;
+	/* Nothing else is due on fd[0] before the notify: the owner's last
+	 * word (-EIDRM) or its end. */
+	if (pf[1].revents && imm_out && notify_answer_next(rm->fd[0])) {
+		left = deadline - kd_now_ns();
+		if (!pf[0].revents && left > 0 &&
+		    poll(pf, 1, left > 100000000 ? 100 : (int)(left / 1000000) + 1) == 1)
+			kv_rdma_ack_event(rm->rd);
+		return 0;
+	}
+	if (pf[1].revents)
+		return last_word(rm->fd[0], -ECONNRESET);
+	return 0;
+}
+
+static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
+		    struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
+		    const struct kv_msgout *msg, uint64_t *moved)
+{
+	struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
+	uint64_t off = 0, bytes = 0;
+	uint32_t i = 0, inflight = 0;
+	int64_t deadline = kd_now_ns() + kd.timeout_ns;
+	/* A notification goes as a MSG frame on fd[0] after the loop (it
+	 * bumps the counter too): no WRITE_WITH_IMM then. */
+	bool locked, armed = false, notified = notify_id == KCOLL_NOTIFY_NONE || msg->len;
+	int r;
+
+	/* seg_kill of the local segment shuts fd[0] down: rdma_wait wakes. */
+	conn_link(local->seg, &node);
+	r = lock_sides(local, local);
+	locked = !r;
+	while (!r && (i < n || inflight || !notified)) {
+		struct ibv_wc wc[32];
+		int got;
+
+		while (!r && i < n && inflight < KV_RDMA_INFLIGHT) {
+			uint64_t len = p[i].len - off < KV_RDMA_CHUNK ? p[i].len - off : KV_RDMA_CHUNK;
+			uint64_t lo = (write ? p[i].src : p[i].dst) + off;
+			uint64_t ro = (write ? p[i].dst : p[i].src) + off;
+
+			r = kv_rdma_post(rm->rd, write, lo, len, rm->peer.base + ro, rm->peer.rkey, NULL, len);
+			inflight += !r;
+			off += len;
+			if (off == p[i].len) {
+				i++;
+				off = 0;
+			}
+		}
+		if (!r && i == n && !inflight && !notified) {
+			/* Every block landed (RC: acknowledged by the owner's
+			 * device): now the counter, as one WRITE_WITH_IMM. */
+			r = kv_rdma_post(rm->rd, true, 0, 0, 0, 0, &notify_id, UINT64_MAX);
+			inflight += !r;
+			notified = true;
+		}
+		got = r ? 0 : kv_rdma_poll(rm->rd, wc, 32);
+		if (got < 0)
+			r = got;
+		for (int k = 0; k < got; k++) {
+			inflight--;
+			if (wc[k].status != IBV_WC_SUCCESS && !r)
+				r = kv_rdma_wc_err(&wc[k]);
+			if (wc[k].status == IBV_WC_SUCCESS && wc[k].wr_id != UINT64_MAX)
+				bytes += wc[k].wr_id;
+		}
+		if (got > 0) {
+			deadline = kd_now_ns() + kd.timeout_ns;
+			armed = false;
+			continue;
+		}
+		if (r || (i < n && inflight < KV_RDMA_INFLIGHT))
+			continue;
+		if (!armed) {
+			r = kv_rdma_arm(rm->rd);
+			armed = true;
+			continue;
+		}
+		armed = false;
+		r = rdma_wait(rm, c, local, deadline, notified && notify_id != KCOLL_NOTIFY_NONE &&
+			      !msg->len);
+	}
+	if (inflight) {
+		/* Stop the rest: the QP in error flushes what is posted and
+		 * nothing more lands in either segment. */
+		int64_t until = kd_now_ns() + 2000000000LL;
+		struct ibv_wc wc[32];
+
+		kv_rdma_fail(rm->rd);
+		while (inflight && kd_now_ns() < until) {
+			int got = kv_rdma_poll(rm->rd, wc, 32);
+
+			if (got < 0)
+				break;
+			inflight -= (uint32_t)got;
+			if (!got)
+				usleep(1000);
+		}
+	}
+	if (locked)
+		unlock_sides(local, local);
+	conn_unlink(local->seg, &node);
+	*moved += bytes;
+	atomic_fetch_add(&kv.rdma_bytes, bytes);
+	if (r && (r == -EACCES || r == -EHOSTUNREACH || r == -ECONNRESET || r == -EIO)) {
+		char c;
+
+		r = atomic_load(&local->seg->dead) ? -EIDRM : last_word(rm->fd[0], r);
+		/* The owner's device refused the rkey and its kcolld closed the
+		 * stream without a word: it died (not a wrong token). */
+		if (r == -EACCES && recv(rm->fd[0], &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+			r = -ECONNRESET;
+	}
+	if (!r && msg->len) {
+		int ans;
+
+		r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
+		r = r ? r : ans;
+	} else if (!r && notify_id != KCOLL_NOTIFY_NONE) {
+		struct kv_resp rs;
+
+		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
+		if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
+			   rs.hdr.len != sizeof(rs) || (rs.tag != UINT32_MAX && !rs.status)))
+			r = -EPROTO;
+		if (!r)
+			r = rs.status > 0 ? -EPROTO : rs.status;
+	}
+	return r;
+}
+
+/* The entry and iovec arrays of streams 0..used-1, kept with the import. */
+static int stream_bufs(struct kv_remote *rm, uint32_t used)
+{
+	for (uint32_t s = 0; s < used; s++) {
+		if (!rm->fe[s])
+			rm->fe[s] = malloc(KV_FRAME_ENTRIES * sizeof(*rm->fe[s]));
+		if (!rm->iov[s])
+			rm->iov[s] = malloc((KV_FRAME_ENTRIES + 2) * sizeof(*rm->iov[s]));
+		if (!rm->fe[s] || !rm->iov[s])
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+/* Streams 0..nstreams-1: their buffers and threads (kept with the import). */
+static int stream_threads(struct kv_remote *rm)
+{
+	int r = stream_bufs(rm, (uint32_t)rm->nstreams);
+
+	for (int s = 0; !r && s < rm->nstreams; s++) {
+		if (rm->started[s])
+			continue;
+		rm->wk[s] = (struct kv_worker){ rm, s };
+		r = -pthread_create(&rm->tid[s], NULL, stream_worker, &rm->wk[s]);
+		rm->started[s] = !r;
+	}
+	return r;
+}
+
+/*
+ * A batch with one import. Over RDMA, or as a single frame while no batch is
+ * in flight, it runs here (0 or an error); otherwise it joins the import's
+ * queue for the stream threads (1: the batch posts its own completion and
+ * now holds local's segment and mapping).
+ */
+int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
+		      bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
+		      const struct kv_msgout *msg, int64_t t0, uint64_t *moved)
+{
+	struct kv_remote *rm = rs->rm;
+	struct kv_piece *sp = NULL;
+	struct kv_frame *fr = NULL;
+	struct kv_batch *b;
+	uint64_t nsp = 0, total = 0, fb;
+	uint32_t nfr = 0;
+	bool busy;
+	int r;
+
+	/* Frames small enough that a batch of a few MiB gives every stream
+	 * two (a slow stream takes fewer) and little is in flight, large
+	 * enough to keep per-frame costs low. A batch of up to 1 MiB is one
+	 * frame: with no batch in flight and no request behind it in the
+	 * ring it runs right here on stream 0 (handing a few hundred KiB to
+	 * a stream thread costs more than it wins when the client waits for
+	 * each batch: docs/perf/kv.md section 6). With requests behind it, it
+	 * joins the queue, and so do they: run here, it would hold them in
+	 * the ring until its answer, one batch at a time for good. */
+	for (uint32_t i = 0; i < n; i++)
+		total += p[i].len;
+	fb = (total / (2 * rm->nstreams) + 4095) & ~4095ULL;
+	fb = fb < KV_FRAME_MIN ? KV_FRAME_MIN : fb > KV_FRAME_CUT ? KV_FRAME_CUT : fb;
+	for (uint32_t i = 0; i < n; i++)
+		nsp += (p[i].len + fb - 1) / fb;
+	sp = malloc((nsp ? nsp : 1) * sizeof(*sp));
+	fr = malloc((nsp ? nsp : 1) * sizeof(*fr));
+	if (!sp || !fr) {
+		r = -ENOMEM;
+		goto out;
+	}
+	/* Split what exceeds a frame; then fill frames in order. */
+	nsp = 0;
+	for (uint32_t i = 0; i < n; i++)
+		for (uint64_t off = 0; off < p[i].len; off += fb) {
+			uint64_t len = p[i].len - off < fb ? p[i].len - off : fb;
+
+			sp[nsp++] = (struct kv_piece){ p[i].src + off, p[i].dst + off, len };
+		}
+	for (uint32_t i = 0; i < nsp; i++) {
+		if (!nfr || fr[nfr - 1].n == KV_FRAME_ENTRIES ||
+		    fr[nfr - 1].bytes + sp[i].len > fb)
+			fr[nfr++] = (struct kv_frame){ i, 0, 0 };
+		fr[nfr - 1].n++;
+		fr[nfr - 1].bytes += sp[i].len;
+	}
+	pthread_mutex_lock(&rm->lock);
+	/* Join the batches in flight if they are healthy, few enough and use
+	 * the same local segment (unregistering one shuts the streams down:
+	 * that must not fail another segment's batch). */
+	pthread_mutex_lock(&rm->wlock);
+	/* A notification waits for the queue to drain: then the batch's
+	 * final frame cannot overtake an earlier batch's (in order per
+	 * import). */
+	while (rm->nq && (rm->broken || !nfr || msg->len || rm->nq >= KV_QUEUE_MAX ||
+			  rm->q_tail->local.seg != local->seg))
+		pthread_cond_wait(&rm->space, &rm->wlock);
+	busy = rm->nq;
+	if (!busy && rm->broken) {
+		remote_close_streams(rm);	/* mid-frame state unknown: start afresh */
+		rm->broken = 0;
+	}
+	pthread_mutex_unlock(&rm->wlock);
+	if (!busy) {
+		if (rm->rd && (!local->buf.direct || !fd_idle(rm->fd[0]))) {
+			/* A batch from unmapped memory goes over TCP, and fd[0]
+			 * is in RDMA mode on the owner's side; or the owner
+			 * ended the session: start afresh either way. */
+			rdma_drop(rm);
+			remote_close_streams(rm);
+		}
+		r = remote_connect(rm);
+		if (!r && msg->len && !(rm->features & KV_ACK_F_MSG))
+			r = -EOPNOTSUPP;	/* an older kcolld: tell before any byte moves */
+		if (!r && local->buf.direct) {
+			r = rdma_ready(rm, local);
+			if (r == 0) {
+				r = run_rdma(c, p, n, write, local, rm, notify_id, msg, moved);
+				/* A full queue is the owner's answer: the session goes on. */
+				if (r && r != -ENOBUFS) {
+					rdma_drop(rm);
+					remote_close_streams(rm);
+				}
+				goto out_unlock;
+			}
+			r = r == 1 ? 0 : r;
+		}
+		if (r)
+			goto out_unlock;
+		/* An empty batch has nothing for the streams: here, always. */
+		if (!nfr || (nfr == 1 && !c->sq_behind)) {
+			struct kv_stream st = { .local = local, .sp = sp, .frames = fr, .write = write,
+						.fd = rm->fd[0], .tag = ++rm->seq << 32 };
+			struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
+			uint8_t *buf = NULL;
+			int ans = 0;
+
+			r = stream_bufs(rm, 1);
+			if (r)
+				goto out_unlock;
+			st.iov = rm->iov[0];
+			st.fe = rm->fe[0];
+			conn_link(local->seg, &node);
+			r = !nfr ? 0 : atomic_load(&c->stop) || atomic_load(&c->dead) ? -ECANCELED :
+			    stream_err(&st, frame_xchg(&st, 0, &buf));
+			conn_unlink(local->seg, &node);
+			free(buf);
+			*moved += st.moved;
+			if (!r && has_final(notify_id, msg))
+				r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
+			if (r)
+				remote_close_streams(rm);	/* mid-frame state unknown */
+			r = r ? r : ans;
+			goto out_unlock;
+		}
+	}
+	r = stream_threads(rm);
+	b = r ? NULL : calloc(1, sizeof(*b));
+	if (!b) {
+		r = r ? r : -ENOMEM;
+		goto out_unlock;
+	}
+	*b = (struct kv_batch){ .c = c, .user_data = user_data, .local = *local, .write = write,
+				.t0 = t0, .notify_id = notify_id, .sp = sp, .fr = fr, .nfr = nfr,
+				.tag = ++rm->seq << 32,
+				.left = nfr + has_final(notify_id, msg) };
+	b->msg.sender = msg->sender;
+	b->msg.len = msg->len;
+	memcpy(b->msg.data, msg->data, msg->len);
+	kd_client_get(c);
+	local->seg = NULL;	/* the batch's now */
+	local->buf = (struct kd_buf){ 0 };
+	for (int s = 0; s < rm->nstreams; s++) {
+		b->node[s] = (struct kv_conn){ .fd = rm->fd[s], .how = SHUT_RDWR, .seg = b->local.seg };
+		conn_link(b->local.seg, &b->node[s]);
+	}
+	pthread_mutex_lock(&rm->wlock);
+	if (rm->q_tail)
+		rm->q_tail->qnext = b;
+	else
+		rm->q_head = b;
+	rm->q_tail = b;
+	rm->nq++;
+	pthread_cond_broadcast(&rm->go);
+	pthread_mutex_unlock(&rm->wlock);
+	pthread_mutex_unlock(&rm->lock);
+	return 1;
+out_unlock:
+	pthread_mutex_unlock(&rm->lock);
+out:
+	free(sp);
+	free(fr);
+	return r;
+}
