@@ -17,6 +17,5 @@ ALL_TARGETS += $(BIN)/kcolld
 # Device buffers (mem.c, exec.c) use the GPU loader (gpu/kcoll_gpu.h).
 $(OBJ)/user/daemon/mem.o $(OBJ)/user/daemon/exec.o: CPPFLAGS += $(GPU_CPPFLAGS)
 
-# The KV engine's RDMA paths (kv_rdma.h) use rdma/rdma.h.
-$(OBJ)/user/daemon/kv_rdma.o $(OBJ)/user/daemon/kv_send.o $(OBJ)/user/daemon/kv_serve.o: \
-	CPPFLAGS += -Irdma
+# The KV engine's files share kv_int.h, which includes kv_rdma.h (rdma/rdma.h).
+$(filter $(OBJ)/user/daemon/kv_%.o,$(KCOLLD_OBJS)): CPPFLAGS += -Irdma

@@ -7,9 +7,11 @@
  *               and status
  *   kv_local.c  one batch off the ring: validation, same-host copy rounds
  *   kv_send.c   a batch to another kcolld: TCP streams, frames, the stream
- *               threads' queue, the initiator's RDMA path
+ *               threads' queue
  *   kv_serve.c  the owner's side of a peer kcolld's connection
- *   kv_notif.c  notification queues; kv_rdma.c the verbs connection
+ *   kv_rdma.c   RDMA: the verbs connection, the initiator's path, the
+ *               owner's session
+ *   kv_notif.c  notification queues
  *
  * The entry points for the rest of kcolld (kd_kv_*) are in kcolld.h and
  * net.h.
@@ -25,14 +27,14 @@
 
 #include "kcolld.h"
 #include "kv_notif.h"
+#include "kv_rdma.h"
 
 #define KV_ROUND_BYTES		(1u << 20)
 #define KV_ROUND_IOVS		512
 #define KV_MAX_IMPORTS		1024	/* per client */
 #define KV_FRAME_BYTES		(4u << 20)	/* the largest frame an owner takes */
 #define KV_FRAME_ENTRIES	4096
-
-struct kv_remote;
+#define KV_MAX_STREAMS		8
 
 struct kd_seg {
 	uint32_t id;
@@ -72,6 +74,49 @@ struct kv_piece {
 struct kv_side {
 	struct kd_seg *seg;
 	struct kd_buf buf;	/* whole segment: direct when mapped */
+};
+
+struct kv_batch;
+struct kv_remote;
+struct kv_req;
+
+struct kv_worker {
+	struct kv_remote *rm;
+	int idx;
+};
+
+/* An import of another kcolld's segment: its TCP streams and their
+ * threads (kv_send.c), its RDMA connection (kv_rdma.c). */
+struct kv_remote {
+	struct kcoll_seg_wire w;
+	pthread_mutex_t lock;		/* submitters: set-up, RDMA and the queue's tail */
+	int nstreams;
+	int fd[KV_MAX_STREAMS];
+	/* Batches over TCP, one thread per stream (started by the first batch
+	 * that needs them, kept until the import goes). A submitter appends
+	 * its batch to the queue and returns; each stream thread takes the
+	 * oldest frame no stream took yet whenever its last one was answered
+	 * (stream_worker). */
+	pthread_mutex_t wlock;
+	pthread_cond_t go;		/* a frame to take, or quit */
+	pthread_cond_t space;		/* a batch left the queue */
+	struct kv_batch *q_head, *q_tail;
+	uint32_t nq;
+	uint64_t seq;			/* tags' high half: the batch's number */
+	int broken;			/* a stream failed: take no frame; reopen once drained */
+	pthread_t tid[KV_MAX_STREAMS];
+	struct kv_worker wk[KV_MAX_STREAMS];
+	bool started[KV_MAX_STREAMS], quit;
+	struct kv_fent *fe[KV_MAX_STREAMS];	/* per stream, kept with the import */
+	struct iovec *iov[KV_MAX_STREAMS];
+	/* RDMA (kv_rdma.h): set up over fd[0] on the first batch whose local
+	 * segment is mapped; fd[0] then carries only notify answers. */
+	struct kv_rdma *rd;
+	bool rd_off;			/* refused for this import (logged once) */
+	uint32_t rd_seg;		/* the local segment the region covers */
+	struct kd_buf rd_buf;		/* its mapping, held while registered */
+	struct kv_rdma_hello peer;
+	uint32_t features;		/* the owner's KV_ACK_F_*, from stream 0's ACK */
 };
 
 struct kd_kv_client {
@@ -118,5 +163,25 @@ void remote_free(struct kv_remote *rm);
 int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
 	       bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
 	       const struct kv_msgout *msg, int64_t t0, uint64_t *moved);
+void remote_close_streams(struct kv_remote *rm);
+/* Open the streams that are not open; the owner's verdict on the token. */
+int remote_connect(struct kv_remote *rm);
+/* A stream broke: the owner may have said why first (-EIDRM, tag ~0). */
+int last_word(int fd, int err);
+/* A batch's final frame (NOTIFY, or MSG with a notification) and its answer. */
+int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans);
+
+/* kv_serve.c: a MSG frame whose header rq was read. */
+int serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked);
+
+/* kv_rdma.c */
+void rdma_drop(struct kv_remote *rm);
+/* 0: rm's RDMA connection is ready for a batch from local; 1: use TCP. */
+int rdma_ready(struct kv_remote *rm, struct kv_side *local);
+int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
+	     struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
+	     const struct kv_msgout *msg, uint64_t *moved);
+/* The owner's side of an RDMA session on cn: 0 refused, 1 over. */
+int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t tag);
 
 #endif

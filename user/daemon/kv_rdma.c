@@ -1,20 +1,41 @@
 // SPDX-License-Identifier: MIT
 /*
- * The KV engine's RDMA connections (kv_rdma.h; docs/kv.md). Built on the
- * verbs layer (rdma/rdma.h): its device table, GID choice and endpoint
- * connect; the PD is this file's own, one per connection, so that an rkey
- * handed to one peer for one segment reaches nothing else.
+ * Everything RDMA of the KV engine (kv_rdma.h, docs/kv.md "Across hosts over
+ * RDMA"), in three parts:
+ *
+ *   the verbs connection  built on the verbs layer (rdma/rdma.h): its device
+ *                         table, GID choice and endpoint connect; the PD is
+ *                         this file's own, one per connection, so that an
+ *                         rkey handed to one peer for one segment reaches
+ *                         nothing else
+ *   the initiator's path  a batch as WRITEs/READs over an import's
+ *                         connection (kv_send.c's run_remote picks it), set
+ *                         up over the import's first TCP stream
+ *   the owner's session   serve_rdma, asked for on a stream kv_serve.c serves
+ *
+ * The TCP frames both sides fall back to are kv_send.c's and kv_serve.c's.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <kcoll/futex.h>
 
 #include "config.h"
+#include "kv_int.h"
 #include "kv_rdma.h"
+#include "kv_wire.h"
+#include "log.h"
+
+/* ---- the verbs connection ------------------------------------------------ */
 
 #define KV_RDMA_SQ	256
 #define KV_RDMA_RQ	16
@@ -268,4 +289,415 @@ int kv_rdma_wc_err(const struct ibv_wc *wc)
 	default:
 		return -EIO;
 	}
+}
+
+/* ---- the initiator's RDMA path --------------------------------------------
+ *
+ * With a device on both sides and both segments mapped, a batch moves as
+ * RDMA WRITEs (or READs) from the local segment's region straight into the
+ * owner's, and its notify is a WRITE_WITH_IMM the owner answers on fd[0].
+ * Otherwise the frames of kv_send.c (TCP), with the reason logged once per
+ * import.
+ */
+#define KV_RDMA_CHUNK		(4u << 20)	/* one work request at most */
+#define KV_RDMA_INFLIGHT	128
+
+void rdma_drop(struct kv_remote *rm)
+{
+	kv_rdma_destroy(rm->rd);
+	rm->rd = NULL;
+	kd_buf_release(&rm->rd_buf);
+}
+
+static void rdma_refuse(struct kv_remote *rm, bool loud, const char *why)
+{
+	char host[sizeof(rm->w.host) + 1];
+
+	rm->rd_off = true;
+	snprintf(host, sizeof(host), "%.*s", (int)sizeof(rm->w.host), rm->w.host);
+	if (loud)
+		kc_err("kv: segment %u of %s: KCOLL_NET_XPORT=rdma but RDMA is not usable (%s); using TCP",
+		       rm->w.seg_id, host, why);
+	else
+		kc_info("kv: segment %u of %s: over TCP (RDMA not used: %s)", rm->w.seg_id, host, why);
+}
+
+/*
+ * Make rm's RDMA connection ready for a batch from local (held, mapped).
+ * 0: use it; 1: use TCP (the streams are open); < 0: the streams broke.
+ */
+int rdma_ready(struct kv_remote *rm, struct kv_side *local)
+{
+	struct kv_req rq = { .op = KV_OP_RDMA, .tag = UINT32_MAX - 1 };
+	struct kv_rdma_hello me, peer;
+	struct kv_resp rs;
+	char why[256];
+	bool loud;
+	int r;
+
+	if (rm->rd) {
+		if (rm->rd_seg == local->seg->id && rm->rd_buf.rg == local->buf.rg)
+			return 0;
+		/* Another local segment: register it in this connection's PD
+		 * (the old region is deregistered before its mapping goes). */
+		struct kd_buf nb = { 0 };
+
+		if (lock_sides(local, local))
+			return -EIDRM;
+		kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &nb);
+		unlock_sides(local, local);
+		r = nb.direct ? kv_rdma_set_mr(rm->rd, nb.direct, local->seg->size) : -EIDRM;
+		kd_buf_release(&rm->rd_buf);
+		rm->rd_buf = nb;
+		if (r) {
+			/* The owner's side is in RDMA mode on fd[0]: start afresh. */
+			rdma_drop(rm);
+			remote_close_streams(rm);
+			return r;
+		}
+		rm->rd_seg = local->seg->id;
+		return 0;
+	}
+	if (rm->rd_off)
+		return 1;
+	if (!kv_rdma_wanted(why, sizeof(why), &loud)) {
+		rdma_refuse(rm, loud, why);
+		return 1;
+	}
+	if (lock_sides(local, local))
+		return -EIDRM;
+	kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &rm->rd_buf);
+	unlock_sides(local, local);
+	if (!rm->rd_buf.direct) {
+		kd_buf_release(&rm->rd_buf);
+		return 1;
+	}
+	r = kv_rdma_create(rm->fd[0], rm->rd_buf.direct, local->seg->size, false, &rm->rd, why, sizeof(why));
+	if (r) {
+		kd_buf_release(&rm->rd_buf);
+		rdma_refuse(rm, loud, why);
+		return 1;
+	}
+	kv_rdma_hello_fill(rm->rd, &me);
+	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ,
+				   .len = sizeof(rq) + sizeof(me) };
+	r = io_full(rm->fd[0], &rq, sizeof(rq), true);
+	if (!r)
+		r = io_full(rm->fd[0], &me, sizeof(me), true);
+	if (!r)
+		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
+	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
+		   rs.hdr.len != sizeof(rs) + sizeof(peer) || rs.tag != rq.tag))
+		r = rs.status < 0 ? rs.status : -EPROTO;
+	if (!r)
+		r = io_full(rm->fd[0], &peer, sizeof(peer), false);
+	if (r) {
+		rdma_drop(rm);
+		return r;
+	}
+	peer.why[sizeof(peer.why) - 1] = 0;
+	if (rs.status) {
+		rdma_drop(rm);
+		if (rs.status == -EIDRM)
+			return -EIDRM;
+		rdma_refuse(rm, loud, peer.why);
+		return 1;
+	}
+	r = kv_rdma_connect(rm->rd, &peer, 0, why, sizeof(why));
+	if (r) {
+		rdma_drop(rm);
+		remote_close_streams(rm);	/* the owner's side is in RDMA mode */
+		rdma_refuse(rm, loud, why);
+		r = remote_connect(rm);
+		return r ? r : 1;
+	}
+	rm->peer = peer;
+	rm->rd_seg = local->seg->id;
+	kc_info("kv: segment %u of %.*s: over RDMA (%s)", rm->w.seg_id, (int)sizeof(rm->w.host), rm->w.host,
+		kv_rdma_dev(rm->rd));
+	return 0;
+}
+
+/* Is the next thing on fd the answer to the batch's WRITE_WITH_IMM notify? */
+static bool notify_answer_next(int fd)
+{
+	struct kv_resp rs;
+
+	return recv(fd, &rs, sizeof(rs), MSG_PEEK | MSG_DONTWAIT) == sizeof(rs) &&
+	       rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP &&
+	       rs.hdr.len == sizeof(rs) && rs.tag == UINT32_MAX;
+}
+
+/* Sleep until a completion or fd[0] says something; deadline in ns.
+ * imm_out: the notify's WRITE_WITH_IMM is posted, so its answer may reach
+ * fd[0] before the send's own completion: that is no error, only the
+ * completion is then waited for. */
+static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *local, int64_t deadline,
+		     bool imm_out)
+{
+	struct pollfd pf[2] = { { .fd = kv_rdma_fd(rm->rd), .events = POLLIN },
+				{ .fd = rm->fd[0], .events = POLLIN } };
+	int64_t left = deadline - kd_now_ns();
+	int r;
+
+	if (left <= 0)
+		return -ETIMEDOUT;
+	r = poll(pf, 2, left > 100000000 ? 100 : (int)(left / 1000000) + 1);
+	if (r < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (pf[0].revents)
+		kv_rdma_ack_event(rm->rd);
+	if (atomic_load(&local->seg->dead))
+		return -EIDRM;
+	if (atomic_load(&c->stop) || atomic_load(&c->dead))
+		return -ECANCELED;
+	/* Nothing else is due on fd[0] before the notify: the owner's last
+	 * word (-EIDRM) or its end. */
+	if (pf[1].revents && imm_out && notify_answer_next(rm->fd[0])) {
+		left = deadline - kd_now_ns();
+		if (!pf[0].revents && left > 0 &&
+		    poll(pf, 1, left > 100000000 ? 100 : (int)(left / 1000000) + 1) == 1)
+			kv_rdma_ack_event(rm->rd);
+		return 0;
+	}
+	if (pf[1].revents)
+		return last_word(rm->fd[0], -ECONNRESET);
+	return 0;
+}
+
+int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
+		    struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
+		    const struct kv_msgout *msg, uint64_t *moved)
+{
+	struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
+	uint64_t off = 0, bytes = 0;
+	uint32_t i = 0, inflight = 0;
+	int64_t deadline = kd_now_ns() + kd.timeout_ns;
+	/* A notification goes as a MSG frame on fd[0] after the loop (it
+	 * bumps the counter too): no WRITE_WITH_IMM then. */
+	bool locked, armed = false, notified = notify_id == KCOLL_NOTIFY_NONE || msg->len;
+	int r;
+
+	/* seg_kill of the local segment shuts fd[0] down: rdma_wait wakes. */
+	conn_link(local->seg, &node);
+	r = lock_sides(local, local);
+	locked = !r;
+	while (!r && (i < n || inflight || !notified)) {
+		struct ibv_wc wc[32];
+		int got;
+
+		while (!r && i < n && inflight < KV_RDMA_INFLIGHT) {
+			uint64_t len = p[i].len - off < KV_RDMA_CHUNK ? p[i].len - off : KV_RDMA_CHUNK;
+			uint64_t lo = (write ? p[i].src : p[i].dst) + off;
+			uint64_t ro = (write ? p[i].dst : p[i].src) + off;
+
+			r = kv_rdma_post(rm->rd, write, lo, len, rm->peer.base + ro, rm->peer.rkey, NULL, len);
+			inflight += !r;
+			off += len;
+			if (off == p[i].len) {
+				i++;
+				off = 0;
+			}
+		}
+		if (!r && i == n && !inflight && !notified) {
+			/* Every block landed (RC: acknowledged by the owner's
+			 * device): now the counter, as one WRITE_WITH_IMM. */
+			r = kv_rdma_post(rm->rd, true, 0, 0, 0, 0, &notify_id, UINT64_MAX);
+			inflight += !r;
+			notified = true;
+		}
+		got = r ? 0 : kv_rdma_poll(rm->rd, wc, 32);
+		if (got < 0)
+			r = got;
+		for (int k = 0; k < got; k++) {
+			inflight--;
+			if (wc[k].status != IBV_WC_SUCCESS && !r)
+				r = kv_rdma_wc_err(&wc[k]);
+			if (wc[k].status == IBV_WC_SUCCESS && wc[k].wr_id != UINT64_MAX)
+				bytes += wc[k].wr_id;
+		}
+		if (got > 0) {
+			deadline = kd_now_ns() + kd.timeout_ns;
+			armed = false;
+			continue;
+		}
+		if (r || (i < n && inflight < KV_RDMA_INFLIGHT))
+			continue;
+		if (!armed) {
+			r = kv_rdma_arm(rm->rd);
+			armed = true;
+			continue;
+		}
+		armed = false;
+		r = rdma_wait(rm, c, local, deadline, notified && notify_id != KCOLL_NOTIFY_NONE &&
+			      !msg->len);
+	}
+	if (inflight) {
+		/* Stop the rest: the QP in error flushes what is posted and
+		 * nothing more lands in either segment. */
+		int64_t until = kd_now_ns() + 2000000000LL;
+		struct ibv_wc wc[32];
+
+		kv_rdma_fail(rm->rd);
+		while (inflight && kd_now_ns() < until) {
+			int got = kv_rdma_poll(rm->rd, wc, 32);
+
+			if (got < 0)
+				break;
+			inflight -= (uint32_t)got;
+			if (!got)
+				usleep(1000);
+		}
+	}
+	if (locked)
+		unlock_sides(local, local);
+	conn_unlink(local->seg, &node);
+	*moved += bytes;
+	atomic_fetch_add(&kv.rdma_bytes, bytes);
+	if (r && (r == -EACCES || r == -EHOSTUNREACH || r == -ECONNRESET || r == -EIO)) {
+		char c;
+
+		r = atomic_load(&local->seg->dead) ? -EIDRM : last_word(rm->fd[0], r);
+		/* The owner's device refused the rkey and its kcolld closed the
+		 * stream without a word: it died (not a wrong token). */
+		if (r == -EACCES && recv(rm->fd[0], &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+			r = -ECONNRESET;
+	}
+	if (!r && msg->len) {
+		int ans;
+
+		r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
+		r = r ? r : ans;
+	} else if (!r && notify_id != KCOLL_NOTIFY_NONE) {
+		struct kv_resp rs;
+
+		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
+		if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
+			   rs.hdr.len != sizeof(rs) || (rs.tag != UINT32_MAX && !rs.status)))
+			r = -EPROTO;
+		if (!r)
+			r = rs.status > 0 ? -EPROTO : rs.status;
+	}
+	return r;
+}
+
+/* ---- the owner's side ---------------------------------------------------- */
+
+/*
+ * The owner's side of an RDMA session (peer asked with KV_OP_RDMA on a
+ * stream whose token was checked): register the segment in a PD of this
+ * connection only, answer our address, base and rkey, then serve notifies
+ * (WRITE_WITH_IMM, immediate = counter) until the peer closes or the
+ * segment is unregistered. The reader lock is held for the whole session:
+ * the peer writes into the segment at any time. seg_kill shuts the stream
+ * down (SHUT_RD); this thread wakes, moves the QP to error and deregisters
+ * the region (the rkey is dead), and only then lets seg_kill return.
+ * 0: refused (answered; the stream goes on over TCP); 1: session over.
+ */
+int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t tag)
+{
+	struct kd_seg *s = cn->seg;
+	struct kv_side side = { .seg = s };
+	struct kv_rdma_hello me = { 0 };
+	struct kv_resp rs = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
+				      .len = sizeof(rs) + sizeof(me) }, .tag = tag };
+	struct kv_rdma *k = NULL;
+	bool loud, locked = false, armed = false;
+	int status = 0, one = 1;
+
+	if (!kv_rdma_wanted(me.why, sizeof(me.why), &loud)) {
+		status = -EOPNOTSUPP;
+	} else if (lock_sides(&side, &side)) {
+		status = -EIDRM;
+		snprintf(me.why, sizeof(me.why), "the segment was unregistered");
+	} else {
+		locked = true;
+		kd_buf_resolve(s->owner, s->addr, s->size, &side.buf);
+		if (!side.buf.direct) {
+			status = -EOPNOTSUPP;
+			snprintf(me.why, sizeof(me.why), "the owner's segment is not memory kcolld maps "
+				 "(register kcoll_mem_alloc'd or kcoll_mem_register'ed memory for RDMA)");
+		} else {
+			status = kv_rdma_create(cn->fd, side.buf.direct, s->size, true, &k, me.why,
+						sizeof(me.why));
+		}
+		if (!status)
+			status = kv_rdma_connect(k, peer, 16, me.why, sizeof(me.why));
+	}
+	if (status) {
+		kv_rdma_destroy(k);
+		kd_buf_release(&side.buf);
+		if (locked)
+			unlock_sides(&side, &side);
+		kc_dbg("kv: segment %u: rdma refused to a peer: %s", s->id, me.why);
+		rs.status = status;
+		return io_full(cn->fd, &rs, sizeof(rs), true) || io_full(cn->fd, &me, sizeof(me), true);
+	}
+	kv_rdma_hello_fill(k, &me);
+	atomic_fetch_add(&kv.rdma_sessions, 1);
+	setsockopt(cn->fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+	if (io_full(cn->fd, &rs, sizeof(rs), true) || io_full(cn->fd, &me, sizeof(me), true))
+		goto out;
+	for (;;) {
+		struct ibv_wc wc[16];
+		int got = kv_rdma_poll(k, wc, 16);
+		struct pollfd pf[2] = { { .fd = cn->fd, .events = POLLIN },
+					{ .fd = kv_rdma_fd(k), .events = POLLIN } };
+
+		if (got < 0)
+			goto out;
+		for (int i = 0; i < got; i++) {
+			struct kv_resp nr = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
+						      .len = sizeof(nr) }, .tag = UINT32_MAX };
+			uint32_t id = ntohl(wc[i].imm_data);
+
+			if (wc[i].status != IBV_WC_SUCCESS || wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM)
+				goto out;	/* the peer's QP failed: the session is over */
+			if (atomic_load(&s->dead)) {
+				nr.status = -EIDRM;
+			} else if (id >= s->nr_notify) {
+				nr.status = -EINVAL;
+			} else {
+				__atomic_fetch_add(&s->counters[id], 1, __ATOMIC_SEQ_CST);
+				kcoll_futex_wake(&s->counters[id], INT_MAX);
+			}
+			if (kv_rdma_post_recv(k, wc[i].wr_id) || io_full(cn->fd, &nr, sizeof(nr), true))
+				goto out;
+		}
+		if (got)
+			continue;
+		if (!armed) {	/* arm, then poll once more for what came before */
+			if (kv_rdma_arm(k))
+				goto out;
+			armed = true;
+			continue;
+		}
+		armed = false;
+		if (poll(pf, 2, -1) < 0 && errno != EINTR)
+			goto out;
+		if (pf[1].revents)
+			kv_rdma_ack_event(k);
+		/* A notification; else the peer closed, sent what an RDMA
+		 * session does not carry, or seg_kill shut the stream down:
+		 * the session is over. */
+		if (pf[0].revents) {
+			struct kv_req rq;
+
+			if (!(pf[0].revents & POLLIN) || io_full(cn->fd, &rq, sizeof(rq), false) ||
+			    rq.hdr.magic != KD_PEER_MAGIC || rq.hdr.type != KD_P_KV_REQ ||
+			    rq.op != KV_OP_MSG || serve_msg(cn, &rq, true))
+				goto out;
+		}
+	}
+out:
+	kv_rdma_revoke(k);	/* the rkey is dead before the lock is released */
+	kd_buf_release(&side.buf);
+	unlock_sides(&side, &side);
+	if (atomic_load(&s->dead)) {
+		rs = (struct kv_resp){ .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
+					       .len = sizeof(rs) }, .status = -EIDRM, .tag = UINT64_MAX };
+		send(cn->fd, &rs, sizeof(rs), MSG_NOSIGNAL | MSG_DONTWAIT);
+	}
+	kv_rdma_destroy(k);
+	return 1;
 }

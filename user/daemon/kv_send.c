@@ -22,8 +22,9 @@
  * place under the segment's reader lock (into a buffer first when the
  * segment is not mapped); unregistering shuts the connections down rather
  * than wait for a slow peer.
- * Another transport (RDMA) replaces the frame exchange of frame_xchg()
- * and the connection set of remote_connect(); the batch logic stays.
+ * Another transport (RDMA, kv_rdma.c) replaces the frame exchange of
+ * frame_xchg() and the connection set of remote_connect(); the batch logic
+ * stays.
  */
 #include <errno.h>
 #include <limits.h>
@@ -45,51 +46,12 @@
 
 #define KV_FRAME_CUT		(2u << 20)	/* the largest an initiator sends */
 #define KV_FRAME_MIN		(1u << 20)	/* and so a stream per MiB of a batch at most */
-#define KV_MAX_STREAMS		8
 #define KV_QUEUE_MAX		4	/* batches in flight per import */
 #define KV_NOTIFY_FRAME		UINT32_MAX	/* a flight entry for the batch's notify */
 
 struct kv_stream;
-struct kv_remote;
-
-struct kv_worker {
-	struct kv_remote *rm;
-	int idx;
-};
 
 struct kv_batch;
-
-struct kv_remote {
-	struct kcoll_seg_wire w;
-	pthread_mutex_t lock;		/* submitters: set-up, RDMA and the queue's tail */
-	int nstreams;
-	int fd[KV_MAX_STREAMS];
-	/* Batches over TCP, one thread per stream (started by the first batch
-	 * that needs them, kept until the import goes). A submitter appends
-	 * its batch to the queue and returns; each stream thread takes the
-	 * oldest frame no stream took yet whenever its last one was answered
-	 * (stream_worker). */
-	pthread_mutex_t wlock;
-	pthread_cond_t go;		/* a frame to take, or quit */
-	pthread_cond_t space;		/* a batch left the queue */
-	struct kv_batch *q_head, *q_tail;
-	uint32_t nq;
-	uint64_t seq;			/* tags' high half: the batch's number */
-	int broken;			/* a stream failed: take no frame; reopen once drained */
-	pthread_t tid[KV_MAX_STREAMS];
-	struct kv_worker wk[KV_MAX_STREAMS];
-	bool started[KV_MAX_STREAMS], quit;
-	struct kv_fent *fe[KV_MAX_STREAMS];	/* per stream, kept with the import */
-	struct iovec *iov[KV_MAX_STREAMS];
-	/* RDMA (kv_rdma.h): set up over fd[0] on the first batch whose local
-	 * segment is mapped; fd[0] then carries only notify answers. */
-	struct kv_rdma *rd;
-	bool rd_off;			/* refused for this import (logged once) */
-	uint32_t rd_seg;		/* the local segment the region covers */
-	struct kd_buf rd_buf;		/* its mapping, held while registered */
-	struct kv_rdma_hello peer;
-	uint32_t features;		/* the owner's KV_ACK_F_*, from stream 0's ACK */
-};
 
 int io_full(int fd, void *buf, size_t n, bool out)
 {
@@ -149,20 +111,13 @@ int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 	return 0;
 }
 
-static void remote_close_streams(struct kv_remote *rm)
+void remote_close_streams(struct kv_remote *rm)
 {
 	for (int i = 0; i < KV_MAX_STREAMS; i++) {
 		if (rm->fd[i] >= 0)
 			close(rm->fd[i]);
 		rm->fd[i] = -1;
 	}
-}
-
-static void rdma_drop(struct kv_remote *rm)
-{
-	kv_rdma_destroy(rm->rd);
-	rm->rd = NULL;
-	kd_buf_release(&rm->rd_buf);
 }
 
 void remote_free(struct kv_remote *rm)
@@ -197,7 +152,7 @@ static bool fd_idle(int fd)
 }
 
 /* Open the streams that are not open; the owner's verdict on the token. */
-static int remote_connect(struct kv_remote *rm)
+int remote_connect(struct kv_remote *rm)
 {
 	struct kd_p_hostinfo me;
 
@@ -457,7 +412,7 @@ static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 }
 
 /* A stream broke: the owner may have said why first (-EIDRM, tag ~0). */
-static int last_word(int fd, int err)
+int last_word(int fd, int err)
 {
 	struct pollfd p = { .fd = fd, .events = POLLIN };
 	struct kv_resp rs;
@@ -530,7 +485,7 @@ static bool has_final(uint32_t notify_id, const struct kv_msgout *m)
  * and the streams go on), or the stream's error. A NOTIFY's refusal is the
  * stream's error, as it always was.
  */
-static int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans)
+int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans)
 {
 	struct kv_req rq = { .op = KV_OP_MSG, .notify_id = id, .tag = tag };
 	struct kv_msg km = { .sender = m->sender, .len = m->len };
@@ -746,288 +701,6 @@ static void *stream_worker(void *arg)
 	pthread_mutex_unlock(&rm->wlock);
 	free(buf);
 	return NULL;
-}
-
-/* ---- the initiator's RDMA path --------------------------------------------
- *
- * With a device on both sides and both segments mapped, a batch moves as
- * RDMA WRITEs (or READs) from the local segment's region straight into the
- * owner's, and its notify is a WRITE_WITH_IMM the owner answers on fd[0].
- * Otherwise the frames above (TCP), with the reason logged once per import.
- */
-#define KV_RDMA_CHUNK		(4u << 20)	/* one work request at most */
-#define KV_RDMA_INFLIGHT	128
-
-static void rdma_refuse(struct kv_remote *rm, bool loud, const char *why)
-{
-	char host[sizeof(rm->w.host) + 1];
-
-	rm->rd_off = true;
-	snprintf(host, sizeof(host), "%.*s", (int)sizeof(rm->w.host), rm->w.host);
-	if (loud)
-		kc_err("kv: segment %u of %s: KCOLL_NET_XPORT=rdma but RDMA is not usable (%s); using TCP",
-		       rm->w.seg_id, host, why);
-	else
-		kc_info("kv: segment %u of %s: over TCP (RDMA not used: %s)", rm->w.seg_id, host, why);
-}
-
-/*
- * Make rm's RDMA connection ready for a batch from local (held, mapped).
- * 0: use it; 1: use TCP (the streams are open); < 0: the streams broke.
- */
-static int rdma_ready(struct kv_remote *rm, struct kv_side *local)
-{
-	struct kv_req rq = { .op = KV_OP_RDMA, .tag = UINT32_MAX - 1 };
-	struct kv_rdma_hello me, peer;
-	struct kv_resp rs;
-	char why[256];
-	bool loud;
-	int r;
-
-	if (rm->rd) {
-		if (rm->rd_seg == local->seg->id && rm->rd_buf.rg == local->buf.rg)
-			return 0;
-		/* Another local segment: register it in this connection's PD
-		 * (the old region is deregistered before its mapping goes). */
-		struct kd_buf nb = { 0 };
-
-		if (lock_sides(local, local))
-			return -EIDRM;
-		kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &nb);
-		unlock_sides(local, local);
-		r = nb.direct ? kv_rdma_set_mr(rm->rd, nb.direct, local->seg->size) : -EIDRM;
-		kd_buf_release(&rm->rd_buf);
-		rm->rd_buf = nb;
-		if (r) {
-			/* The owner's side is in RDMA mode on fd[0]: start afresh. */
-			rdma_drop(rm);
-			remote_close_streams(rm);
-			return r;
-		}
-		rm->rd_seg = local->seg->id;
-		return 0;
-	}
-	if (rm->rd_off)
-		return 1;
-	if (!kv_rdma_wanted(why, sizeof(why), &loud)) {
-		rdma_refuse(rm, loud, why);
-		return 1;
-	}
-	if (lock_sides(local, local))
-		return -EIDRM;
-	kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &rm->rd_buf);
-	unlock_sides(local, local);
-	if (!rm->rd_buf.direct) {
-		kd_buf_release(&rm->rd_buf);
-		return 1;
-	}
-	r = kv_rdma_create(rm->fd[0], rm->rd_buf.direct, local->seg->size, false, &rm->rd, why, sizeof(why));
-	if (r) {
-		kd_buf_release(&rm->rd_buf);
-		rdma_refuse(rm, loud, why);
-		return 1;
-	}
-	kv_rdma_hello_fill(rm->rd, &me);
-	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ,
-				   .len = sizeof(rq) + sizeof(me) };
-	r = io_full(rm->fd[0], &rq, sizeof(rq), true);
-	if (!r)
-		r = io_full(rm->fd[0], &me, sizeof(me), true);
-	if (!r)
-		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
-	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
-		   rs.hdr.len != sizeof(rs) + sizeof(peer) || rs.tag != rq.tag))
-		r = rs.status < 0 ? rs.status : -EPROTO;
-	if (!r)
-		r = io_full(rm->fd[0], &peer, sizeof(peer), false);
-	if (r) {
-		rdma_drop(rm);
-		return r;
-	}
-	peer.why[sizeof(peer.why) - 1] = 0;
-	if (rs.status) {
-		rdma_drop(rm);
-		if (rs.status == -EIDRM)
-			return -EIDRM;
-		rdma_refuse(rm, loud, peer.why);
-		return 1;
-	}
-	r = kv_rdma_connect(rm->rd, &peer, 0, why, sizeof(why));
-	if (r) {
-		rdma_drop(rm);
-		remote_close_streams(rm);	/* the owner's side is in RDMA mode */
-		rdma_refuse(rm, loud, why);
-		r = remote_connect(rm);
-		return r ? r : 1;
-	}
-	rm->peer = peer;
-	rm->rd_seg = local->seg->id;
-	kc_info("kv: segment %u of %.*s: over RDMA (%s)", rm->w.seg_id, (int)sizeof(rm->w.host), rm->w.host,
-		kv_rdma_dev(rm->rd));
-	return 0;
-}
-
-/* Is the next thing on fd the answer to the batch's WRITE_WITH_IMM notify? */
-static bool notify_answer_next(int fd)
-{
-	struct kv_resp rs;
-
-	return recv(fd, &rs, sizeof(rs), MSG_PEEK | MSG_DONTWAIT) == sizeof(rs) &&
-	       rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP &&
-	       rs.hdr.len == sizeof(rs) && rs.tag == UINT32_MAX;
-}
-
-/* Sleep until a completion or fd[0] says something; deadline in ns.
- * imm_out: the notify's WRITE_WITH_IMM is posted, so its answer may reach
- * fd[0] before the send's own completion: that is no error, only the
- * completion is then waited for. */
-static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *local, int64_t deadline,
-		     bool imm_out)
-{
-	struct pollfd pf[2] = { { .fd = kv_rdma_fd(rm->rd), .events = POLLIN },
-				{ .fd = rm->fd[0], .events = POLLIN } };
-	int64_t left = deadline - kd_now_ns();
-	int r;
-
-	if (left <= 0)
-		return -ETIMEDOUT;
-	r = poll(pf, 2, left > 100000000 ? 100 : (int)(left / 1000000) + 1);
-	if (r < 0)
-		return errno == EINTR ? 0 : -errno;
-	if (pf[0].revents)
-		kv_rdma_ack_event(rm->rd);
-	if (atomic_load(&local->seg->dead))
-		return -EIDRM;
-	if (atomic_load(&c->stop) || atomic_load(&c->dead))
-		return -ECANCELED;
-	/* Nothing else is due on fd[0] before the notify: the owner's last
-	 * word (-EIDRM) or its end. */
-	if (pf[1].revents && imm_out && notify_answer_next(rm->fd[0])) {
-		left = deadline - kd_now_ns();
-		if (!pf[0].revents && left > 0 &&
-		    poll(pf, 1, left > 100000000 ? 100 : (int)(left / 1000000) + 1) == 1)
-			kv_rdma_ack_event(rm->rd);
-		return 0;
-	}
-	if (pf[1].revents)
-		return last_word(rm->fd[0], -ECONNRESET);
-	return 0;
-}
-
-static int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
-		    struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
-		    const struct kv_msgout *msg, uint64_t *moved)
-{
-	struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
-	uint64_t off = 0, bytes = 0;
-	uint32_t i = 0, inflight = 0;
-	int64_t deadline = kd_now_ns() + kd.timeout_ns;
-	/* A notification goes as a MSG frame on fd[0] after the loop (it
-	 * bumps the counter too): no WRITE_WITH_IMM then. */
-	bool locked, armed = false, notified = notify_id == KCOLL_NOTIFY_NONE || msg->len;
-	int r;
-
-	/* seg_kill of the local segment shuts fd[0] down: rdma_wait wakes. */
-	conn_link(local->seg, &node);
-	r = lock_sides(local, local);
-	locked = !r;
-	while (!r && (i < n || inflight || !notified)) {
-		struct ibv_wc wc[32];
-		int got;
-
-		while (!r && i < n && inflight < KV_RDMA_INFLIGHT) {
-			uint64_t len = p[i].len - off < KV_RDMA_CHUNK ? p[i].len - off : KV_RDMA_CHUNK;
-			uint64_t lo = (write ? p[i].src : p[i].dst) + off;
-			uint64_t ro = (write ? p[i].dst : p[i].src) + off;
-
-			r = kv_rdma_post(rm->rd, write, lo, len, rm->peer.base + ro, rm->peer.rkey, NULL, len);
-			inflight += !r;
-			off += len;
-			if (off == p[i].len) {
-				i++;
-				off = 0;
-			}
-		}
-		if (!r && i == n && !inflight && !notified) {
-			/* Every block landed (RC: acknowledged by the owner's
-			 * device): now the counter, as one WRITE_WITH_IMM. */
-			r = kv_rdma_post(rm->rd, true, 0, 0, 0, 0, &notify_id, UINT64_MAX);
-			inflight += !r;
-			notified = true;
-		}
-		got = r ? 0 : kv_rdma_poll(rm->rd, wc, 32);
-		if (got < 0)
-			r = got;
-		for (int k = 0; k < got; k++) {
-			inflight--;
-			if (wc[k].status != IBV_WC_SUCCESS && !r)
-				r = kv_rdma_wc_err(&wc[k]);
-			if (wc[k].status == IBV_WC_SUCCESS && wc[k].wr_id != UINT64_MAX)
-				bytes += wc[k].wr_id;
-		}
-		if (got > 0) {
-			deadline = kd_now_ns() + kd.timeout_ns;
-			armed = false;
-			continue;
-		}
-		if (r || (i < n && inflight < KV_RDMA_INFLIGHT))
-			continue;
-		if (!armed) {
-			r = kv_rdma_arm(rm->rd);
-			armed = true;
-			continue;
-		}
-		armed = false;
-		r = rdma_wait(rm, c, local, deadline, notified && notify_id != KCOLL_NOTIFY_NONE &&
-			      !msg->len);
-	}
-	if (inflight) {
-		/* Stop the rest: the QP in error flushes what is posted and
-		 * nothing more lands in either segment. */
-		int64_t until = kd_now_ns() + 2000000000LL;
-		struct ibv_wc wc[32];
-
-		kv_rdma_fail(rm->rd);
-		while (inflight && kd_now_ns() < until) {
-			int got = kv_rdma_poll(rm->rd, wc, 32);
-
-			if (got < 0)
-				break;
-			inflight -= (uint32_t)got;
-			if (!got)
-				usleep(1000);
-		}
-	}
-	if (locked)
-		unlock_sides(local, local);
-	conn_unlink(local->seg, &node);
-	*moved += bytes;
-	atomic_fetch_add(&kv.rdma_bytes, bytes);
-	if (r && (r == -EACCES || r == -EHOSTUNREACH || r == -ECONNRESET || r == -EIO)) {
-		char c;
-
-		r = atomic_load(&local->seg->dead) ? -EIDRM : last_word(rm->fd[0], r);
-		/* The owner's device refused the rkey and its kcolld closed the
-		 * stream without a word: it died (not a wrong token). */
-		if (r == -EACCES && recv(rm->fd[0], &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
-			r = -ECONNRESET;
-	}
-	if (!r && msg->len) {
-		int ans;
-
-		r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
-		r = r ? r : ans;
-	} else if (!r && notify_id != KCOLL_NOTIFY_NONE) {
-		struct kv_resp rs;
-
-		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
-		if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
-			   rs.hdr.len != sizeof(rs) || (rs.tag != UINT32_MAX && !rs.status)))
-			r = -EPROTO;
-		if (!r)
-			r = rs.status > 0 ? -EPROTO : rs.status;
-	}
-	return r;
 }
 
 /* The entry and iovec arrays of streams 0..used-1, kept with the import. */

@@ -3,7 +3,8 @@
  * KV batches across hosts, the owner's side (docs/kv.md "Across hosts"):
  * a peer kcolld's KD_CONN_KV connection to one of our segments, from its
  * HELLO (kd_kv_accept checks the token) to the frames a serving thread
- * applies (kv_serve), and the RDMA session it may ask for (serve_rdma).
+ * applies (kv_serve); the RDMA session it may ask for is kv_rdma.c's
+ * serve_rdma.
  * The initiator's side and the frame layout are in kv_send.c.
  */
 #include <errno.h>
@@ -12,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
-#include <arpa/inet.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -111,7 +111,7 @@ static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr
  * the segment's reader lock unless the caller holds it (an RDMA session).
  * Nonzero: the stream broke or broke the framing.
  */
-static int serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked)
+int serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked)
 {
 	struct kd_seg *s = cn->seg;
 	struct kv_side side = { .seg = s };
@@ -133,125 +133,6 @@ static int serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked)
 		unlock_sides(&side, &side);
 	}
 	return io_full(cn->fd, &rs, sizeof(rs), true);
-}
-
-/*
- * The owner's side of an RDMA session (peer asked with KV_OP_RDMA on a
- * stream whose token was checked): register the segment in a PD of this
- * connection only, answer our address, base and rkey, then serve notifies
- * (WRITE_WITH_IMM, immediate = counter) until the peer closes or the
- * segment is unregistered. The reader lock is held for the whole session:
- * the peer writes into the segment at any time. seg_kill shuts the stream
- * down (SHUT_RD); this thread wakes, moves the QP to error and deregisters
- * the region (the rkey is dead), and only then lets seg_kill return.
- * 0: refused (answered; the stream goes on over TCP); 1: session over.
- */
-static int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t tag)
-{
-	struct kd_seg *s = cn->seg;
-	struct kv_side side = { .seg = s };
-	struct kv_rdma_hello me = { 0 };
-	struct kv_resp rs = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
-				      .len = sizeof(rs) + sizeof(me) }, .tag = tag };
-	struct kv_rdma *k = NULL;
-	bool loud, locked = false, armed = false;
-	int status = 0, one = 1;
-
-	if (!kv_rdma_wanted(me.why, sizeof(me.why), &loud)) {
-		status = -EOPNOTSUPP;
-	} else if (lock_sides(&side, &side)) {
-		status = -EIDRM;
-		snprintf(me.why, sizeof(me.why), "the segment was unregistered");
-	} else {
-		locked = true;
-		kd_buf_resolve(s->owner, s->addr, s->size, &side.buf);
-		if (!side.buf.direct) {
-			status = -EOPNOTSUPP;
-			snprintf(me.why, sizeof(me.why), "the owner's segment is not memory kcolld maps "
-				 "(register kcoll_mem_alloc'd or kcoll_mem_register'ed memory for RDMA)");
-		} else {
-			status = kv_rdma_create(cn->fd, side.buf.direct, s->size, true, &k, me.why,
-						sizeof(me.why));
-		}
-		if (!status)
-			status = kv_rdma_connect(k, peer, 16, me.why, sizeof(me.why));
-	}
-	if (status) {
-		kv_rdma_destroy(k);
-		kd_buf_release(&side.buf);
-		if (locked)
-			unlock_sides(&side, &side);
-		kc_dbg("kv: segment %u: rdma refused to a peer: %s", s->id, me.why);
-		rs.status = status;
-		return io_full(cn->fd, &rs, sizeof(rs), true) || io_full(cn->fd, &me, sizeof(me), true);
-	}
-	kv_rdma_hello_fill(k, &me);
-	atomic_fetch_add(&kv.rdma_sessions, 1);
-	setsockopt(cn->fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-	if (io_full(cn->fd, &rs, sizeof(rs), true) || io_full(cn->fd, &me, sizeof(me), true))
-		goto out;
-	for (;;) {
-		struct ibv_wc wc[16];
-		int got = kv_rdma_poll(k, wc, 16);
-		struct pollfd pf[2] = { { .fd = cn->fd, .events = POLLIN },
-					{ .fd = kv_rdma_fd(k), .events = POLLIN } };
-
-		if (got < 0)
-			goto out;
-		for (int i = 0; i < got; i++) {
-			struct kv_resp nr = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
-						      .len = sizeof(nr) }, .tag = UINT32_MAX };
-			uint32_t id = ntohl(wc[i].imm_data);
-
-			if (wc[i].status != IBV_WC_SUCCESS || wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM)
-				goto out;	/* the peer's QP failed: the session is over */
-			if (atomic_load(&s->dead)) {
-				nr.status = -EIDRM;
-			} else if (id >= s->nr_notify) {
-				nr.status = -EINVAL;
-			} else {
-				__atomic_fetch_add(&s->counters[id], 1, __ATOMIC_SEQ_CST);
-				kcoll_futex_wake(&s->counters[id], INT_MAX);
-			}
-			if (kv_rdma_post_recv(k, wc[i].wr_id) || io_full(cn->fd, &nr, sizeof(nr), true))
-				goto out;
-		}
-		if (got)
-			continue;
-		if (!armed) {	/* arm, then poll once more for what came before */
-			if (kv_rdma_arm(k))
-				goto out;
-			armed = true;
-			continue;
-		}
-		armed = false;
-		if (poll(pf, 2, -1) < 0 && errno != EINTR)
-			goto out;
-		if (pf[1].revents)
-			kv_rdma_ack_event(k);
-		/* A notification; else the peer closed, sent what an RDMA
-		 * session does not carry, or seg_kill shut the stream down:
-		 * the session is over. */
-		if (pf[0].revents) {
-			struct kv_req rq;
-
-			if (!(pf[0].revents & POLLIN) || io_full(cn->fd, &rq, sizeof(rq), false) ||
-			    rq.hdr.magic != KD_PEER_MAGIC || rq.hdr.type != KD_P_KV_REQ ||
-			    rq.op != KV_OP_MSG || serve_msg(cn, &rq, true))
-				goto out;
-		}
-	}
-out:
-	kv_rdma_revoke(k);	/* the rkey is dead before the lock is released */
-	kd_buf_release(&side.buf);
-	unlock_sides(&side, &side);
-	if (atomic_load(&s->dead)) {
-		rs = (struct kv_resp){ .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
-					       .len = sizeof(rs) }, .status = -EIDRM, .tag = UINT64_MAX };
-		send(cn->fd, &rs, sizeof(rs), MSG_NOSIGNAL | MSG_DONTWAIT);
-	}
-	kv_rdma_destroy(k);
-	return 1;
 }
 
 static void *kv_serve(void *arg)
