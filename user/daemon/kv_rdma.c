@@ -466,8 +466,8 @@ static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *
 }
 
 int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
-		    struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
-		    const struct kv_msgout *msg, uint64_t *moved)
+	     struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
+	     const struct kv_msgout *msg, uint64_t *moved)
 {
 	struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
 	uint64_t off = 0, bytes = 0;

@@ -384,7 +384,7 @@ static int seg_notifs(struct kd_client *c, const struct kcoll_msg_seg_notifs *m,
  * -ENOBUFS its queue is full (then the counter is not bumped either).
  */
 int notif_deliver(struct kd_seg *s, uint64_t sender, uint32_t notify_id,
-			 const uint8_t *data, uint32_t len)
+		  const uint8_t *data, uint32_t len)
 {
 	int r = 0;
 

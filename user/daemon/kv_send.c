@@ -739,8 +739,8 @@ static int stream_threads(struct kv_remote *rm)
  * now holds local's segment and mapping).
  */
 int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
-		      bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
-		      const struct kv_msgout *msg, int64_t t0, uint64_t *moved)
+	       bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
+	       const struct kv_msgout *msg, int64_t t0, uint64_t *moved)
 {
 	struct kv_remote *rm = rs->rm;
 	struct kv_piece *sp = NULL;
