@@ -136,52 +136,52 @@ struct kv_state {
 	atomic_ulong notifs;			/* notifications queued for our owners */
 };
 
-extern struct kv_state kv;
+extern struct kv_state kv_state;
 
 /* kv_seg.c */
-void seg_put(struct kd_seg *s);
+void kv_seg_put(struct kd_seg *s);
 /* A live segment by id, referenced. */
-struct kd_seg *seg_find(uint32_t id);
+struct kd_seg *kv_seg_find(uint32_t id);
 /* seg_kill shuts cn down while it is in s's conns. */
-void conn_link(struct kd_seg *s, struct kv_conn *cn);
-void conn_unlink(struct kd_seg *s, struct kv_conn *cn);
-int token_eq(const uint8_t *a, const uint8_t *b);
-int notif_deliver(struct kd_seg *s, uint64_t sender, uint32_t notify_id, const uint8_t *data,
-		  uint32_t len);
-int lock_sides(struct kv_side *a, struct kv_side *b);
-void unlock_sides(struct kv_side *a, struct kv_side *b);
-int side_resolve(struct kv_side *s);
+void kv_conn_link(struct kd_seg *s, struct kv_conn *cn);
+void kv_conn_unlink(struct kd_seg *s, struct kv_conn *cn);
+int kv_token_eq(const uint8_t *a, const uint8_t *b);
+int kv_notif_deliver(struct kd_seg *s, uint64_t sender, uint32_t notify_id, const uint8_t *data,
+		     uint32_t len);
+int kv_lock_sides(struct kv_side *a, struct kv_side *b);
+void kv_unlock_sides(struct kv_side *a, struct kv_side *b);
+int kv_side_resolve(struct kv_side *s);
 /* A process_vm_* call's result: 0, or why it moved less than want. */
-int vm_err(ssize_t got, size_t want);
+int kv_vm_err(ssize_t got, size_t want);
 
 /* kv_send.c */
-int io_full(int fd, void *buf, size_t n, bool out);
-int io_iovs(int fd, struct iovec *iov, size_t n, bool out);
-void sock_timeouts(int fd, int64_t ns);
-int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out);
-void remote_free(struct kv_remote *rm);
-int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
-	       bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
-	       const struct kv_msgout *msg, int64_t t0, uint64_t *moved);
-void remote_close_streams(struct kv_remote *rm);
+int kv_io_full(int fd, void *buf, size_t n, bool out);
+int kv_io_iovs(int fd, struct iovec *iov, size_t n, bool out);
+void kv_sock_timeouts(int fd, int64_t ns);
+int kv_remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out);
+void kv_remote_free(struct kv_remote *rm);
+int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
+		  bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
+		  const struct kv_msgout *msg, int64_t t0, uint64_t *moved);
+void kv_remote_close_streams(struct kv_remote *rm);
 /* Open the streams that are not open; the owner's verdict on the token. */
-int remote_connect(struct kv_remote *rm);
+int kv_remote_connect(struct kv_remote *rm);
 /* A stream broke: the owner may have said why first (-EIDRM, tag ~0). */
-int last_word(int fd, int err);
+int kv_last_word(int fd, int err);
 /* A batch's final frame (NOTIFY, or MSG with a notification) and its answer. */
-int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans);
+int kv_final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans);
 
 /* kv_serve.c: a MSG frame whose header rq was read. */
-int serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked);
+int kv_serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked);
 
 /* kv_rdma.c */
-void rdma_drop(struct kv_remote *rm);
+void kv_rdma_drop(struct kv_remote *rm);
 /* 0: rm's RDMA connection is ready for a batch from local; 1: use TCP. */
-int rdma_ready(struct kv_remote *rm, struct kv_side *local);
-int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
-	     struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
-	     const struct kv_msgout *msg, uint64_t *moved);
+int kv_rdma_ready(struct kv_remote *rm, struct kv_side *local);
+int kv_run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
+		struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
+		const struct kv_msgout *msg, uint64_t *moved);
 /* The owner's side of an RDMA session on cn: 0 refused, 1 over. */
-int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t tag);
+int kv_serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t tag);
 
 #endif

@@ -128,14 +128,14 @@ static int copy_round(const struct kv_piece *p, uint32_t n, const struct kv_side
 			liov[i] = (struct iovec){ src->buf.direct + p[i].src, p[i].len };
 			riov[i] = (struct iovec){ (void *)(uintptr_t)(dst->seg->addr + p[i].dst), p[i].len };
 		}
-		return vm_err(process_vm_writev(dst->seg->pid, liov, n, riov, n, 0), total);
+		return kv_vm_err(process_vm_writev(dst->seg->pid, liov, n, riov, n, 0), total);
 	}
 	if (dst->buf.direct) {	/* process -> mapping */
 		for (uint32_t i = 0; i < n; i++) {
 			liov[i] = (struct iovec){ dst->buf.direct + p[i].dst, p[i].len };
 			riov[i] = (struct iovec){ (void *)(uintptr_t)(src->seg->addr + p[i].src), p[i].len };
 		}
-		return vm_err(process_vm_readv(src->seg->pid, liov, n, riov, n, 0), total);
+		return kv_vm_err(process_vm_readv(src->seg->pid, liov, n, riov, n, 0), total);
 	}
 	/* process -> stage -> process; the stage stays in cache between the two */
 	if (!kv_stage && !(kv_stage = malloc(KV_ROUND_BYTES)))
@@ -143,12 +143,12 @@ static int copy_round(const struct kv_piece *p, uint32_t n, const struct kv_side
 	liov[0] = (struct iovec){ kv_stage, total };
 	for (uint32_t i = 0; i < n; i++)
 		riov[i] = (struct iovec){ (void *)(uintptr_t)(src->seg->addr + p[i].src), p[i].len };
-	r = vm_err(process_vm_readv(src->seg->pid, liov, 1, riov, n, 0), total);
+	r = kv_vm_err(process_vm_readv(src->seg->pid, liov, 1, riov, n, 0), total);
 	if (r)
 		return r;
 	for (uint32_t i = 0; i < n; i++)
 		riov[i] = (struct iovec){ (void *)(uintptr_t)(dst->seg->addr + p[i].dst), p[i].len };
-	return vm_err(process_vm_writev(dst->seg->pid, liov, 1, riov, n, 0), total);
+	return kv_vm_err(process_vm_writev(dst->seg->pid, liov, 1, riov, n, 0), total);
 }
 
 static int run_batch(struct kd_client *c, const struct kv_piece *p, uint32_t n,
@@ -178,11 +178,11 @@ static int run_batch(struct kd_client *c, const struct kv_piece *p, uint32_t n,
 		}
 		if (atomic_load(&c->stop) || atomic_load(&c->dead))
 			return -ECANCELED;
-		r = lock_sides(src, dst);
+		r = kv_lock_sides(src, dst);
 		if (r)
 			break;
 		r = copy_round(round, k, src, dst);
-		unlock_sides(src, dst);
+		kv_unlock_sides(src, dst);
 		if (!r)
 			*moved += bytes;
 	}
@@ -204,7 +204,7 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 	msg.len = 0;
 	if (r)
 		goto out;
-	local.seg = seg_find(x->local_seg);
+	local.seg = kv_seg_find(x->local_seg);
 	if (!local.seg || local.seg->owner != c) {
 		why = "local_seg is not a segment this client registered";
 		r = -ENOENT;
@@ -265,12 +265,12 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 	if (r)
 		goto out;
 	if (remote.seg->rm) {
-		r = side_resolve(&local);
+		r = kv_side_resolve(&local);
 		if (!r)
-			r = run_remote(c, sqe->user_data, p, x->nr_entries, write, &local, remote.seg,
-				       x->notify_id, &msg, t0, &moved);
+			r = kv_run_remote(c, sqe->user_data, p, x->nr_entries, write, &local, remote.seg,
+					  x->notify_id, &msg, t0, &moved);
 		if (r == 1) {	/* in flight: the stream threads complete it */
-			seg_put(remote.seg);
+			kv_seg_put(remote.seg);
 			free(e);
 			free(p);
 			return;
@@ -279,9 +279,9 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 			why = "transfer to another kcolld failed";
 		goto out;
 	}
-	r = side_resolve(&local);
+	r = kv_side_resolve(&local);
 	if (!r)
-		r = side_resolve(&remote);
+		r = kv_side_resolve(&remote);
 	if (r) {
 		why = "a segment was unregistered";
 		goto out;
@@ -295,9 +295,9 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 	if (x->notify_id != KCOLL_NOTIFY_NONE || msg.len) {
 		/* Under the reader lock: the counters cannot be unmapped below us,
 		 * and a segment unregistered meanwhile gets no late increment. */
-		if (lock_sides(&remote, &remote) == 0) {
-			r = notif_deliver(remote.seg, msg.sender, x->notify_id, msg.data, msg.len);
-			unlock_sides(&remote, &remote);
+		if (kv_lock_sides(&remote, &remote) == 0) {
+			r = kv_notif_deliver(remote.seg, msg.sender, x->notify_id, msg.data, msg.len);
+			kv_unlock_sides(&remote, &remote);
 			if (r)
 				why = r == -ENOBUFS ? "the owner's notification queue is full" :
 				      "the remote segment was unregistered before the notify";
@@ -310,13 +310,13 @@ out:
 	kd_buf_release(&local.buf);
 	kd_buf_release(&remote.buf);
 	if (local.seg)
-		seg_put(local.seg);
+		kv_seg_put(local.seg);
 	if (remote.seg)
-		seg_put(remote.seg);
+		kv_seg_put(remote.seg);
 	free(e);
 	free(p);
-	atomic_fetch_add(r ? &kv.xfers_failed : &kv.xfers_ok, 1);
-	atomic_fetch_add(&kv.bytes, moved);
+	atomic_fetch_add(r ? &kv_state.xfers_failed : &kv_state.xfers_ok, 1);
+	atomic_fetch_add(&kv_state.bytes, moved);
 	kd_metrics_kv(write, r, moved, kd_now_ns() - t0);
 	if (r)
 		kc_dbg("client %u (pid %d): transfer failed: %s (%s)", c->id, c->pid,

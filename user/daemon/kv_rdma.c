@@ -9,9 +9,10 @@
  *                         rkey handed to one peer for one segment reaches
  *                         nothing else
  *   the initiator's path  a batch as WRITEs/READs over an import's
- *                         connection (kv_send.c's run_remote picks it), set
+ *                         connection (kv_send.c's kv_run_remote picks it), set
  *                         up over the import's first TCP stream
- *   the owner's session   serve_rdma, asked for on a stream kv_serve.c serves
+ *   the owner's session   kv_serve_rdma, asked for on a stream that
+ *                         kv_serve.c serves
  *
  * The TCP frames both sides fall back to are kv_send.c's and kv_serve.c's.
  */
@@ -302,7 +303,7 @@ int kv_rdma_wc_err(const struct ibv_wc *wc)
 #define KV_RDMA_CHUNK		(4u << 20)	/* one work request at most */
 #define KV_RDMA_INFLIGHT	128
 
-void rdma_drop(struct kv_remote *rm)
+void kv_rdma_drop(struct kv_remote *rm)
 {
 	kv_rdma_destroy(rm->rd);
 	rm->rd = NULL;
@@ -326,7 +327,7 @@ static void rdma_refuse(struct kv_remote *rm, bool loud, const char *why)
  * Make rm's RDMA connection ready for a batch from local (held, mapped).
  * 0: use it; 1: use TCP (the streams are open); < 0: the streams broke.
  */
-int rdma_ready(struct kv_remote *rm, struct kv_side *local)
+int kv_rdma_ready(struct kv_remote *rm, struct kv_side *local)
 {
 	struct kv_req rq = { .op = KV_OP_RDMA, .tag = UINT32_MAX - 1 };
 	struct kv_rdma_hello me, peer;
@@ -342,17 +343,17 @@ int rdma_ready(struct kv_remote *rm, struct kv_side *local)
 		 * (the old region is deregistered before its mapping goes). */
 		struct kd_buf nb = { 0 };
 
-		if (lock_sides(local, local))
+		if (kv_lock_sides(local, local))
 			return -EIDRM;
 		kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &nb);
-		unlock_sides(local, local);
+		kv_unlock_sides(local, local);
 		r = nb.direct ? kv_rdma_set_mr(rm->rd, nb.direct, local->seg->size) : -EIDRM;
 		kd_buf_release(&rm->rd_buf);
 		rm->rd_buf = nb;
 		if (r) {
 			/* The owner's side is in RDMA mode on fd[0]: start afresh. */
-			rdma_drop(rm);
-			remote_close_streams(rm);
+			kv_rdma_drop(rm);
+			kv_remote_close_streams(rm);
 			return r;
 		}
 		rm->rd_seg = local->seg->id;
@@ -364,10 +365,10 @@ int rdma_ready(struct kv_remote *rm, struct kv_side *local)
 		rdma_refuse(rm, loud, why);
 		return 1;
 	}
-	if (lock_sides(local, local))
+	if (kv_lock_sides(local, local))
 		return -EIDRM;
 	kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &rm->rd_buf);
-	unlock_sides(local, local);
+	kv_unlock_sides(local, local);
 	if (!rm->rd_buf.direct) {
 		kd_buf_release(&rm->rd_buf);
 		return 1;
@@ -381,23 +382,23 @@ int rdma_ready(struct kv_remote *rm, struct kv_side *local)
 	kv_rdma_hello_fill(rm->rd, &me);
 	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ,
 				   .len = sizeof(rq) + sizeof(me) };
-	r = io_full(rm->fd[0], &rq, sizeof(rq), true);
+	r = kv_io_full(rm->fd[0], &rq, sizeof(rq), true);
 	if (!r)
-		r = io_full(rm->fd[0], &me, sizeof(me), true);
+		r = kv_io_full(rm->fd[0], &me, sizeof(me), true);
 	if (!r)
-		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
+		r = kv_io_full(rm->fd[0], &rs, sizeof(rs), false);
 	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
 		   rs.hdr.len != sizeof(rs) + sizeof(peer) || rs.tag != rq.tag))
 		r = rs.status < 0 ? rs.status : -EPROTO;
 	if (!r)
-		r = io_full(rm->fd[0], &peer, sizeof(peer), false);
+		r = kv_io_full(rm->fd[0], &peer, sizeof(peer), false);
 	if (r) {
-		rdma_drop(rm);
+		kv_rdma_drop(rm);
 		return r;
 	}
 	peer.why[sizeof(peer.why) - 1] = 0;
 	if (rs.status) {
-		rdma_drop(rm);
+		kv_rdma_drop(rm);
 		if (rs.status == -EIDRM)
 			return -EIDRM;
 		rdma_refuse(rm, loud, peer.why);
@@ -405,10 +406,10 @@ int rdma_ready(struct kv_remote *rm, struct kv_side *local)
 	}
 	r = kv_rdma_connect(rm->rd, &peer, 0, why, sizeof(why));
 	if (r) {
-		rdma_drop(rm);
-		remote_close_streams(rm);	/* the owner's side is in RDMA mode */
+		kv_rdma_drop(rm);
+		kv_remote_close_streams(rm);	/* the owner's side is in RDMA mode */
 		rdma_refuse(rm, loud, why);
-		r = remote_connect(rm);
+		r = kv_remote_connect(rm);
 		return r ? r : 1;
 	}
 	rm->peer = peer;
@@ -461,13 +462,13 @@ static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *
 		return 0;
 	}
 	if (pf[1].revents)
-		return last_word(rm->fd[0], -ECONNRESET);
+		return kv_last_word(rm->fd[0], -ECONNRESET);
 	return 0;
 }
 
-int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
-	     struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
-	     const struct kv_msgout *msg, uint64_t *moved)
+int kv_run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
+		struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
+		const struct kv_msgout *msg, uint64_t *moved)
 {
 	struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
 	uint64_t off = 0, bytes = 0;
@@ -479,8 +480,8 @@ int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool wri
 	int r;
 
 	/* seg_kill of the local segment shuts fd[0] down: rdma_wait wakes. */
-	conn_link(local->seg, &node);
-	r = lock_sides(local, local);
+	kv_conn_link(local->seg, &node);
+	r = kv_lock_sides(local, local);
 	locked = !r;
 	while (!r && (i < n || inflight || !notified)) {
 		struct ibv_wc wc[32];
@@ -550,14 +551,14 @@ int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool wri
 		}
 	}
 	if (locked)
-		unlock_sides(local, local);
-	conn_unlink(local->seg, &node);
+		kv_unlock_sides(local, local);
+	kv_conn_unlink(local->seg, &node);
 	*moved += bytes;
-	atomic_fetch_add(&kv.rdma_bytes, bytes);
+	atomic_fetch_add(&kv_state.rdma_bytes, bytes);
 	if (r && (r == -EACCES || r == -EHOSTUNREACH || r == -ECONNRESET || r == -EIO)) {
 		char c;
 
-		r = atomic_load(&local->seg->dead) ? -EIDRM : last_word(rm->fd[0], r);
+		r = atomic_load(&local->seg->dead) ? -EIDRM : kv_last_word(rm->fd[0], r);
 		/* The owner's device refused the rkey and its kcolld closed the
 		 * stream without a word: it died (not a wrong token). */
 		if (r == -EACCES && recv(rm->fd[0], &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
@@ -566,12 +567,12 @@ int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool wri
 	if (!r && msg->len) {
 		int ans;
 
-		r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
+		r = kv_final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
 		r = r ? r : ans;
 	} else if (!r && notify_id != KCOLL_NOTIFY_NONE) {
 		struct kv_resp rs;
 
-		r = io_full(rm->fd[0], &rs, sizeof(rs), false);
+		r = kv_io_full(rm->fd[0], &rs, sizeof(rs), false);
 		if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
 			   rs.hdr.len != sizeof(rs) || (rs.tag != UINT32_MAX && !rs.status)))
 			r = -EPROTO;
@@ -594,7 +595,7 @@ int run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool wri
  * the region (the rkey is dead), and only then lets seg_kill return.
  * 0: refused (answered; the stream goes on over TCP); 1: session over.
  */
-int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t tag)
+int kv_serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t tag)
 {
 	struct kd_seg *s = cn->seg;
 	struct kv_side side = { .seg = s };
@@ -607,7 +608,7 @@ int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t ta
 
 	if (!kv_rdma_wanted(me.why, sizeof(me.why), &loud)) {
 		status = -EOPNOTSUPP;
-	} else if (lock_sides(&side, &side)) {
+	} else if (kv_lock_sides(&side, &side)) {
 		status = -EIDRM;
 		snprintf(me.why, sizeof(me.why), "the segment was unregistered");
 	} else {
@@ -628,15 +629,16 @@ int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t ta
 		kv_rdma_destroy(k);
 		kd_buf_release(&side.buf);
 		if (locked)
-			unlock_sides(&side, &side);
+			kv_unlock_sides(&side, &side);
 		kc_dbg("kv: segment %u: rdma refused to a peer: %s", s->id, me.why);
 		rs.status = status;
-		return io_full(cn->fd, &rs, sizeof(rs), true) || io_full(cn->fd, &me, sizeof(me), true);
+		return kv_io_full(cn->fd, &rs, sizeof(rs), true) ||
+		       kv_io_full(cn->fd, &me, sizeof(me), true);
 	}
 	kv_rdma_hello_fill(k, &me);
-	atomic_fetch_add(&kv.rdma_sessions, 1);
+	atomic_fetch_add(&kv_state.rdma_sessions, 1);
 	setsockopt(cn->fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-	if (io_full(cn->fd, &rs, sizeof(rs), true) || io_full(cn->fd, &me, sizeof(me), true))
+	if (kv_io_full(cn->fd, &rs, sizeof(rs), true) || kv_io_full(cn->fd, &me, sizeof(me), true))
 		goto out;
 	for (;;) {
 		struct ibv_wc wc[16];
@@ -661,7 +663,8 @@ int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t ta
 				__atomic_fetch_add(&s->counters[id], 1, __ATOMIC_SEQ_CST);
 				kcoll_futex_wake(&s->counters[id], INT_MAX);
 			}
-			if (kv_rdma_post_recv(k, wc[i].wr_id) || io_full(cn->fd, &nr, sizeof(nr), true))
+			if (kv_rdma_post_recv(k, wc[i].wr_id) ||
+			    kv_io_full(cn->fd, &nr, sizeof(nr), true))
 				goto out;
 		}
 		if (got)
@@ -683,16 +686,16 @@ int serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t ta
 		if (pf[0].revents) {
 			struct kv_req rq;
 
-			if (!(pf[0].revents & POLLIN) || io_full(cn->fd, &rq, sizeof(rq), false) ||
+			if (!(pf[0].revents & POLLIN) || kv_io_full(cn->fd, &rq, sizeof(rq), false) ||
 			    rq.hdr.magic != KD_PEER_MAGIC || rq.hdr.type != KD_P_KV_REQ ||
-			    rq.op != KV_OP_MSG || serve_msg(cn, &rq, true))
+			    rq.op != KV_OP_MSG || kv_serve_msg(cn, &rq, true))
 				goto out;
 		}
 	}
 out:
 	kv_rdma_revoke(k);	/* the rkey is dead before the lock is released */
 	kd_buf_release(&side.buf);
-	unlock_sides(&side, &side);
+	kv_unlock_sides(&side, &side);
 	if (atomic_load(&s->dead)) {
 		rs = (struct kv_resp){ .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
 					       .len = sizeof(rs) }, .status = -EIDRM, .tag = UINT64_MAX };

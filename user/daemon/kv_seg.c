@@ -13,15 +13,15 @@
  * the importer's uid; another kcolld's descriptor becomes a remote import
  * (kv_send.c), its token checked there on the first transfer.
  *
- * Every copy round holds the segments' rwlocks as a reader (lock_sides);
+ * Every copy round holds the segments' rwlocks as a reader (kv_lock_sides);
  * unregistering takes the writer side after marking the segment dead, so
  * once SEG_UNREG (or the owner's death) returns no transfer touches that
  * memory again, and the initiator's request fails with -EIDRM. The batch
- * files reach a segment's memory through side_resolve (mapped) or its
- * owner's pid (vm_err says why a process_vm_* call fell short).
+ * files reach a segment's memory through kv_side_resolve (mapped) or its
+ * owner's pid (kv_vm_err says why a process_vm_* call fell short).
  *
- * Lock order: kv.lock (table) is never held while taking a segment rwlock;
- * client->lock guards client->kv (the import table).
+ * Lock order: kv_state.lock (table) is never held while taking a segment
+ * rwlock; client->lock guards client->kv (the import table).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -41,14 +41,14 @@
 
 #define KV_MAX_SEGS		65536	/* per daemon */
 
-struct kv_state kv = { .lock = PTHREAD_MUTEX_INITIALIZER, .next_id = 1 };
+struct kv_state kv_state = { .lock = PTHREAD_MUTEX_INITIALIZER, .next_id = 1 };
 
-void seg_put(struct kd_seg *s)
+void kv_seg_put(struct kd_seg *s)
 {
 	if (atomic_fetch_sub(&s->refs, 1) != 1)
 		return;
 	if (s->rm)
-		remote_free(s->rm);
+		kv_remote_free(s->rm);
 	if (s->counters) {
 		kv_notifq_destroy(&s->notifs);
 		munmap(s->counters, s->counters_len);
@@ -74,7 +74,7 @@ static void seg_kill(struct kd_seg *s)
 }
 
 /* seg_kill shuts cn down while it is in s's conns. */
-void conn_link(struct kd_seg *s, struct kv_conn *cn)
+void kv_conn_link(struct kd_seg *s, struct kv_conn *cn)
 {
 	pthread_mutex_lock(&s->conns_lock);
 	cn->next = s->conns;
@@ -82,7 +82,7 @@ void conn_link(struct kd_seg *s, struct kv_conn *cn)
 	pthread_mutex_unlock(&s->conns_lock);
 }
 
-void conn_unlink(struct kd_seg *s, struct kv_conn *cn)
+void kv_conn_unlink(struct kd_seg *s, struct kv_conn *cn)
 {
 	pthread_mutex_lock(&s->conns_lock);
 	for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
@@ -180,18 +180,18 @@ static int seg_register(struct kd_client *c, const struct kcoll_msg_seg_reg *m,
 		*why = "cannot create the notify counters";
 		goto err_lock;
 	}
-	pthread_mutex_lock(&kv.lock);
-	if (kv.nsegs >= KV_MAX_SEGS || kv.next_id == UINT32_MAX) {
-		pthread_mutex_unlock(&kv.lock);
+	pthread_mutex_lock(&kv_state.lock);
+	if (kv_state.nsegs >= KV_MAX_SEGS || kv_state.next_id == UINT32_MAX) {
+		pthread_mutex_unlock(&kv_state.lock);
 		*why = "too many segments in this kcolld";
 		r = -ENOSPC;
 		goto err_counters;
 	}
-	s->id = kv.next_id++;
-	s->next = kv.segs;
-	kv.segs = s;
-	kv.nsegs++;
-	pthread_mutex_unlock(&kv.lock);
+	s->id = kv_state.next_id++;
+	s->next = kv_state.segs;
+	kv_state.segs = s;
+	kv_state.nsegs++;
+	pthread_mutex_unlock(&kv_state.lock);
 	fill_wire(s, &rep->desc);
 	return 0;
 
@@ -215,16 +215,16 @@ static struct kd_seg *seg_unlink(struct kd_client *c, uint32_t id)
 {
 	struct kd_seg **pp, *s = NULL;
 
-	pthread_mutex_lock(&kv.lock);
-	for (pp = &kv.segs; *pp; pp = &(*pp)->next) {
+	pthread_mutex_lock(&kv_state.lock);
+	for (pp = &kv_state.segs; *pp; pp = &(*pp)->next) {
 		if ((*pp)->id == id && (!c || (*pp)->owner == c)) {
 			s = *pp;
 			*pp = s->next;
-			kv.nsegs--;
+			kv_state.nsegs--;
 			break;
 		}
 	}
-	pthread_mutex_unlock(&kv.lock);
+	pthread_mutex_unlock(&kv_state.lock);
 	return s;
 }
 
@@ -235,26 +235,26 @@ static int seg_unregister(struct kd_client *c, uint32_t id)
 	if (!s)
 		return -ENOENT;
 	seg_kill(s);
-	seg_put(s);
+	kv_seg_put(s);
 	return 0;
 }
 
 /* A live segment by id, referenced. */
-struct kd_seg *seg_find(uint32_t id)
+struct kd_seg *kv_seg_find(uint32_t id)
 {
 	struct kd_seg *s;
 
-	pthread_mutex_lock(&kv.lock);
-	for (s = kv.segs; s; s = s->next)
+	pthread_mutex_lock(&kv_state.lock);
+	for (s = kv_state.segs; s; s = s->next)
 		if (s->id == id)
 			break;
 	if (s)
 		atomic_fetch_add(&s->refs, 1);
-	pthread_mutex_unlock(&kv.lock);
+	pthread_mutex_unlock(&kv_state.lock);
 	return s;
 }
 
-int token_eq(const uint8_t *a, const uint8_t *b)
+int kv_token_eq(const uint8_t *a, const uint8_t *b)
 {
 	uint8_t d = 0;
 
@@ -283,7 +283,7 @@ static int seg_import(struct kd_client *c, const struct kcoll_seg_wire *w,
 	if (w->nonce != me.nonce) {
 		/* Another kcolld's: its token is checked there, on the first
 		 * transfer (connecting now would stall this control thread). */
-		r = remote_import(w, &s);
+		r = kv_remote_import(w, &s);
 		if (r) {
 			*why = r == -EREMOTE ? "the descriptor names no reachable address "
 					       "(another kcolld without a listener)" : "out of memory";
@@ -291,16 +291,16 @@ static int seg_import(struct kd_client *c, const struct kcoll_seg_wire *w,
 		}
 		goto add;
 	}
-	pthread_mutex_lock(&kv.lock);
-	next = kv.next_id;
-	pthread_mutex_unlock(&kv.lock);
-	s = seg_find(w->seg_id);
+	pthread_mutex_lock(&kv_state.lock);
+	next = kv_state.next_id;
+	pthread_mutex_unlock(&kv_state.lock);
+	s = kv_seg_find(w->seg_id);
 	if (!s) {
 		*why = w->seg_id && w->seg_id < next ?
 			"the segment was unregistered (the descriptor expired)" : "no such segment";
 		return w->seg_id && w->seg_id < next ? -EIDRM : -ENOENT;
 	}
-	if (!token_eq(s->token, w->token)) {
+	if (!kv_token_eq(s->token, w->token)) {
 		*why = "wrong access token for this segment";
 		r = -EACCES;
 		goto err_put;
@@ -319,7 +319,7 @@ add:
 		if (!c->kv->imports[i]) {
 			c->kv->imports[i] = s;
 			c->kv->sender[i] = (uint64_t)(uint32_t)me.nonce << 32 |
-					   (atomic_fetch_add(&kv.next_sender, 1) + 1);
+					   (atomic_fetch_add(&kv_state.next_sender, 1) + 1);
 			rep->handle = i + 1;
 			r = 0;
 			break;
@@ -335,7 +335,7 @@ add:
 	return 0;
 
 err_put:
-	seg_put(s);
+	kv_seg_put(s);
 	return r;
 }
 
@@ -351,7 +351,7 @@ static int seg_close(struct kd_client *c, uint32_t handle)
 	pthread_mutex_unlock(&c->lock);
 	if (!s)
 		return -ENOENT;
-	seg_put(s);
+	kv_seg_put(s);
 	return 0;
 }
 
@@ -359,22 +359,22 @@ static int seg_close(struct kd_client *c, uint32_t handle)
 static int seg_notifs(struct kd_client *c, const struct kcoll_msg_seg_notifs *m,
 		      struct kcoll_msg_seg_notifs_reply *rep, size_t *reply_len, const char **why)
 {
-	struct kd_seg *s = seg_find(m->id);
+	struct kd_seg *s = kv_seg_find(m->id);
 
 	if (!s || s->owner != c) {
 		*why = "not a segment this client registered";
 		if (s)
-			seg_put(s);
+			kv_seg_put(s);
 		return -ENOENT;
 	}
 	if (!m->max || m->max > KCOLL_SEG_NOTIFS_PER_MSG) {
-		seg_put(s);
+		kv_seg_put(s);
 		*why = "max must be 1..KCOLL_SEG_NOTIFS_PER_MSG";
 		return -EINVAL;
 	}
 	rep->nr = kv_notifq_take(&s->notifs, rep->rec, m->max, &rep->left);
 	*reply_len += (size_t)rep->nr * sizeof(rep->rec[0]);
-	seg_put(s);
+	kv_seg_put(s);
 	return 0;
 }
 
@@ -383,8 +383,8 @@ static int seg_notifs(struct kd_client *c, const struct kcoll_msg_seg_notifs *m,
  * segment s, under its reader lock: -EIDRM dead, -EINVAL no such counter,
  * -ENOBUFS its queue is full (then the counter is not bumped either).
  */
-int notif_deliver(struct kd_seg *s, uint64_t sender, uint32_t notify_id,
-		  const uint8_t *data, uint32_t len)
+int kv_notif_deliver(struct kd_seg *s, uint64_t sender, uint32_t notify_id,
+		     const uint8_t *data, uint32_t len)
 {
 	int r = 0;
 
@@ -396,7 +396,7 @@ int notif_deliver(struct kd_seg *s, uint64_t sender, uint32_t notify_id,
 		r = kv_notifq_post(&s->notifs, sender, notify_id, data, len);
 		if (r)
 			return r;
-		atomic_fetch_add(&kv.notifs, 1);
+		atomic_fetch_add(&kv_state.notifs, 1);
 	}
 	if (notify_id != KCOLL_NOTIFY_NONE) {
 		__atomic_fetch_add(&s->counters[notify_id], 1, __ATOMIC_SEQ_CST);
@@ -471,35 +471,35 @@ void kd_kv_client_gone(struct kd_client *c)
 	struct kd_seg **pp, *s, *dead = NULL;
 
 	/* Its segments first: transfers into them stop before it is freed. */
-	pthread_mutex_lock(&kv.lock);
-	for (pp = &kv.segs; *pp;) {
+	pthread_mutex_lock(&kv_state.lock);
+	for (pp = &kv_state.segs; *pp;) {
 		s = *pp;
 		if (s->owner == c) {
 			*pp = s->next;
-			kv.nsegs--;
+			kv_state.nsegs--;
 			s->next = dead;
 			dead = s;
 		} else {
 			pp = &s->next;
 		}
 	}
-	pthread_mutex_unlock(&kv.lock);
+	pthread_mutex_unlock(&kv_state.lock);
 	while (dead) {
 		s = dead;
 		dead = s->next;
 		seg_kill(s);
-		seg_put(s);
+		kv_seg_put(s);
 	}
 	if (!c->kv)
 		return;
 	for (uint32_t i = 0; i < KV_MAX_IMPORTS; i++)
 		if (c->kv->imports[i])
-			seg_put(c->kv->imports[i]);
+			kv_seg_put(c->kv->imports[i]);
 	free(c->kv);
 	c->kv = NULL;
 }
 
-int vm_err(ssize_t got, size_t want)
+int kv_vm_err(ssize_t got, size_t want)
 {
 	if (got == (ssize_t)want)
 		return 0;
@@ -509,7 +509,7 @@ int vm_err(ssize_t got, size_t want)
 }
 
 /* Copy pieces [0, n) (at most KV_ROUND_* of them) from src to dst. */
-int lock_sides(struct kv_side *a, struct kv_side *b)
+int kv_lock_sides(struct kv_side *a, struct kv_side *b)
 {
 	pthread_rwlock_rdlock(&a->seg->lock);
 	if (b->seg != a->seg)
@@ -523,7 +523,7 @@ int lock_sides(struct kv_side *a, struct kv_side *b)
 	return 0;
 }
 
-void unlock_sides(struct kv_side *a, struct kv_side *b)
+void kv_unlock_sides(struct kv_side *a, struct kv_side *b)
 {
 	if (b->seg != a->seg)
 		pthread_rwlock_unlock(&b->seg->lock);
@@ -531,14 +531,14 @@ void unlock_sides(struct kv_side *a, struct kv_side *b)
 }
 
 /* Resolve a segment's memory in its owner: mapped (zero copy) or by pid. */
-int side_resolve(struct kv_side *s)
+int kv_side_resolve(struct kv_side *s)
 {
-	int r = lock_sides(s, s);
+	int r = kv_lock_sides(s, s);
 
 	if (r)
 		return r;
 	kd_buf_resolve(s->seg->owner, s->seg->addr, s->seg->size, &s->buf);
-	unlock_sides(s, s);
+	kv_unlock_sides(s, s);
 	return 0;
 }
 
@@ -547,21 +547,22 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
 	uint32_t nsegs;
 	int n;
 
-	pthread_mutex_lock(&kv.lock);
-	nsegs = kv.nsegs;
-	pthread_mutex_unlock(&kv.lock);
+	pthread_mutex_lock(&kv_state.lock);
+	nsegs = kv_state.nsegs;
+	pthread_mutex_unlock(&kv_state.lock);
 	if (json)
 		n = snprintf(buf, cap, "\"kv\":{\"segments\":%u,\"xfers_ok\":%lu,\"xfers_failed\":%lu,"
 			     "\"bytes\":%lu,\"rdma_bytes\":%lu,\"rdma_sessions\":%lu,\"notifs\":%lu,"
 			     "\"notif_bytes_queued\":%lu}", nsegs,
-			     atomic_load(&kv.xfers_ok), atomic_load(&kv.xfers_failed), atomic_load(&kv.bytes),
-			     atomic_load(&kv.rdma_bytes), atomic_load(&kv.rdma_sessions),
-			     atomic_load(&kv.notifs), (unsigned long)kv_notif_bytes());
+			     atomic_load(&kv_state.xfers_ok), atomic_load(&kv_state.xfers_failed),
+			     atomic_load(&kv_state.bytes),
+			     atomic_load(&kv_state.rdma_bytes), atomic_load(&kv_state.rdma_sessions),
+			     atomic_load(&kv_state.notifs), (unsigned long)kv_notif_bytes());
 	else
 		n = snprintf(buf, cap, "kv: %u segments, %lu transfers ok, %lu failed, %lu bytes "
 			     "(%lu sent over rdma, %lu rdma sessions served)\n",
-			     nsegs, atomic_load(&kv.xfers_ok), atomic_load(&kv.xfers_failed),
-			     atomic_load(&kv.bytes), atomic_load(&kv.rdma_bytes),
-			     atomic_load(&kv.rdma_sessions));
+			     nsegs, atomic_load(&kv_state.xfers_ok), atomic_load(&kv_state.xfers_failed),
+			     atomic_load(&kv_state.bytes), atomic_load(&kv_state.rdma_bytes),
+			     atomic_load(&kv_state.rdma_sessions));
 	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
 }

@@ -23,7 +23,7 @@
  * segment is not mapped); unregistering shuts the connections down rather
  * than wait for a slow peer.
  * Another transport (RDMA, kv_rdma.c) replaces the frame exchange of
- * frame_xchg() and the connection set of remote_connect(); the batch logic
+ * frame_xchg() and the connection set of kv_remote_connect(); the batch logic
  * stays.
  */
 #include <errno.h>
@@ -53,7 +53,7 @@ struct kv_stream;
 
 struct kv_batch;
 
-int io_full(int fd, void *buf, size_t n, bool out)
+int kv_io_full(int fd, void *buf, size_t n, bool out)
 {
 	uint8_t *p = buf;
 
@@ -70,7 +70,7 @@ int io_full(int fd, void *buf, size_t n, bool out)
 	return 0;
 }
 
-void sock_timeouts(int fd, int64_t ns)
+void kv_sock_timeouts(int fd, int64_t ns)
 {
 	struct timeval tv = { .tv_sec = ns / 1000000000, .tv_usec = ns % 1000000000 / 1000 };
 
@@ -78,7 +78,7 @@ void sock_timeouts(int fd, int64_t ns)
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
+int kv_remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 {
 	struct kd_seg *s;
 	struct kv_remote *rm;
@@ -111,7 +111,7 @@ int remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 	return 0;
 }
 
-void remote_close_streams(struct kv_remote *rm)
+void kv_remote_close_streams(struct kv_remote *rm)
 {
 	for (int i = 0; i < KV_MAX_STREAMS; i++) {
 		if (rm->fd[i] >= 0)
@@ -120,7 +120,7 @@ void remote_close_streams(struct kv_remote *rm)
 	}
 }
 
-void remote_free(struct kv_remote *rm)
+void kv_remote_free(struct kv_remote *rm)
 {
 	pthread_mutex_lock(&rm->wlock);
 	while (rm->nq)	/* the batches in flight end first (their clients may be gone) */
@@ -134,8 +134,8 @@ void remote_free(struct kv_remote *rm)
 		free(rm->fe[i]);
 		free(rm->iov[i]);
 	}
-	rdma_drop(rm);
-	remote_close_streams(rm);
+	kv_rdma_drop(rm);
+	kv_remote_close_streams(rm);
 	pthread_cond_destroy(&rm->go);
 	pthread_cond_destroy(&rm->space);
 	pthread_mutex_destroy(&rm->wlock);
@@ -152,7 +152,7 @@ static bool fd_idle(int fd)
 }
 
 /* Open the streams that are not open; the owner's verdict on the token. */
-int remote_connect(struct kv_remote *rm)
+int kv_remote_connect(struct kv_remote *rm)
 {
 	struct kd_p_hostinfo me;
 
@@ -176,7 +176,7 @@ int remote_connect(struct kv_remote *rm)
 		fd = kd_net_connect(rm->w.addrs[i % rm->w.naddrs], rm->w.port);
 		if (fd < 0)
 			return fd == -ETIMEDOUT ? -EHOSTUNREACH : fd;
-		sock_timeouts(fd, kd.timeout_ns);
+		kv_sock_timeouts(fd, kd.timeout_ns);
 		h.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_HELLO, .len = sizeof(h) };
 		h.version = KD_PEER_VERSION;
 		h.kind = KD_CONN_KV;
@@ -184,16 +184,16 @@ int remote_connect(struct kv_remote *rm)
 		h.from_host = rm->w.seg_id;
 		h.stream = i;
 		h.nonce = me.nonce;
-		r = io_full(fd, &h, sizeof(h), true);
+		r = kv_io_full(fd, &h, sizeof(h), true);
 		if (!r)
-			r = io_full(fd, &ack, sizeof(ack.hdr), false);
+			r = kv_io_full(fd, &ack, sizeof(ack.hdr), false);
 		/* A REJECT (older peer, bad version) is longer than an ACK: its
 		 * header says so; either way the connection is over. */
 		if (!r && (ack.hdr.magic != KD_PEER_MAGIC || ack.hdr.type != KD_P_KV_ACK ||
 			   ack.hdr.len != sizeof(ack)))
 			r = -EPROTO;
 		if (!r)
-			r = io_full(fd, &ack.status, sizeof(ack) - sizeof(ack.hdr), false);
+			r = kv_io_full(fd, &ack.status, sizeof(ack) - sizeof(ack.hdr), false);
 		if (!r)
 			r = ack.status > 0 ? -EPROTO : ack.status;
 		if (r) {
@@ -225,7 +225,7 @@ struct kv_stream {
 	struct kv_fent *fe;		/* KV_FRAME_ENTRIES: a frame's entries */
 };
 
-/* A batch handed to the stream threads (run_remote), until its last answer. */
+/* A batch handed to the stream threads (kv_run_remote), until its last answer. */
 struct kv_batch {
 	struct kd_client *c;		/* held */
 	uint64_t user_data;
@@ -254,7 +254,7 @@ static int local_io(struct kv_stream *st, const struct kv_frame *f, uint8_t *buf
 	struct kv_side *l = st->local;
 	struct iovec liov[KV_ROUND_IOVS], riov[KV_ROUND_IOVS];
 	uint64_t at = 0;
-	int r = lock_sides(l, l);
+	int r = kv_lock_sides(l, l);
 
 	if (r)
 		return r;
@@ -280,16 +280,16 @@ static int local_io(struct kv_stream *st, const struct kv_frame *f, uint8_t *buf
 		if (l->buf.direct)
 			continue;
 		liov[0] = (struct iovec){ buf + at - bytes, bytes };
-		r = vm_err(st->write ? process_vm_readv(l->seg->pid, liov, 1, riov, k, 0) :
-			   process_vm_writev(l->seg->pid, liov, 1, riov, k, 0), bytes);
+		r = kv_vm_err(st->write ? process_vm_readv(l->seg->pid, liov, 1, riov, k, 0) :
+			      process_vm_writev(l->seg->pid, liov, 1, riov, k, 0), bytes);
 	}
-	unlock_sides(l, l);
+	kv_unlock_sides(l, l);
 	return r;
 }
 
 /* kcoll_io_iovs with MSG_MORE: 0, -ETIMEDOUT (the socket's timeout) or
  * -ECONNRESET. */
-int io_iovs(int fd, struct iovec *iov, size_t n, bool out)
+int kv_io_iovs(int fd, struct iovec *iov, size_t n, bool out)
 {
 	int r = kcoll_io_iovs(fd, iov, n, out, true);
 
@@ -303,7 +303,7 @@ static int frame_send_mapped(struct kv_stream *st, const struct kv_frame *f, str
 {
 	struct kv_side *l = st->local;
 	size_t n = 2;
-	int r = lock_sides(l, l);
+	int r = kv_lock_sides(l, l);
 
 	if (r)
 		return r;
@@ -314,8 +314,8 @@ static int frame_send_mapped(struct kv_stream *st, const struct kv_frame *f, str
 
 		st->iov[n++] = (struct iovec){ l->buf.direct + p->src, p->len };
 	}
-	r = io_iovs(st->fd, st->iov, n, true);
-	unlock_sides(l, l);
+	r = kv_io_iovs(st->fd, st->iov, n, true);
+	kv_unlock_sides(l, l);
 	return r;
 }
 
@@ -371,7 +371,7 @@ static int frame_send(struct kv_stream *st, uint32_t fi, uint8_t *buf, struct kv
 static int frame_recv_mapped(struct kv_stream *st, const struct kv_frame *f)
 {
 	struct kv_side *l = st->local;
-	int r = lock_sides(l, l);
+	int r = kv_lock_sides(l, l);
 
 	if (r)
 		return r;
@@ -380,8 +380,8 @@ static int frame_recv_mapped(struct kv_stream *st, const struct kv_frame *f)
 
 		st->iov[i] = (struct iovec){ l->buf.direct + p->dst, p->len };
 	}
-	r = io_iovs(st->fd, st->iov, f->n, false);
-	unlock_sides(l, l);
+	r = kv_io_iovs(st->fd, st->iov, f->n, false);
+	kv_unlock_sides(l, l);
 	return r;
 }
 
@@ -389,7 +389,7 @@ static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 {
 	const struct kv_frame *f = &st->frames[fi];
 	struct kv_resp rs;
-	int r = io_full(st->fd, &rs, sizeof(rs), false);
+	int r = kv_io_full(st->fd, &rs, sizeof(rs), false);
 
 	if (r)
 		return r;
@@ -402,7 +402,7 @@ static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 	if (!st->write && st->local->buf.direct) {
 		r = frame_recv_mapped(st, f);
 	} else if (!st->write) {
-		r = io_full(st->fd, buf, f->bytes, false);
+		r = kv_io_full(st->fd, buf, f->bytes, false);
 		if (!r)
 			r = local_io(st, f, buf);
 	}
@@ -412,7 +412,7 @@ static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 }
 
 /* A stream broke: the owner may have said why first (-EIDRM, tag ~0). */
-int last_word(int fd, int err)
+int kv_last_word(int fd, int err)
 {
 	struct pollfd p = { .fd = fd, .events = POLLIN };
 	struct kv_resp rs;
@@ -450,7 +450,7 @@ static int stream_err(const struct kv_stream *st, int r)
 {
 	if (r != -ECONNRESET)
 		return r;
-	return atomic_load(&st->local->seg->dead) ? -EIDRM : last_word(st->fd, r);
+	return atomic_load(&st->local->seg->dead) ? -EIDRM : kv_last_word(st->fd, r);
 }
 
 static int notify_send(int fd, uint32_t id, uint64_t tag)
@@ -458,13 +458,13 @@ static int notify_send(int fd, uint32_t id, uint64_t tag)
 	struct kv_req rq = { .op = KV_OP_NOTIFY, .notify_id = id, .tag = tag };
 
 	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = sizeof(rq) };
-	return io_full(fd, &rq, sizeof(rq), true);
+	return kv_io_full(fd, &rq, sizeof(rq), true);
 }
 
 static int notify_recv(int fd, uint64_t tag)
 {
 	struct kv_resp rs;
-	int r = io_full(fd, &rs, sizeof(rs), false);
+	int r = kv_io_full(fd, &rs, sizeof(rs), false);
 
 	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
 		   rs.hdr.len != sizeof(rs) || (rs.tag != tag && !rs.status)))
@@ -485,7 +485,7 @@ static bool has_final(uint32_t notify_id, const struct kv_msgout *m)
  * and the streams go on), or the stream's error. A NOTIFY's refusal is the
  * stream's error, as it always was.
  */
-int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans)
+int kv_final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans)
 {
 	struct kv_req rq = { .op = KV_OP_MSG, .notify_id = id, .tag = tag };
 	struct kv_msg km = { .sender = m->sender, .len = m->len };
@@ -503,7 +503,7 @@ int final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int
 				   .len = sizeof(rq) + sizeof(km) + m->len };
 	r = kcoll_io_iovs(fd, iov, 3, true, false);
 	if (!r)
-		r = io_full(fd, &rs, sizeof(rs), false);
+		r = kv_io_full(fd, &rs, sizeof(rs), false);
 	if (r)
 		return r;
 	if (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP || rs.hdr.len != sizeof(rs) ||
@@ -577,16 +577,16 @@ static void batch_end(struct kv_remote *rm, struct kv_batch *b)
 	struct kd_seg *ls = b->local.seg;
 
 	for (int s = 0; s < rm->nstreams; s++)
-		conn_unlink(ls, &b->node[s]);
-	atomic_fetch_add(b->err ? &kv.xfers_failed : &kv.xfers_ok, 1);
-	atomic_fetch_add(&kv.bytes, b->moved);
+		kv_conn_unlink(ls, &b->node[s]);
+	atomic_fetch_add(b->err ? &kv_state.xfers_failed : &kv_state.xfers_ok, 1);
+	atomic_fetch_add(&kv_state.bytes, b->moved);
 	kd_metrics_kv(b->write, b->err, b->moved, kd_now_ns() - b->t0);
 	if (b->err)
 		kc_dbg("client %u (pid %d): transfer failed: transfer to another kcolld failed (%s)",
 		       b->c->id, b->c->pid, strerror(-b->err));
 	kd_client_post(b->c, b->user_data, b->err, b->moved, KCOLL_RANK_NONE, 0);
 	kd_buf_release(&b->local.buf);
-	seg_put(ls);
+	kv_seg_put(ls);
 	kd_client_put(b->c);
 	batch_free(b);
 }
@@ -691,7 +691,7 @@ static void *stream_worker(void *arg)
 				batch_end(rm, b);
 			if (!notify)
 				break;
-			r = final_xchg(st.fd, b->notify_id, &b->msg, b->tag | KV_NOTIFY_FRAME, &ans);
+			r = kv_final_xchg(st.fd, b->notify_id, &b->msg, b->tag | KV_NOTIFY_FRAME, &ans);
 		}
 		r = stream_err(&st, r);
 		pthread_mutex_lock(&rm->wlock);
@@ -738,9 +738,9 @@ static int stream_threads(struct kv_remote *rm)
  * queue for the stream threads (1: the batch posts its own completion and
  * now holds local's segment and mapping).
  */
-int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
-	       bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
-	       const struct kv_msgout *msg, int64_t t0, uint64_t *moved)
+int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
+		  bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
+		  const struct kv_msgout *msg, int64_t t0, uint64_t *moved)
 {
 	struct kv_remote *rm = rs->rm;
 	struct kv_piece *sp = NULL;
@@ -800,7 +800,7 @@ int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p
 		pthread_cond_wait(&rm->space, &rm->wlock);
 	busy = rm->nq;
 	if (!busy && rm->broken) {
-		remote_close_streams(rm);	/* mid-frame state unknown: start afresh */
+		kv_remote_close_streams(rm);	/* mid-frame state unknown: start afresh */
 		rm->broken = 0;
 	}
 	pthread_mutex_unlock(&rm->wlock);
@@ -809,20 +809,20 @@ int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p
 			/* A batch from unmapped memory goes over TCP, and fd[0]
 			 * is in RDMA mode on the owner's side; or the owner
 			 * ended the session: start afresh either way. */
-			rdma_drop(rm);
-			remote_close_streams(rm);
+			kv_rdma_drop(rm);
+			kv_remote_close_streams(rm);
 		}
-		r = remote_connect(rm);
+		r = kv_remote_connect(rm);
 		if (!r && msg->len && !(rm->features & KV_ACK_F_MSG))
 			r = -EOPNOTSUPP;	/* an older kcolld: tell before any byte moves */
 		if (!r && local->buf.direct) {
-			r = rdma_ready(rm, local);
+			r = kv_rdma_ready(rm, local);
 			if (r == 0) {
-				r = run_rdma(c, p, n, write, local, rm, notify_id, msg, moved);
+				r = kv_run_rdma(c, p, n, write, local, rm, notify_id, msg, moved);
 				/* A full queue is the owner's answer: the session goes on. */
 				if (r && r != -ENOBUFS) {
-					rdma_drop(rm);
-					remote_close_streams(rm);
+					kv_rdma_drop(rm);
+					kv_remote_close_streams(rm);
 				}
 				goto out_unlock;
 			}
@@ -843,16 +843,16 @@ int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p
 				goto out_unlock;
 			st.iov = rm->iov[0];
 			st.fe = rm->fe[0];
-			conn_link(local->seg, &node);
+			kv_conn_link(local->seg, &node);
 			r = !nfr ? 0 : atomic_load(&c->stop) || atomic_load(&c->dead) ? -ECANCELED :
 			    stream_err(&st, frame_xchg(&st, 0, &buf));
-			conn_unlink(local->seg, &node);
+			kv_conn_unlink(local->seg, &node);
 			free(buf);
 			*moved += st.moved;
 			if (!r && has_final(notify_id, msg))
-				r = final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
+				r = kv_final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
 			if (r)
-				remote_close_streams(rm);	/* mid-frame state unknown */
+				kv_remote_close_streams(rm);	/* mid-frame state unknown */
 			r = r ? r : ans;
 			goto out_unlock;
 		}
@@ -875,7 +875,7 @@ int run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p
 	local->buf = (struct kd_buf){ 0 };
 	for (int s = 0; s < rm->nstreams; s++) {
 		b->node[s] = (struct kv_conn){ .fd = rm->fd[s], .how = SHUT_RDWR, .seg = b->local.seg };
-		conn_link(b->local.seg, &b->node[s]);
+		kv_conn_link(b->local.seg, &b->node[s]);
 	}
 	pthread_mutex_lock(&rm->wlock);
 	if (rm->q_tail)

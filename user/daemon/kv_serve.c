@@ -4,7 +4,7 @@
  * a peer kcolld's KD_CONN_KV connection to one of our segments, from its
  * HELLO (kd_kv_accept checks the token) to the frames a serving thread
  * applies (kv_serve); the RDMA session it may ask for is kv_rdma.c's
- * serve_rdma.
+ * kv_serve_rdma.
  * The initiator's side and the frame layout are in kv_send.c.
  */
 #include <errno.h>
@@ -32,7 +32,7 @@ static int frame_apply(struct kd_seg *s, uint32_t op, const struct kv_fent *fe, 
 	struct kv_side side = { .seg = s };
 	struct iovec liov[1], riov[KV_ROUND_IOVS];
 	uint64_t at = 0;
-	int r = lock_sides(&side, &side);
+	int r = kv_lock_sides(&side, &side);
 
 	if (r)
 		return r;
@@ -64,12 +64,12 @@ static int frame_apply(struct kd_seg *s, uint32_t op, const struct kv_fent *fe, 
 		if (side.buf.direct)
 			continue;
 		liov[0] = (struct iovec){ buf + at - bytes, bytes };
-		r = vm_err(op == KV_OP_WRITE ? process_vm_writev(s->pid, liov, 1, riov, k, 0) :
-			   process_vm_readv(s->pid, liov, 1, riov, k, 0), bytes);
+		r = kv_vm_err(op == KV_OP_WRITE ? process_vm_writev(s->pid, liov, 1, riov, k, 0) :
+			      process_vm_readv(s->pid, liov, 1, riov, k, 0), bytes);
 	}
 	kd_buf_release(&side.buf);
 out:
-	unlock_sides(&side, &side);
+	kv_unlock_sides(&side, &side);
 	return r;
 }
 
@@ -86,16 +86,16 @@ static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr
 	struct kv_side side = { .seg = cn->seg };
 	int r = 0;
 
-	if (lock_sides(&side, &side))
+	if (kv_lock_sides(&side, &side))
 		return 0;
 	kd_buf_resolve(cn->seg->owner, cn->seg->addr, cn->seg->size, &side.buf);
 	if (side.buf.direct) {
 		for (uint32_t i = 0; i < nr; i++)
 			iov[i] = (struct iovec){ side.buf.direct + fe[i].off, fe[i].len };
-		r = io_iovs(cn->fd, iov, nr, false) ? -1 : 1;
+		r = kv_io_iovs(cn->fd, iov, nr, false) ? -1 : 1;
 	}
 	kd_buf_release(&side.buf);
-	unlock_sides(&side, &side);
+	kv_unlock_sides(&side, &side);
 	if (r < 0 && atomic_load(&cn->seg->dead)) {
 		/* Unregistered under us: say so before the connection goes. */
 		struct kv_resp rs = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
@@ -111,7 +111,7 @@ static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr
  * the segment's reader lock unless the caller holds it (an RDMA session).
  * Nonzero: the stream broke or broke the framing.
  */
-int serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked)
+int kv_serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked)
 {
 	struct kd_seg *s = cn->seg;
 	struct kv_side side = { .seg = s };
@@ -121,18 +121,18 @@ int serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked)
 	struct kv_msg km;
 
 	if (rq->nr || rq->hdr.len < sizeof(*rq) + sizeof(km) ||
-	    io_full(cn->fd, &km, sizeof(km), false) || !km.len || km.len > KCOLL_NOTIF_MAX_BYTES ||
-	    rq->hdr.len != sizeof(*rq) + sizeof(km) + km.len || io_full(cn->fd, data, km.len, false))
+	    kv_io_full(cn->fd, &km, sizeof(km), false) || !km.len || km.len > KCOLL_NOTIF_MAX_BYTES ||
+	    rq->hdr.len != sizeof(*rq) + sizeof(km) + km.len || kv_io_full(cn->fd, data, km.len, false))
 		return -EPROTO;
 	if (locked)
-		rs.status = notif_deliver(s, km.sender, rq->notify_id, data, km.len);
-	else if (lock_sides(&side, &side))
+		rs.status = kv_notif_deliver(s, km.sender, rq->notify_id, data, km.len);
+	else if (kv_lock_sides(&side, &side))
 		rs.status = -EIDRM;
 	else {
-		rs.status = notif_deliver(s, km.sender, rq->notify_id, data, km.len);
-		unlock_sides(&side, &side);
+		rs.status = kv_notif_deliver(s, km.sender, rq->notify_id, data, km.len);
+		kv_unlock_sides(&side, &side);
 	}
-	return io_full(cn->fd, &rs, sizeof(rs), true);
+	return kv_io_full(cn->fd, &rs, sizeof(rs), true);
 }
 
 static void *kv_serve(void *arg)
@@ -149,24 +149,24 @@ static void *kv_serve(void *arg)
 		uint64_t bytes = 0;
 		int status = 0;
 
-		if (io_full(cn->fd, &rq, sizeof(rq), false))
+		if (kv_io_full(cn->fd, &rq, sizeof(rq), false))
 			break;
 		if (rq.hdr.magic == KD_PEER_MAGIC && rq.hdr.type == KD_P_KV_REQ && rq.op == KV_OP_RDMA) {
 			struct kv_rdma_hello h;
 
 			if (rq.nr || rq.hdr.len != sizeof(rq) + sizeof(h) ||
-			    io_full(cn->fd, &h, sizeof(h), false) || serve_rdma(cn, &h, rq.tag))
+			    kv_io_full(cn->fd, &h, sizeof(h), false) || kv_serve_rdma(cn, &h, rq.tag))
 				break;	/* the RDMA session ended, or the stream broke */
 			continue;	/* refused: the peer goes on over TCP */
 		}
 		if (rq.hdr.magic == KD_PEER_MAGIC && rq.hdr.type == KD_P_KV_REQ && rq.op == KV_OP_MSG) {
-			if (serve_msg(cn, &rq, false))
+			if (kv_serve_msg(cn, &rq, false))
 				break;
 			continue;
 		}
 		if (rq.hdr.magic != KD_PEER_MAGIC || rq.hdr.type != KD_P_KV_REQ ||
 		    rq.op > KV_OP_NOTIFY || rq.nr > KV_FRAME_ENTRIES ||
-		    io_full(cn->fd, fe, rq.nr * sizeof(*fe), false))
+		    kv_io_full(cn->fd, fe, rq.nr * sizeof(*fe), false))
 			break;
 		for (uint32_t i = 0; i < rq.nr; i++) {
 			if (fe[i].off > s->size || fe[i].len > s->size - fe[i].off)
@@ -184,7 +184,7 @@ static void *kv_serve(void *arg)
 			if (got)
 				goto answer;	/* landed in place */
 		}
-		if (rq.op == KV_OP_WRITE && io_full(cn->fd, buf, bytes, false))
+		if (rq.op == KV_OP_WRITE && kv_io_full(cn->fd, buf, bytes, false))
 			break;
 		if (!status)
 			status = frame_apply(s, rq.op, fe, rq.nr, buf, rq.notify_id);
@@ -193,18 +193,18 @@ answer:
 		rs.tag = rq.tag;
 		rs.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
 					   .len = sizeof(rs) + (rq.op == KV_OP_READ && !status ? bytes : 0) };
-		if (io_full(cn->fd, &rs, sizeof(rs), true) ||
-		    (rs.hdr.len > sizeof(rs) && io_full(cn->fd, buf, bytes, true)))
+		if (kv_io_full(cn->fd, &rs, sizeof(rs), true) ||
+		    (rs.hdr.len > sizeof(rs) && kv_io_full(cn->fd, buf, bytes, true)))
 			break;
 		if (!status && rq.op != KV_OP_NOTIFY)
-			atomic_fetch_add(&kv.bytes, bytes);
+			atomic_fetch_add(&kv_state.bytes, bytes);
 	}
 	free(buf);
 	free(fe);
 	free(iov);
-	conn_unlink(s, cn);
+	kv_conn_unlink(s, cn);
 	close(cn->fd);	/* only now: seg_kill must not shut down a reused number */
-	seg_put(s);
+	kv_seg_put(s);
 	free(cn);
 	return NULL;
 }
@@ -213,17 +213,17 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 {
 	struct kv_ack ack = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_ACK, .len = sizeof(ack) },
 			      .features = KV_ACK_F_MSG };
-	struct kd_seg *s = seg_find(m->from_host);
+	struct kd_seg *s = kv_seg_find(m->from_host);
 	struct kv_conn *cn = NULL;
 	pthread_attr_t attr;
 	pthread_t tid;
 	uint32_t next;
 
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-	sock_timeouts(fd, kd.timeout_ns);
-	pthread_mutex_lock(&kv.lock);
-	next = kv.next_id;
-	pthread_mutex_unlock(&kv.lock);
+	kv_sock_timeouts(fd, kd.timeout_ns);
+	pthread_mutex_lock(&kv_state.lock);
+	next = kv_state.next_id;
+	pthread_mutex_unlock(&kv_state.lock);
 	/* Our own nonce: a local client's import dressed up as another
 	 * kcolld's loops back here, where only the token would be checked;
 	 * same-host importers go through seg_import's uid check. */
@@ -231,7 +231,7 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 		ack.status = -EPERM;
 	else if (!s)
 		ack.status = m->from_host && m->from_host < next ? -EIDRM : -ENOENT;
-	else if (!token_eq(s->token, m->token))
+	else if (!kv_token_eq(s->token, m->token))
 		ack.status = -EACCES;
 	else if (!(cn = malloc(sizeof(*cn))))
 		ack.status = -ENOMEM;
@@ -243,14 +243,14 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 		cn->fd = fd;
 		cn->how = SHUT_RD;	/* kv_serve may still answer -EIDRM */
 		cn->seg = s;
-		conn_link(s, cn);
+		kv_conn_link(s, cn);
 		pthread_attr_init(&attr);
 		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 		if (pthread_create(&tid, &attr, kv_serve, cn)) {
 			ack.status = -EAGAIN;	/* the peer sees the connection close */
 			/* Not necessarily the head any more: a batch of ours may
 			 * have added its streams meanwhile. */
-			conn_unlink(s, cn);
+			kv_conn_unlink(s, cn);
 		}
 		pthread_attr_destroy(&attr);
 	}
@@ -261,5 +261,5 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 	close(fd);
 	free(cn);
 	if (s)
-		seg_put(s);
+		kv_seg_put(s);
 }
