@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "kcolld.h"
 #include "kv_notif.h"
@@ -176,7 +177,8 @@ int kv_serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked);
 
 /* kv_rdma.c */
 void kv_rdma_drop(struct kv_remote *rm);
-/* 0: rm's RDMA connection is ready for a batch from local; 1: use TCP. */
+/* rm's RDMA connection for a batch from local: 0 ready, 1 use TCP (the
+ * streams are open), < 0 the streams broke. */
 int kv_rdma_ready(struct kv_remote *rm, struct kv_side *local);
 int kv_run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
 		struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
