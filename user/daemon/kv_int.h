@@ -54,6 +54,7 @@ struct kd_seg {
 	atomic_bool dead;
 	atomic_int refs;
 	struct kv_remote *rm;		/* imported from another kcolld (NULL: ours) */
+	void (*rm_free)(struct kv_remote *rm);	/* its teardown (kv_send.c's), at the last put */
 	pthread_mutex_t conns_lock;
 	struct kv_conn *conns;		/* peers' connections serving this segment */
 	struct kd_seg *next;
@@ -125,7 +126,7 @@ struct kd_kv_client {
 	uint64_t sender[KV_MAX_IMPORTS];	/* names the import to its owner's notifs */
 };
 
-/* The registry and the counters of status (kv_seg.c). */
+/* The registry and the counters of status (kv_reg.c). */
 struct kv_state {
 	pthread_mutex_t lock;
 	struct kd_seg *segs;
@@ -139,11 +140,11 @@ struct kv_state {
 
 extern struct kv_state kv_state;
 
-/* kv_seg.c */
+/* kv_reg.c: the registry's core, below every other KV file */
 void kv_seg_put(struct kd_seg *s);
 /* A live segment by id, referenced. */
 struct kd_seg *kv_seg_find(uint32_t id);
-/* seg_kill shuts cn down while it is in s's conns. */
+/* kv_seg.c's seg_kill shuts cn down while it is in s's conns. */
 void kv_conn_link(struct kd_seg *s, struct kv_conn *cn);
 void kv_conn_unlink(struct kd_seg *s, struct kv_conn *cn);
 int kv_token_eq(const uint8_t *a, const uint8_t *b);
@@ -155,25 +156,26 @@ int kv_side_resolve(struct kv_side *s);
 /* A process_vm_* call's result: 0, or why it moved less than want. */
 int kv_vm_err(ssize_t got, size_t want);
 
-/* kv_send.c */
+/* kv_io.c: the session's wire, both ends, for the TCP and RDMA paths */
 int kv_io_full(int fd, void *buf, size_t n, bool out);
 int kv_io_iovs(int fd, struct iovec *iov, size_t n, bool out);
 void kv_sock_timeouts(int fd, int64_t ns);
+void kv_remote_close_streams(struct kv_remote *rm);
+/* A stream broke: the owner may have said why first (-EIDRM, tag ~0). */
+int kv_last_word(int fd, int err);
+/* A batch's final frame (NOTIFY, or MSG with a notification) and its answer. */
+int kv_final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans);
+/* The owner's side of a MSG frame whose header rq was read. */
+int kv_serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked);
+/* Open the streams that are not open; the owner's verdict on the token. */
+int kv_remote_connect(struct kv_remote *rm);
+
+/* kv_send.c */
 int kv_remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out);
 void kv_remote_free(struct kv_remote *rm);
 int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
 		  bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
 		  const struct kv_msgout *msg, int64_t t0, uint64_t *moved);
-void kv_remote_close_streams(struct kv_remote *rm);
-/* Open the streams that are not open; the owner's verdict on the token. */
-int kv_remote_connect(struct kv_remote *rm);
-/* A stream broke: the owner may have said why first (-EIDRM, tag ~0). */
-int kv_last_word(int fd, int err);
-/* A batch's final frame (NOTIFY, or MSG with a notification) and its answer. */
-int kv_final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans);
-
-/* kv_serve.c: a MSG frame whose header rq was read. */
-int kv_serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked);
 
 /* kv_rdma.c */
 void kv_rdma_drop(struct kv_remote *rm);

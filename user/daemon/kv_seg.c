@@ -41,23 +41,6 @@
 
 #define KV_MAX_SEGS		65536	/* per daemon */
 
-struct kv_state kv_state = { .lock = PTHREAD_MUTEX_INITIALIZER, .next_id = 1 };
-
-void kv_seg_put(struct kd_seg *s)
-{
-	if (atomic_fetch_sub(&s->refs, 1) != 1)
-		return;
-	if (s->rm)
-		kv_remote_free(s->rm);
-	if (s->counters) {
-		kv_notifq_destroy(&s->notifs);
-		munmap(s->counters, s->counters_len);
-	}
-	pthread_rwlock_destroy(&s->lock);
-	pthread_mutex_destroy(&s->conns_lock);
-	free(s);
-}
-
 /* Mark dead and wait for the round in progress, if any: afterwards no
  * transfer touches the segment's memory. A peer's frame may be arriving
  * straight into the segment under the reader lock: shutting its connection
@@ -71,27 +54,6 @@ static void seg_kill(struct kd_seg *s)
 	pthread_mutex_unlock(&s->conns_lock);
 	pthread_rwlock_wrlock(&s->lock);
 	pthread_rwlock_unlock(&s->lock);
-}
-
-/* seg_kill shuts cn down while it is in s's conns. */
-void kv_conn_link(struct kd_seg *s, struct kv_conn *cn)
-{
-	pthread_mutex_lock(&s->conns_lock);
-	cn->next = s->conns;
-	s->conns = cn;
-	pthread_mutex_unlock(&s->conns_lock);
-}
-
-void kv_conn_unlink(struct kd_seg *s, struct kv_conn *cn)
-{
-	pthread_mutex_lock(&s->conns_lock);
-	for (struct kv_conn **pp = &s->conns; *pp; pp = &(*pp)->next) {
-		if (*pp == cn) {
-			*pp = cn->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&s->conns_lock);
 }
 
 static int seg_counters_create(struct kd_seg *s, int *fd_out)
@@ -239,30 +201,6 @@ static int seg_unregister(struct kd_client *c, uint32_t id)
 	return 0;
 }
 
-/* A live segment by id, referenced. */
-struct kd_seg *kv_seg_find(uint32_t id)
-{
-	struct kd_seg *s;
-
-	pthread_mutex_lock(&kv_state.lock);
-	for (s = kv_state.segs; s; s = s->next)
-		if (s->id == id)
-			break;
-	if (s)
-		atomic_fetch_add(&s->refs, 1);
-	pthread_mutex_unlock(&kv_state.lock);
-	return s;
-}
-
-int kv_token_eq(const uint8_t *a, const uint8_t *b)
-{
-	uint8_t d = 0;
-
-	for (size_t i = 0; i < KCOLL_SEG_TOKEN_BYTES; i++)
-		d |= a[i] ^ b[i];
-	return d == 0;
-}
-
 static int seg_import(struct kd_client *c, const struct kcoll_seg_wire *w,
 		      struct kcoll_msg_seg_import_reply *rep, const char **why)
 {
@@ -378,33 +316,6 @@ static int seg_notifs(struct kd_client *c, const struct kcoll_msg_seg_notifs *m,
 	return 0;
 }
 
-/*
- * Deliver notification msg (and bump counter notify_id unless NONE) to our
- * segment s, under its reader lock: -EIDRM dead, -EINVAL no such counter,
- * -ENOBUFS its queue is full (then the counter is not bumped either).
- */
-int kv_notif_deliver(struct kd_seg *s, uint64_t sender, uint32_t notify_id,
-		     const uint8_t *data, uint32_t len)
-{
-	int r = 0;
-
-	if (atomic_load(&s->dead))
-		return -EIDRM;
-	if (notify_id != KCOLL_NOTIFY_NONE && notify_id >= s->nr_notify)
-		return -EINVAL;
-	if (len) {
-		r = kv_notifq_post(&s->notifs, sender, notify_id, data, len);
-		if (r)
-			return r;
-		atomic_fetch_add(&kv_state.notifs, 1);
-	}
-	if (notify_id != KCOLL_NOTIFY_NONE) {
-		__atomic_fetch_add(&s->counters[notify_id], 1, __ATOMIC_SEQ_CST);
-		kcoll_futex_wake(&s->counters[notify_id], INT_MAX);
-	}
-	return 0;
-}
-
 int kd_kv_message(struct kd_client *c, const struct kcoll_msg_hdr *h, size_t len, void *reply,
 		  size_t *reply_len, int *reply_fd)
 {
@@ -497,49 +408,6 @@ void kd_kv_client_gone(struct kd_client *c)
 			kv_seg_put(c->kv->imports[i]);
 	free(c->kv);
 	c->kv = NULL;
-}
-
-int kv_vm_err(ssize_t got, size_t want)
-{
-	if (got == (ssize_t)want)
-		return 0;
-	if (got < 0 && errno == ESRCH)
-		return -ECONNRESET;	/* a process died */
-	return got < 0 && errno == EPERM ? -EPERM : -EFAULT;
-}
-
-/* Copy pieces [0, n) (at most KV_ROUND_* of them) from src to dst. */
-int kv_lock_sides(struct kv_side *a, struct kv_side *b)
-{
-	pthread_rwlock_rdlock(&a->seg->lock);
-	if (b->seg != a->seg)
-		pthread_rwlock_rdlock(&b->seg->lock);
-	if (atomic_load(&a->seg->dead) || atomic_load(&b->seg->dead)) {
-		if (b->seg != a->seg)
-			pthread_rwlock_unlock(&b->seg->lock);
-		pthread_rwlock_unlock(&a->seg->lock);
-		return -EIDRM;
-	}
-	return 0;
-}
-
-void kv_unlock_sides(struct kv_side *a, struct kv_side *b)
-{
-	if (b->seg != a->seg)
-		pthread_rwlock_unlock(&b->seg->lock);
-	pthread_rwlock_unlock(&a->seg->lock);
-}
-
-/* Resolve a segment's memory in its owner: mapped (zero copy) or by pid. */
-int kv_side_resolve(struct kv_side *s)
-{
-	int r = kv_lock_sides(s, s);
-
-	if (r)
-		return r;
-	kd_buf_resolve(s->seg->owner, s->seg->addr, s->seg->size, &s->buf);
-	kv_unlock_sides(s, s);
-	return 0;
 }
 
 size_t kd_kv_render(char *buf, size_t cap, int json)

@@ -23,7 +23,7 @@
  * segment is not mapped); unregistering shuts the connections down rather
  * than wait for a slow peer.
  * Another transport (RDMA, kv_rdma.c) replaces the frame exchange of
- * frame_xchg() and the connection set of kv_remote_connect(); the batch logic
+ * frame_xchg() and the connection set of kv_remote_connect() (kv_io.c); the batch logic
  * stays.
  */
 #include <errno.h>
@@ -53,31 +53,6 @@ struct kv_stream;
 
 struct kv_batch;
 
-int kv_io_full(int fd, void *buf, size_t n, bool out)
-{
-	uint8_t *p = buf;
-
-	while (n) {
-		ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, MSG_WAITALL);
-
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return k == 0 || errno != EAGAIN ? -ECONNRESET : -ETIMEDOUT;
-		p += k;
-		n -= k;
-	}
-	return 0;
-}
-
-void kv_sock_timeouts(int fd, int64_t ns)
-{
-	struct timeval tv = { .tv_sec = ns / 1000000000, .tv_usec = ns % 1000000000 / 1000 };
-
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
 int kv_remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 {
 	struct kd_seg *s;
@@ -102,6 +77,7 @@ int kv_remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 	pthread_cond_init(&rm->go, NULL);
 	pthread_cond_init(&rm->space, NULL);
 	s->rm = rm;
+	s->rm_free = kv_remote_free;
 	s->size = w->size;
 	s->nr_notify = w->nr_notify;
 	pthread_rwlock_init(&s->lock, NULL);
@@ -109,15 +85,6 @@ int kv_remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 	atomic_init(&s->refs, 1);
 	*out = s;
 	return 0;
-}
-
-void kv_remote_close_streams(struct kv_remote *rm)
-{
-	for (int i = 0; i < KV_MAX_STREAMS; i++) {
-		if (rm->fd[i] >= 0)
-			close(rm->fd[i]);
-		rm->fd[i] = -1;
-	}
 }
 
 void kv_remote_free(struct kv_remote *rm)
@@ -149,62 +116,6 @@ static bool fd_idle(int fd)
 	struct pollfd pf = { .fd = fd, .events = POLLIN | POLLRDHUP };
 
 	return fd >= 0 && poll(&pf, 1, 0) == 0;
-}
-
-/* Open the streams that are not open; the owner's verdict on the token. */
-int kv_remote_connect(struct kv_remote *rm)
-{
-	struct kd_p_hostinfo me;
-
-	kd_net_self(&me);
-	for (int i = 0; i < rm->nstreams; i++) {
-		struct kd_p_hello h = { 0 };
-		struct kv_ack ack;
-		int fd, r;
-
-		if (rm->fd[i] >= 0) {
-			/* Between batches a healthy stream has nothing to read:
-			 * readable means the owner dropped it (idle past its
-			 * KCOLL_TIMEOUT_MS, restart): reconnect, not fail. */
-			struct pollfd pf = { .fd = rm->fd[i], .events = POLLIN | POLLRDHUP };
-
-			if (poll(&pf, 1, 0) == 0)
-				continue;
-			close(rm->fd[i]);
-			rm->fd[i] = -1;
-		}
-		fd = kd_net_connect(rm->w.addrs[i % rm->w.naddrs], rm->w.port);
-		if (fd < 0)
-			return fd == -ETIMEDOUT ? -EHOSTUNREACH : fd;
-		kv_sock_timeouts(fd, kd.timeout_ns);
-		h.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_HELLO, .len = sizeof(h) };
-		h.version = KD_PEER_VERSION;
-		h.kind = KD_CONN_KV;
-		memcpy(h.token, rm->w.token, sizeof(h.token));
-		h.from_host = rm->w.seg_id;
-		h.stream = i;
-		h.nonce = me.nonce;
-		r = kv_io_full(fd, &h, sizeof(h), true);
-		if (!r)
-			r = kv_io_full(fd, &ack, sizeof(ack.hdr), false);
-		/* A REJECT (older peer, bad version) is longer than an ACK: its
-		 * header says so; either way the connection is over. */
-		if (!r && (ack.hdr.magic != KD_PEER_MAGIC || ack.hdr.type != KD_P_KV_ACK ||
-			   ack.hdr.len != sizeof(ack)))
-			r = -EPROTO;
-		if (!r)
-			r = kv_io_full(fd, &ack.status, sizeof(ack) - sizeof(ack.hdr), false);
-		if (!r)
-			r = ack.status > 0 ? -EPROTO : ack.status;
-		if (r) {
-			close(fd);
-			return r;
-		}
-		if (i == 0)
-			rm->features = ack.features;
-		rm->fd[i] = fd;
-	}
-	return 0;
 }
 
 struct kv_frame {
@@ -285,15 +196,6 @@ static int local_io(struct kv_stream *st, const struct kv_frame *f, uint8_t *buf
 	}
 	kv_unlock_sides(l, l);
 	return r;
-}
-
-/* kcoll_io_iovs with MSG_MORE: 0, -ETIMEDOUT (the socket's timeout) or
- * -ECONNRESET. */
-int kv_io_iovs(int fd, struct iovec *iov, size_t n, bool out)
-{
-	int r = kcoll_io_iovs(fd, iov, n, out, true);
-
-	return !r ? 0 : r == -EAGAIN ? -ETIMEDOUT : -ECONNRESET;
 }
 
 /* A write frame straight from the mapped local segment, under its reader
@@ -411,23 +313,6 @@ static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
 	return r;
 }
 
-/* A stream broke: the owner may have said why first (-EIDRM, tag ~0). */
-int kv_last_word(int fd, int err)
-{
-	struct pollfd p = { .fd = fd, .events = POLLIN };
-	struct kv_resp rs;
-
-	if (poll(&p, 1, 100) != 1 || recv(fd, &rs, sizeof(rs), MSG_DONTWAIT) != sizeof(rs))
-		return err;
-	/* Unread answers of earlier frames may come first: those are fine. */
-	while (rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP && rs.tag != UINT64_MAX &&
-	       !rs.status && rs.hdr.len == sizeof(rs))
-		if (recv(fd, &rs, sizeof(rs), MSG_DONTWAIT) != sizeof(rs))
-			return err;
-	return rs.hdr.magic == KD_PEER_MAGIC && rs.hdr.type == KD_P_KV_RESP && rs.status < 0 ?
-	       rs.status : err;
-}
-
 /*
  * Frame fi out on st's stream and its answer in. A mapped local segment is
  * sent from and received into in place; other memory needs a frame buffer
@@ -453,66 +338,11 @@ static int stream_err(const struct kv_stream *st, int r)
 	return atomic_load(&st->local->seg->dead) ? -EIDRM : kv_last_word(st->fd, r);
 }
 
-static int notify_send(int fd, uint32_t id, uint64_t tag)
-{
-	struct kv_req rq = { .op = KV_OP_NOTIFY, .notify_id = id, .tag = tag };
-
-	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = sizeof(rq) };
-	return kv_io_full(fd, &rq, sizeof(rq), true);
-}
-
-static int notify_recv(int fd, uint64_t tag)
-{
-	struct kv_resp rs;
-	int r = kv_io_full(fd, &rs, sizeof(rs), false);
-
-	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
-		   rs.hdr.len != sizeof(rs) || (rs.tag != tag && !rs.status)))
-		r = -EPROTO;
-	return r ? r : rs.status > 0 ? -EPROTO : rs.status;
-}
-
 /* A batch's last frame, once all its data landed: NOTIFY, or MSG when it
  * carries a notification (which bumps the counter too). */
 static bool has_final(uint32_t notify_id, const struct kv_msgout *m)
 {
 	return notify_id != KCOLL_NOTIFY_NONE || m->len;
-}
-
-/*
- * Send the final frame and read its answer: 0 with the owner's verdict on a
- * MSG in *ans (-ENOBUFS, -EIDRM: the stream stays in step, the batch fails
- * and the streams go on), or the stream's error. A NOTIFY's refusal is the
- * stream's error, as it always was.
- */
-int kv_final_xchg(int fd, uint32_t id, const struct kv_msgout *m, uint64_t tag, int *ans)
-{
-	struct kv_req rq = { .op = KV_OP_MSG, .notify_id = id, .tag = tag };
-	struct kv_msg km = { .sender = m->sender, .len = m->len };
-	struct iovec iov[3] = { { &rq, sizeof(rq) }, { &km, sizeof(km) },
-				{ (void *)m->data, m->len } };
-	struct kv_resp rs;
-	int r;
-
-	*ans = 0;
-	if (!m->len) {
-		r = notify_send(fd, id, tag);
-		return r ? r : notify_recv(fd, tag);
-	}
-	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ,
-				   .len = sizeof(rq) + sizeof(km) + m->len };
-	r = kcoll_io_iovs(fd, iov, 3, true, false);
-	if (!r)
-		r = kv_io_full(fd, &rs, sizeof(rs), false);
-	if (r)
-		return r;
-	if (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP || rs.hdr.len != sizeof(rs) ||
-	    rs.status > 0)
-		return -EPROTO;
-	if (rs.tag != tag)	/* the owner's last word before it closes, or garbage */
-		return rs.status ? rs.status : -EPROTO;
-	*ans = rs.status;
-	return 0;
 }
 
 /* Stream s's view of batch b for frame_send / frame_recv. */

@@ -106,35 +106,6 @@ static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr
 	return r;
 }
 
-/*
- * A MSG frame (header rq already read): its notification and counter, under
- * the segment's reader lock unless the caller holds it (an RDMA session).
- * Nonzero: the stream broke or broke the framing.
- */
-int kv_serve_msg(struct kv_conn *cn, const struct kv_req *rq, bool locked)
-{
-	struct kd_seg *s = cn->seg;
-	struct kv_side side = { .seg = s };
-	struct kv_resp rs = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_RESP,
-				      .len = sizeof(rs) }, .tag = rq->tag };
-	uint8_t data[KCOLL_NOTIF_MAX_BYTES];
-	struct kv_msg km;
-
-	if (rq->nr || rq->hdr.len < sizeof(*rq) + sizeof(km) ||
-	    kv_io_full(cn->fd, &km, sizeof(km), false) || !km.len || km.len > KCOLL_NOTIF_MAX_BYTES ||
-	    rq->hdr.len != sizeof(*rq) + sizeof(km) + km.len || kv_io_full(cn->fd, data, km.len, false))
-		return -EPROTO;
-	if (locked)
-		rs.status = kv_notif_deliver(s, km.sender, rq->notify_id, data, km.len);
-	else if (kv_lock_sides(&side, &side))
-		rs.status = -EIDRM;
-	else {
-		rs.status = kv_notif_deliver(s, km.sender, rq->notify_id, data, km.len);
-		kv_unlock_sides(&side, &side);
-	}
-	return kv_io_full(cn->fd, &rs, sizeof(rs), true);
-}
-
 static void *kv_serve(void *arg)
 {
 	struct kv_conn *cn = arg;
