@@ -3,7 +3,14 @@
 check logs into TAP lines without numbers ("ok - [TAG] ..."), which
 t_python.sh numbers. A check passes only if every rank passed it.
 
-    launch.py PROGRAM WORLD TAG TIMEOUT_S [INIT]    INIT: env, file or tcp
+    launch.py [--hosts H] PROGRAM WORLD TAG TIMEOUT_S [INIT]
+                                            INIT: env, file or tcp
+
+--hosts H: the ranks run on the H hosts of the netns cluster that is up
+(scripts/netns-cluster.sh, KCOLL_CLUSTER_PREFIX / _RUNDIR), rank r on
+host r % H through `netns-cluster.sh exec`, so each talks to its own
+host's kcolld; MASTER_ADDR is host 0's first address, gloo uses eth0
+(GLOO_SOCKET_IFNAME) and the unique ids come from host 0's kcolld.
 
 With KCOLL_TEST_KILL_PID=PID (and KCOLL_TEST_KILL_AFTER=STEPS, default 3)
 each rank writes its step count to $KCOLL_TEST_PROGRESS; once every rank
@@ -25,6 +32,9 @@ import tempfile
 import time
 
 import kcoll
+
+CLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                       "netns-cluster.sh")
 
 
 def free_port():
@@ -48,21 +58,39 @@ def progress(path):
     return steps, raised
 
 
+def cluster_uids(n):
+    """n unique ids from host 0's kcolld (they carry its cluster addresses)."""
+    code = "import kcoll; print(','.join(kcoll.get_unique_id().hex() for _ in range(%d)))" % n
+    out = subprocess.run([CLUSTER, "exec", "0", sys.executable, "-c", code], check=True,
+                         stdout=subprocess.PIPE, timeout=30)
+    return out.stdout.decode().strip()
+
+
 def main():
-    prog, world, tag, limit = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-    init = sys.argv[5] if len(sys.argv) > 5 else "env"
+    args = sys.argv[1:]
+    hosts = 0
+    if args[:1] == ["--hosts"]:
+        hosts, args = int(args[1]), args[2:]
+    prog, world, tag, limit = args[0], int(args[1]), args[2], float(args[3])
+    init = args[4] if len(args) > 4 else "env"
     tmp = tempfile.mkdtemp(prefix="kcoll-py.", dir=os.environ.get("KCOLL_TEST_TMP"))
-    uids = ",".join(kcoll.get_unique_id().hex() for _ in range(4))
+    if hosts:
+        uids, master, extra = cluster_uids(4), "10.10.0.1", {"GLOO_SOCKET_IFNAME": "eth0"}
+    else:
+        uids, master, extra = ",".join(kcoll.get_unique_id().hex() for _ in range(4)), "127.0.0.1", {}
     port = free_port()
     procs = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), KCOLL_TEST_INIT=init,
+                   MASTER_ADDR=master, MASTER_PORT=str(port), KCOLL_TEST_INIT=init,
                    KCOLL_TEST_UIDS=uids, KCOLL_TEST_REPORT=f"{tmp}/rank{r}.log",
-                   KCOLL_TEST_STORE=f"{tmp}/filestore", KCOLL_TEST_PROGRESS=f"{tmp}/progress{r}")
+                   KCOLL_TEST_STORE=f"{tmp}/filestore", KCOLL_TEST_PROGRESS=f"{tmp}/progress{r}",
+                   **extra)
+        cmd = [sys.executable, prog]
+        if hosts:
+            cmd = [CLUSTER, "exec", str(r % hosts)] + cmd
         out = open(f"{tmp}/rank{r}.out", "w")
-        procs.append(subprocess.Popen([sys.executable, prog], env=env, stdout=out,
-                                      stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + limit
     timed_out = False
     kill_pid = int(os.environ.get("KCOLL_TEST_KILL_PID", "0"))
