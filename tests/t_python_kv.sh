@@ -4,7 +4,8 @@
 # of scattered batches over each memory kind, > 4096 blocks, merging,
 # notifications once and in order per sender, errors as exceptions that
 # write nothing (bad descriptors, out-of-range entries, a dead owner), the
-# full queue, the GIL released. Then across two hosts of a netns cluster
+# full queue (also with batches in flight: the refused ones get ENOBUFS,
+# those behind them go on), the GIL released. Then across two hosts of a netns cluster
 # (SKIP without root or namespaces): tagged batches from host 1 into host
 # 0, every byte checked when its tag arrives. Then the prefill/decode
 # example (examples/kv_connector.py) on one host and across the pair.
