@@ -90,13 +90,21 @@ def _msg_bytes(msg):
 
 
 def _u64(a):
-    """An integer array as uint64; a negative value is out of any range."""
+    """An integer array (or a Python int) as uint64, not necessarily a copy.
+    A negative value becomes one >= 2^63, beyond any segment: plan_blocks
+    refuses it with ERANGE."""
+    if type(a) is int:  # a scalar length: no array to build
+        if a < 0:
+            _raise(_errno.ERANGE, "a negative offset or length")
+        return a
     a = np.asarray(a)
+    if a.dtype == np.uint64:
+        return a
     if a.size and a.dtype.kind not in "iu":
         raise TypeError(f"kcoll.kv: block offsets and lengths must be integers, got {a.dtype}")
-    if a.dtype.kind == "i" and (a < 0).any():
-        _raise(_errno.ERANGE, "a negative offset or length")
-    return a.astype(np.uint64, copy=False)
+    if a.dtype == np.int64:
+        return a.view(np.uint64)  # two's complement: a negative one reads >= 2^63
+    return a.astype(np.int64).view(np.uint64)
 
 
 def _as_rows(blocks):
@@ -104,8 +112,16 @@ def _as_rows(blocks):
     if isinstance(blocks, tuple):
         if len(blocks) != 3:
             raise ValueError("kcoll.kv: blocks=(local offsets, remote offsets, lengths)")
-        cols = np.broadcast_arrays(*[_u64(c) for c in blocks])
-        return np.stack([c.reshape(-1) for c in cols], axis=1)
+        cols = [_u64(c) for c in blocks]
+        sizes = [1 if type(c) is int else c.size for c in cols]
+        big = set(sizes) - {1}  # a 1-element column or a scalar goes with any length
+        if len(big) > 1:
+            raise ValueError(f"kcoll.kv: blocks=(local, remote, lengths) of different lengths {sizes}")
+        n = big.pop() if big else 1
+        a = np.empty((n, 3), np.uint64)
+        for k, c in enumerate(cols):  # a scalar or a 1-element column fills its column
+            a[:, k] = c if type(c) is int else c.reshape(-1)
+        return a
     a = np.asarray(blocks)
     if a.size == 0:
         a = a.reshape(0, 3)
@@ -121,22 +137,41 @@ def plan_blocks(blocks, local_size, remote_size, write=True):
     a = _as_rows(blocks)
     if a.shape[0] == 0:
         return np.empty((0, 3), np.uint64)
-    lo, ro, ln = a[:, 0], a[:, 1], a[:, 2]
-    if (ln == 0).any():
+    # A batch is planned for every call: a handful of whole-array numpy
+    # operations, the detailed ones only for a batch that is refused.
+    lsz, rsz = int(local_size), int(remote_size)
+    mx = a.max(axis=0)
+    if not a[:, 2].min():
+        ln = a[:, 2]
         _raise(_errno.EINVAL, f"{int((ln == 0).sum())} zero-length block(s)")
-    lsz, rsz = np.uint64(local_size), np.uint64(remote_size)
-    bad = (lo >= lsz) | (ln > lsz - np.minimum(lo, lsz)) | (ro >= rsz) | (ln > rsz - np.minimum(ro, rsz))
-    if bad.any():
+    # With every offset below its segment's size and every length at most
+    # the smaller size (sizes < 2^63), offset + length cannot wrap.
+    ends = None
+    if int(mx[0]) < lsz and int(mx[1]) < rsz and int(mx[2]) <= min(lsz, rsz):
+        ends = a[:, :2] + a[:, 2:]
+        emx = ends.max(axis=0)
+    if ends is None or int(emx[0]) > lsz or int(emx[1]) > rsz:
+        if int(mx.max()) >= 1 << 63:
+            _raise(_errno.ERANGE, "a negative offset or length (or one >= 2^63)")
+        lo, ro, ln = a[:, 0], a[:, 1], a[:, 2]
+        l64, r64 = np.uint64(lsz), np.uint64(rsz)
+        bad = (lo >= l64) | (ln > l64 - np.minimum(lo, l64)) | (ro >= r64) | (ln > r64 - np.minimum(ro, r64))
         i = int(np.flatnonzero(bad)[0])
         _raise(_errno.ERANGE, f"block {i} ({int(lo[i])}, {int(ro[i])}, {int(ln[i])}) lies outside "
                f"the local ({local_size} B) or remote ({remote_size} B) segment; "
                f"{int(bad.sum())} such block(s)")
-    dst = ro if write else lo
-    order = np.argsort(dst, kind="stable")
-    lo, ro, ln = lo[order], ro[order], ln[order]
-    dst = ro if write else lo
-    if (dst[:-1] + ln[:-1] > dst[1:]).any():
+    col = 1 if write else 0
+    order = np.argsort(a[:, col], kind="stable")
+    a = a[order]
+    if a.shape[0] == 1:
+        return a
+    dend = ends[order, col]
+    dst = a[:, col]
+    if (dend[:-1] > dst[1:]).any():
         _raise(_errno.EINVAL, "destinations of two blocks overlap")
+    if not (dend[:-1] == dst[1:]).any():
+        return a  # nothing adjacent at the destination: nothing to merge
+    lo, ro, ln = a[:, 0], a[:, 1], a[:, 2]
     # Merge runs contiguous on both sides: one entry each.
     brk = np.ones(lo.shape[0], bool)
     brk[1:] = (lo[:-1] + ln[:-1] != lo[1:]) | (ro[:-1] + ln[:-1] != ro[1:])
