@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # B, R, PY, failed... are the sourcing test's
 # What the host-tier netns cluster tests (t_cluster.sh, t_multihost.sh,
-# t_c4*.sh, t_bpf*.sh, t_kv_cluster.sh, t_shim_cluster.sh) share. Sourced
+# t_c4*.sh, t_bpf*.sh, t_kv_cluster.sh, t_python_cluster.sh,
+# t_shim_cluster.sh) share. Sourced
 # right after `set -u`, as tests/run.sh starts them:
 #   . "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 # It sets B (the build), top (the tree), C (scripts/netns-cluster.sh) and the
