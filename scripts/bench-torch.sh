@@ -13,8 +13,15 @@
 #   kv       kcoll.kv Agent.write (scripts/bench_kv_agent.py) vs kcoll-kvbench
 #            -m local in C, 64 KiB..4 MiB blocks, batches of 64, same host
 #   scripts/bench-torch.sh [BUILD]        (BUILD defaults to build)
-# Writes docs/perf/torch-<date>.json, draws docs/perf/torch-allreduce.png
-# (scripts/plot-torch.sh) and prints nccl-tests-style tables with the ratios.
+#   scripts/bench-torch.sh --cluster H [BUILD]
+#            the sweep only, across H hosts of a netns cluster of its own
+#            (scripts/netns-cluster.sh, one kcolld per host; needs root):
+#            one rank per host, in the host's namespace, talking to its own
+#            kcolld; the store and gloo on eth0; no C rows (kcoll-bench runs
+#            its ranks on one daemon). BENCH_MAX defaults to 256M here.
+# Writes docs/perf/torch-<date>.json (torch-cluster<H>-<date>.json), draws
+# docs/perf/torch-allreduce.png (torch-cluster-allreduce.png) with
+# scripts/plot-torch.sh and prints nccl-tests-style tables with the ratios.
 #
 # Every round starts the torch ranks afresh and runs the C benchmarks beside
 # them (C latency, then per N the C sweep and the torch ranks, then the two KV
@@ -26,14 +33,23 @@
 # Environment: KCOLL_SOCKET  use that daemon (else a private kcolld is
 #              started and stopped); BENCH_ROUNDS (3), BENCH_MIN (1K),
 #              BENCH_MAX (64M), BENCH_FACTOR (4), BENCH_NS ("2 4"),
-#              BENCH_PARTS ("sweep latency ddp kv"), BENCH_KV_DURATION (1,
-#              seconds per block size), BENCH_OUT (docs/perf), PYTHON
+#              BENCH_PARTS ("sweep latency ddp kv"; "kv": the KV part
+#              alone, about 1 minute), BENCH_KV_DURATION (1,
+#              seconds per block size), BENCH_KV_BASE (a directory holding
+#              another kcoll package, e.g. main's user/python: the kv part
+#              also runs bench_kv_agent.py on it, "python_base", for a
+#              before/after in the same run), BENCH_OUT (docs/perf), PYTHON
 #              (/usr/bin/python3: Debian's, with torch). PYTHONPATH and
 #              KCOLL_LIB default to this tree's package and BUILD's libkcoll.
 # Bounded: about 3-6 minutes on the 2-core VM with the defaults (each command
 # also under a timeout).
 set -euo pipefail
 
+hosts=0
+if [ "${1:-}" = --cluster ]; then
+	hosts=${2:?--cluster needs the number of hosts}
+	shift 2
+fi
 BUILD=${1:-build}
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -51,12 +67,26 @@ stamp=$(date -u +%Y-%m-%d-%H%M)
 json="$outdir/torch-$stamp.json"
 png="$outdir/torch-allreduce.png"
 kvblocks=64K,256K,1M,4M
+kvbase=${BENCH_KV_BASE:-}
+master=127.0.0.1
+rank_timeout=300
+if [ "$hosts" -gt 0 ]; then
+	max=${BENCH_MAX:-256M}
+	ns=$hosts
+	parts=" sweep "
+	json="$outdir/torch-cluster$hosts-$stamp.json"
+	png="$outdir/torch-cluster-allreduce.png"
+	master=10.10.0.1
+	rank_timeout=900
+fi
 
 die() { echo "bench-torch: $*" >&2; exit 1; }
 note() { echo "bench-torch: $*" >&2; }
 has() { [[ $parts == *" $1 "* ]]; }
 
 [ -x "$bin/kcoll-bench" ] || die "$bin/kcoll-bench missing: run make"
+[ "$hosts" -eq 0 ] || [ "$(id -u)" -eq 0 ] || die "--cluster needs root (network namespaces)"
+[ -z "$kvbase" ] || [ -f "$kvbase/kcoll/kv.py" ] || die "BENCH_KV_BASE=$kvbase holds no kcoll/kv.py"
 [ -x "$py" ] || die "$py missing (scripts/deps.sh installs python3, python3-torch)"
 export PYTHONPATH=${PYTHONPATH:-$top/user/python}
 export KCOLL_LIB=${KCOLL_LIB:-$top/$BUILD/lib/libkcoll.so.1}
@@ -68,6 +98,7 @@ rank_pids=()
 cleanup() {
 	local p
 	for p in "${rank_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	[ "$hosts" -eq 0 ] || "$top/scripts/netns-cluster.sh" down >/dev/null 2>&1 || true
 	if [ -n "$daemon_pid" ]; then
 		kill -TERM "$daemon_pid" 2>/dev/null || true
 		wait "$daemon_pid" 2>/dev/null || true
@@ -78,8 +109,18 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 . "$top/scripts/bench-lib.sh"
-bench_kcolld
-export KCOLL_SOCKET=$sock
+launch=()
+if [ "$hosts" -gt 0 ]; then
+	export KCOLL_CLUSTER_PREFIX="bt$$" KCOLL_CLUSTER_RUNDIR="$tmp/run" KCOLL_BUILD="$top/$BUILD"
+	chmod 755 "$tmp"
+	"$top/scripts/netns-cluster.sh" up -H "$hosts" >"$tmp/up.log" 2>&1 ||
+		{ cat "$tmp/up.log" >&2; die "netns-cluster.sh up -H $hosts failed"; }
+	export GLOO_SOCKET_IFNAME=eth0
+	sock=
+else
+	bench_kcolld
+	export KCOLL_SOCKET=$sock
+fi
 
 run=0
 record() {	# round part system N file: tag a tool's JSON document
@@ -105,10 +146,11 @@ ranks() {	# round N parts...: the torch ranks, one round
 	port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 	rank_pids=()
 	for ((i = 0; i < N; i++)); do
-		RANK=$i LOCAL_RANK=$i WORLD_SIZE=$N MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+		[ "$hosts" -eq 0 ] || launch=("$top/scripts/netns-cluster.sh" exec "$i")
+		RANK=$i LOCAL_RANK=$i WORLD_SIZE=$N MASTER_ADDR=$master MASTER_PORT=$port \
 			BENCH_ROUND=$r BENCH_MIN=$min BENCH_MAX=$max BENCH_FACTOR=$factor \
-			timeout 300 "$py" "$top/scripts/bench_torch_rank.py" "$tmp/torch.jsonl" "$@" \
-			>"$tmp/rank$i.out" 2>&1 &
+			"${launch[@]}" timeout "$rank_timeout" "$py" "$top/scripts/bench_torch_rank.py" \
+			"$tmp/torch.jsonl" "$@" >"$tmp/rank$i.out" 2>&1 &
 		rank_pids+=($!)
 	done
 	for i in "${rank_pids[@]}"; do wait "$i" || fail=1; done
@@ -120,13 +162,13 @@ ranks() {	# round N parts...: the torch ranks, one round
 	grep '^bench_torch_rank:' "$tmp/rank0.out" >&2 || true
 }
 
-kv() {	# round system
+kv() {	# round system [PYTHONPATH]
 	if [ "$2" = c ]; then
 		timeout 120 "$bin/kcoll-kvbench" -m local -b "$kvblocks" -B 64 -d "$kvdur" -a none --json \
 			>"$tmp/point.json" 2>"$tmp/kv.err" || { cat "$tmp/kv.err" >&2; die "kcoll-kvbench failed"; }
 	else
-		timeout 120 "$py" "$top/scripts/bench_kv_agent.py" -b "$kvblocks" -B 64 -d "$kvdur" \
-			>"$tmp/point.json" || die "bench_kv_agent.py failed"
+		PYTHONPATH=${3:-$PYTHONPATH} timeout 120 "$py" "$top/scripts/bench_kv_agent.py" -b "$kvblocks" \
+			-B 64 -d "$kvdur" >"$tmp/point.json" || die "bench_kv_agent.py ($2) failed"
 	fi
 	record "$1" kv "$2" 1 "$tmp/point.json"
 }
@@ -142,8 +184,10 @@ for r in $(seq "$rounds"); do
 	for N in $ns; do
 		tp=()
 		if has sweep; then
-			cbench "$r" sweep c_host "$N" host -b "$min" -e "$max" -f "$factor" -n 50 -w 10
-			cbench "$r" sweep c_shm "$N" shm -b "$min" -e "$max" -f "$factor" -n 50 -w 10
+			if [ "$hosts" -eq 0 ]; then
+				cbench "$r" sweep c_host "$N" host -b "$min" -e "$max" -f "$factor" -n 50 -w 10
+				cbench "$r" sweep c_shm "$N" shm -b "$min" -e "$max" -f "$factor" -n 50 -w 10
+			fi
 			tp+=(sweep)
 		fi
 		if [ "$N" = 2 ]; then
@@ -153,7 +197,13 @@ for r in $(seq "$rounds"); do
 		if [ ${#tp[@]} -gt 0 ]; then ranks "$r" "$N" "${tp[@]}"; fi
 	done
 	if has kv; then
-		if [ $((r % 2)) -eq 1 ]; then kv "$r" c; kv "$r" python; else kv "$r" python; kv "$r" c; fi
+		kvrun=(c python)
+		[ -z "$kvbase" ] || kvrun+=(python_base)
+		for ((i = 0; i < ${#kvrun[@]}; i++)); do
+			# the order rotates with the round, so that load falls on each
+			sy=${kvrun[(i + r) % ${#kvrun[@]}]}
+			if [ "$sy" = python_base ]; then kv "$r" "$sy" "$kvbase"; else kv "$r" "$sy"; fi
+		done
 	fi
 done
 note "measured in $((SECONDS - start)) s"
@@ -161,12 +211,13 @@ load_end=$(cat /proc/loadavg)
 
 mkdir -p "$outdir"
 touch "$tmp/torch.jsonl"
-"$py" - "$tmp" "$json" "$rounds" "$load_start" "$load_end" <<'EOF'
+"$py" - "$tmp" "$json" "$rounds" "$load_start" "$load_end" "$hosts" <<'EOF'
 import glob, json, os, platform, statistics, sys, time
 
 import torch
 
 tmp, out, rounds, load0, load1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+hosts = int(sys.argv[6])
 runs = []
 for f in sorted(glob.glob(os.path.join(tmp, "run-*.json")),
                 key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0])):
@@ -181,7 +232,8 @@ def add(part, system, n, key, rec):
 for run in runs:
     if run["part"] == "kv":
         for row in run["result"]["rows"]:
-            add("kv", run["system"], 1, row["block"], {"GBps": row["GBps"], "batch": row["batch"]})
+            add("kv", run["system"], 1, row["block"], {"GBps": row["GBps"], "batch": row["batch"],
+                                                       "submit_cpu_us": row.get("submit_cpu_us")})
     else:
         for row in run["result"]["rows"]:
             add(run["part"], run["system"], run["N"], row["size"],
@@ -200,6 +252,9 @@ for (part, system, n, key), recs in sorted(pts.items(), key=lambda kv: tuple(map
         best = max(recs, key=lambda r: r["GBps"])
         s = {"GBps": best["GBps"], "GBps_median": statistics.median(r["GBps"] for r in recs),
              "block": key, "batch": best["batch"]}
+        cpu = [r["submit_cpu_us"] for r in recs if r.get("submit_cpu_us") is not None]
+        if cpu:
+            s["submit_cpu_us_median"] = statistics.median(cpu)
     elif part == "ddp":
         best = min(recs, key=lambda r: r["step_ms"])
         s = {"step_ms": best["step_ms"], "step_ms_median": statistics.median(r["step_ms"] for r in recs),
@@ -218,12 +273,13 @@ doc = {
     "host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
     "python": platform.python_version(), "torch": torch.__version__,
     "collective": "allreduce", "dtype": "f32", "op": "sum", "rounds": rounds,
-    "loadavg_start": load0, "loadavg_end": load1,
+    "loadavg_start": load0, "loadavg_end": load1, "cluster_hosts": hosts,
     "note": "summary: best round (and median) per point; busbw = 2(n-1)/n x bytes / time, GB = 1e9 B; "
             "systems: kcoll, gloo = torch.distributed on plain tensors; kcoll_shm = kcoll backend on "
             "tensors in kcolld-mapped memory; kcoll_np, kcoll_np_shm = the kcoll package, numpy buffers; "
             "c_host, c_shm = kcoll-bench --mem host / shm; ddp local = the step without DDP; "
-            "kv c = kcoll-kvbench -m local, kv python = scripts/bench_kv_agent.py",
+            "kv c = kcoll-kvbench -m local, kv python = scripts/bench_kv_agent.py, kv python_base = "
+            "the same on the BENCH_KV_BASE package; cluster_hosts > 0: one rank per netns host",
     "summary": summary, "runs": runs, "torch_runs": torch_runs,
 }
 with open(out, "w") as fh:
@@ -268,9 +324,10 @@ def table(head, rows):
         print("| " + " | ".join(r) + " |")
     print()
 
-print("torch.distributed all_reduce f32 sum: kcoll backend vs gloo, same processes; best of %d "
+print("torch.distributed all_reduce f32 sum: kcoll backend vs gloo, same processes; %sbest of %d "
       "rounds; %s, %s CPUs, torch %s, %s; load average before %s, after %s"
-      % (doc["rounds"], doc["host"], doc["cpus"], doc["torch"], doc["date"],
+      % ("one rank on each of %d netns hosts; " % doc["cluster_hosts"] if doc.get("cluster_hosts") else "",
+         doc["rounds"], doc["host"], doc["cpus"], doc["torch"], doc["date"],
          " ".join(doc["loadavg_start"].split()[:3]), " ".join(doc["loadavg_end"].split()[:3])))
 print()
 ns = sorted({s["N"] for s in doc["summary"] if s["part"] == "sweep"})
@@ -318,12 +375,21 @@ if models:
 blocks = sorted({s["block"] for s in doc["summary"] if s["part"] == "kv"})
 if blocks:
     print("KV writes, same host, batches of 64, depth 2, kcolld-mapped memory: GB/s (best round, median)")
+    base = any(s["part"] == "kv" and s["system"] == "python_base" for s in doc["summary"])
     rows = []
     for b in blocks:
         g = lambda sy, fl: get("kv", sy, 1, b, fl)
-        rows.append([human(b), f(g("c", "GBps")), f(g("c", "GBps_median")), f(g("python", "GBps")),
-                     f(g("python", "GBps_median")), ratio(g("python", "GBps"), g("c", "GBps")),
-                     ratio(g("python", "GBps_median"), g("c", "GBps_median"))])
+        row = [human(b), f(g("c", "GBps")), f(g("c", "GBps_median")), f(g("python", "GBps")),
+               f(g("python", "GBps_median")), ratio(g("python", "GBps"), g("c", "GBps")),
+               ratio(g("python", "GBps_median"), g("c", "GBps_median"))]
+        row.append(f(g("python", "submit_cpu_us_median"), "%.1f"))
+        if base:
+            row += [f(g("python_base", "GBps")), ratio(g("python_base", "GBps"), g("c", "GBps")),
+                    ratio(g("python_base", "GBps_median"), g("c", "GBps_median")),
+                    f(g("python_base", "submit_cpu_us_median"), "%.1f")]
+        rows.append(row)
+    print("(submit CPU us: the Python thread's CPU time per Agent.write call, median of the rounds)")
     table(["block", "C GB/s", "C median", "Python GB/s", "Python median", "Python/C",
-           "Python/C medians"], rows)
+           "Python/C medians", "submit CPU us"]
+          + (["base GB/s", "base/C", "base/C medians", "base submit CPU us"] if base else []), rows)
 EOF

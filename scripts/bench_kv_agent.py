@@ -13,7 +13,10 @@ As in kcoll-kvbench, the batches cycle through min(64, seg / (block x
 batch)) distinct ones drawn beforehand, so that they sweep the segments;
 what a batch costs in Python (plan_blocks' checks, sort and merge, the
 submission, the wait) is in the time. Prints one JSON document:
-{"rows": [{"block", "batch", "batches", "bytes", "GBps"}]}.
+{"rows": [{"block", "batch", "batches", "bytes", "GBps", "submit_cpu_us"}]};
+submit_cpu_us is the CPU time of this thread per Agent.write call
+(time.thread_time: planning and submitting one batch, whatever the load
+on the machine does to the wall clock).
 """
 import argparse
 import collections
@@ -55,12 +58,15 @@ def main():
         init.write(sseg, remote, plans[0]).wait()  # warm up: the first batch maps the pages
         inflight = collections.deque()
         done = 0
+        cpu = 0.0
         t0 = time.perf_counter()
         end = t0 + a.duration
         while True:
             now = time.perf_counter()
             if now < end and len(inflight) < a.depth:
+                c0 = time.thread_time()
                 inflight.append(init.write(sseg, remote, plans[done % nb]))
+                cpu += time.thread_time() - c0
                 done += 1
                 continue
             if not inflight:
@@ -69,7 +75,7 @@ def main():
         elapsed = time.perf_counter() - t0
         nbytes = done * batch * block
         rows.append({"block": block, "batch": batch, "batches": done, "bytes": nbytes,
-                     "GBps": nbytes / elapsed / 1e9})
+                     "GBps": nbytes / elapsed / 1e9, "submit_cpu_us": cpu / max(1, done) * 1e6})
     remote.close()
     target.close()
     init.close()

@@ -108,11 +108,6 @@ class Bench:
         while s <= hi:
             sizes.append(s)
             s *= factor
-        tensors = {}
-        for size in sizes:
-            n = size // 4
-            tensors[size] = {"kcoll": torch.ones(n), "gloo": torch.ones(n),
-                             "kcoll_shm": self.shm_tensor(n).fill_(1)}
         calls = {"kcoll": lambda t: dist.all_reduce(t),
                  "gloo": lambda t: dist.all_reduce(t, group=self.gloo),
                  "kcoll_shm": lambda t: dist.all_reduce(t)}
@@ -122,8 +117,12 @@ class Bench:
         order = systems[r % 3:] + systems[:r % 3]
         for size in sizes:
             iters = iters_for(size)
+            # One size's tensors at a time: 256 MiB x 3 per rank at most.
+            n = size // 4
+            tensors = {"kcoll": torch.ones(n), "gloo": torch.ones(n),
+                       "kcoll_shm": self.shm_tensor(n).fill_(1)}
             for system in order:
-                t = tensors[size][system]
+                t = tensors[system]
                 calls[system](t)
                 self.check(f"{system} {size} bytes", t)
                 t.zero_()  # zeros stay zeros: no overflow, no denormals

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Draw torch.distributed all_reduce busbw vs size (log x) from a
 # scripts/bench-torch.sh result: the kcoll backend and gloo, one line per N,
-# and the kcoll backend on tensors in kcolld-mapped memory dashed.
+# and the kcoll backend on tensors in kcolld-mapped memory dashed; a
+# --cluster result says so in the title.
 #   scripts/plot-torch.sh [IN.json [OUT.png]]
 # IN defaults to the newest docs/perf/torch-*.json, OUT to
 # docs/perf/torch-allreduce.png. Needs gnuplot (scripts/deps.sh --bench).
@@ -50,9 +51,10 @@ def label(b):
     return str(b)
 print("set xtics (" + ", ".join("'%s' %d" % (label(b), b) for b in sizes) + ")")
 print("set xrange [%g:%g]" % (sizes[0] / 1.25, sizes[-1] * 1.25))
-print("set title 'torch.distributed all_reduce f32 sum, busbw vs size, best of %s rounds "
+where = (", one rank on each of %d netns hosts" % doc["cluster_hosts"]) if doc.get("cluster_hosts") else ""
+print("set title 'torch.distributed all_reduce f32 sum%s, busbw vs size, best of %s rounds "
       "(%s, %s CPUs, torch %s, %s)' noenhanced"
-      % (doc.get("rounds", "?"), doc.get("host", "?"), doc.get("cpus", "?"), doc.get("torch", "?"),
+      % (where, doc.get("rounds", "?"), doc.get("host", "?"), doc.get("cpus", "?"), doc.get("torch", "?"),
          doc.get("date", "?")[:10]))
 print("plot " + ", \\\n     ".join(c[1] for c in clauses))
 EOF
