@@ -7,7 +7,8 @@
 # full queue (also with batches in flight: the refused ones get ENOBUFS,
 # those behind them go on), the GIL released. Then across two hosts of a netns cluster
 # (SKIP without root or namespaces): tagged batches from host 1 into host
-# 0, every byte checked when its tag arrives. Then the prefill/decode
+# 0, every byte checked when its tag arrives; the full queue with batches
+# in flight across hosts. Then the prefill/decode
 # example (examples/kv_connector.py) on one host and across the pair.
 # Needs /usr/bin/python3 with numpy. Bounded: about 20-40 s. TAP.
 set -u

@@ -338,11 +338,30 @@ def owner_side(d, n):
     check(seg.notify_wait(0, n, 5) and seg.notify_get(0) == n, "across hosts: counter = batches")
     with open(os.path.join(d, "done"), "w") as f:
         f.write("1")
+    # The initiator fills the queue with batches in flight (init_side):
+    # the owner takes nothing until it says it is done.
+    wait_file(os.path.join(d, "filled"))
+    q = kv._lib.SEG_NOTIF_QUEUE
+    got = [x.msg for x in seg.get_notifs()]
+    landed = bool((dst[:10 << 12] == src[:10 << 12]).all())
+    check(got == [b"f%d" % i for i in range(q - 4)] + [b"m%d" % k for k in range(4)] and landed and
+          seg.notify_get(0) == n + 6,
+          "across hosts, full queue with 10 batches in flight: the queue holds exactly the "
+          "accepted tags in order, every batch's bytes landed, counter +6",
+          f"{len(got)} queued, last {got[-5:]}, bytes landed {landed}, counter {seg.notify_get(0)}")
     time.sleep(0.3)
     seg.close()
     with open(os.path.join(d, "gone"), "w") as f:
         f.write("1")
     a.close()
+
+
+def wait_file(path, seconds=60):
+    for _ in range(seconds * 10):
+        if os.path.exists(path):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def init_side(d, n):
@@ -366,6 +385,27 @@ def init_side(d, n):
           f"across hosts: {n} batches of ~3000 blocks with a tag each", f"{time.monotonic() - t0:.2f} s")
     raises(-errno.ERANGE, lambda: a.write(seg, rem, [(0, size, 1)]),
            "across hosts: an entry past the end -> ERANGE")
+    # The owner's queue with 4 places left, then 8 tagged and 2 untagged
+    # batches at once: the 4 that fit are done, the next 4 get ENOBUFS, the
+    # untagged ones queued behind them on the import go on.
+    wait_file(os.path.join(d, "done"))
+    q = kv._lib.SEG_NOTIF_QUEUE
+    for i in range(q - 4):
+        a.send_notif(seg, rem, b"f%d" % i).wait()
+    reqs = [a.write(seg, rem, [(k << 12, k << 12, 4096)], notify=0,
+                    msg=(b"m%d" % k) if k < 8 else None) for k in range(10)]
+    res = []
+    for r in reqs:
+        try:
+            r.wait(timeout=30)
+            res.append(r.state())
+        except kcoll.KcollError as e:
+            res.append(errno.errorcode.get(-e.code, e.code))
+    check(res == ["DONE"] * 4 + ["ENOBUFS"] * 4 + ["DONE"] * 2,
+          "across hosts, full queue with 10 batches in flight: 4 done, the next 4 tagged ENOBUFS, "
+          "the 2 untagged behind them done", f"results {res}")
+    with open(os.path.join(d, "filled"), "w") as f:
+        f.write("1")
     for _ in range(300):
         if os.path.exists(os.path.join(d, "gone")):
             break
