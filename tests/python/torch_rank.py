@@ -336,16 +336,17 @@ if rank == last:
 t0 = time.monotonic()
 # KCOLL_TEST_LATE_COMPLETES=1 (t_python_cluster.sh): across hosts the late
 # rank's all_reduce completes, with every rank's data, after the others
-# failed with ETIMEDOUT (a kcolld bug, not the package's: the multi-host
-# ABORT does not reach the op the late rank submits afterwards). That rank
-# then SKIPs the check, saying so, and every rank's next op must raise.
+# failed with ETIMEDOUT (a bug of libkcoll's lanes, not the package's: a
+# small op runs rank to rank and the others' data waits in the late rank's
+# lane sockets). That rank then SKIPs the check, saying so, and every
+# rank's next op must raise.
 late_completes = os.environ.get("KCOLL_TEST_LATE_COMPLETES") == "1"
 try:
     dist.all_reduce(torch.ones(4), group=short)
     if late_completes and rank == last:
         rep.skip("a rank skips all_reduce: RuntimeError within the group's 2 s timeout on every rank",
-                 "known kcolld bug across hosts: the late rank's all_reduce completed with no error "
-                 "after the others timed out")
+                 "known bug of libkcoll's lanes across hosts: the late rank's all_reduce "
+                 "completed with no error after the others timed out")
     else:
         rep.check(False, "a rank skips all_reduce: RuntimeError within the group's 2 s timeout on every rank",
                   "no error")
