@@ -5,7 +5,10 @@ BENCH_COMMON_OBJ := $(OBJ)/user/tools/bench_common.o
 # launch: the process launcher of kcoll-bench and kcoll-kvbench.
 LAUNCH_OBJ := $(OBJ)/user/tools/launch.o
 BENCH_KCOLL := $(BIN)/kcoll-bench
-BENCH_KCOLL_OBJ := $(OBJ)/user/tools/kcoll-bench.o $(BENCH_COMMON_OBJ) $(LAUNCH_OBJ)
+# kcoll-bench.c: main and options; bench_jobs.c: the modes; bench_rank.c: one
+# rank; bench_report.c: the table and JSON.
+BENCH_KCOLL_OBJ := $(addprefix $(OBJ)/user/tools/,kcoll-bench.o bench_jobs.o bench_rank.o \
+	bench_report.o) $(BENCH_COMMON_OBJ) $(LAUNCH_OBJ)
 
 $(BENCH_KCOLL): $(BENCH_KCOLL_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB)
 	$(call msg,LD,$@)
