@@ -99,7 +99,10 @@ ALL_TARGETS += $(GLOO_BENCH)
 endif
 
 # kcoll-kvbench: KV-cache transfers (docs/kv.md).
-KVBENCH_OBJ := $(OBJ)/user/tools/kcoll-kvbench.o $(BENCH_COMMON_OBJ) $(LAUNCH_OBJ)
+# kcoll-kvbench.c: main, options, target, initiator; kvbench_tcp.c: the raw
+# TCP anchor; kvbench_batch.c: the options' defaults and the batches.
+KVBENCH_OBJ := $(addprefix $(OBJ)/user/tools/,kcoll-kvbench.o kvbench_tcp.o kvbench_batch.o) \
+	$(BENCH_COMMON_OBJ) $(LAUNCH_OBJ)
 $(BIN)/kcoll-kvbench: $(KVBENCH_OBJ) $(LIB)/libkcoll.a $(COMMON_LIB)
 	$(call msg,LD,$@)
 	@mkdir -p $(dir $@)
