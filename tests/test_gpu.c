@@ -10,6 +10,12 @@
  *  - the doctor's text and JSON, and kcoll-gpu-doctor's exit status.
  * With a GPU, additionally the kernels against kcoll_reduce_ref for every
  * dtype x op; without one each of those prints "ok N # SKIP no GPU: <why>".
+ *
+ * One program of about 1400 lines, on purpose: the themes share three
+ * fixtures, each used across them: the element fill and comparison (the
+ * host semantics and the GPU kernels), the fake driver over a fake sysfs
+ * (the loader, context and IPC cases) and the JSON checker (the loader and
+ * the doctor). Split by theme, each program would need all three.
  */
 #include <errno.h>
 #include <limits.h>

@@ -20,6 +20,10 @@
  * Each run starts a private kcolld with the GPU, and one without (its kernels
  * library points nowhere), under /tmp/gpu-ring-<pid>/. CUDA is only ever
  * initialised in forked children: a process must not fork after cuInit.
+ *
+ * One program of about 1000 lines, on purpose: both runs are this program
+ * (the second an exec of it, carrying the TAP count on), over one case table
+ * and one shared board; a second program would split the same checks.
  */
 #include <errno.h>
 #include <fcntl.h>
