@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * What the KV tests (test_kv.c, kv_peer.c) share: a seeded xorshift64 for
- * reproducible batches and contents, and a 64-bit FNV-1a style hash to
- * compare a target image with what was sent (8 bytes a step: a 64 MiB image
- * hashes in a few ms), a shuffle so a batch's entries are not in offset
- * order, and buffers from the heap or kcoll_mem_alloc.
+ * What the KV tests (test_kv.c, test_kv_notif.c, kv_peer.c) share: a seeded
+ * xorshift64 for reproducible batches and contents, and a 64-bit FNV-1a
+ * style hash to compare a target image with what was sent (8 bytes a step:
+ * a 64 MiB image hashes in a few ms), a shuffle so a batch's entries are not
+ * in offset order, and buffers from the heap or kcoll_mem_alloc.
  */
 #ifndef KCOLL_TESTS_KV_UTIL_H
 #define KCOLL_TESTS_KV_UTIL_H
