@@ -13,7 +13,7 @@
 #include "kcoll/tap.h"
 
 #include "kcolld.h"
-#include "net.h"
+#include "mh.h"
 #include "rdma.h"
 #include "xport_rdma.h"
 

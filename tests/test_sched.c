@@ -32,7 +32,8 @@
 #include "kcoll/tap.h"
 
 #include "kcolld.h"
-#include "net.h"
+#include "mh.h"
+#include "xport.h"
 #include "reduce.h"
 #include "schedule.h"
 

@@ -15,6 +15,9 @@
  * The control thread evaluates every KD_C4_TICK, logs events (warn when
  * raised, info when cleared), keeps the last ones for `kcollctl events`, and
  * recomputes the plan (`kcollctl plan`). docs/c4.md has the long form.
+ *
+ * c4d.c sits on top of comm.c, mh.c and net.c: they feed it only through
+ * the struct kd_c4_hooks that kd_c4_start installs (c4d.h).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,10 +31,13 @@
 
 #include <kcoll/c4.h>
 
+#include "c4d.h"
 #include "config.h"
+#include "flow.h"
 #include "kcolld.h"
 #include "log.h"
 #include "metrics.h"
+#include "mh.h"
 #include "net.h"
 
 #define KD_C4_TICK	(250 * 1000000LL)
@@ -121,7 +127,7 @@ static void params(struct kcoll_c4_params *p)
 	p->straggler_ms = (uint32_t)__atomic_load_n(&kd.c4_straggler_ms, __ATOMIC_RELAXED);
 }
 
-int kd_c4_attach(struct kd_comm *comm)
+static int kd_c4_attach(struct kd_comm *comm)
 {
 	struct kd_mh *mh = comm->mh;
 	struct kcoll_c4_params p;
@@ -171,7 +177,7 @@ int kd_c4_attach(struct kd_comm *comm)
 	return 0;
 }
 
-void kd_c4_detach(struct kd_mh *mh)
+static void kd_c4_detach(struct kd_mh *mh)
 {
 	struct kd_c4 *c = mh->c4;
 
@@ -188,7 +194,7 @@ void kd_c4_detach(struct kd_mh *mh)
 	free(c);
 }
 
-void kd_c4_submitted(struct kd_comm *comm, uint32_t rank, uint64_t seq)
+static void kd_c4_submitted(struct kd_comm *comm, uint32_t rank, uint64_t seq)
 {
 	struct kd_c4 *c = comm->mh ? comm->mh->c4 : NULL;
 	int64_t now;
@@ -200,7 +206,7 @@ void kd_c4_submitted(struct kd_comm *comm, uint32_t rank, uint64_t seq)
 	trace(c, "sub %" PRId64 " %u %" PRIu64 "\n", now, rank, seq);
 }
 
-void kd_c4_completed(struct kd_comm *comm, const struct kd_op *op)
+static void kd_c4_completed(struct kd_comm *comm, const struct kd_op *op)
 {
 	struct kd_c4 *c = comm->mh ? comm->mh->c4 : NULL;
 	int64_t now;
@@ -216,7 +222,7 @@ void kd_c4_completed(struct kd_comm *comm, const struct kd_op *op)
 	}
 }
 
-void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
+static void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
 {
 	const struct kd_p_c4 *m = (const void *)h;
 	const struct kd_p_c4_rank *rr = (const void *)(m + 1);
@@ -246,7 +252,7 @@ void kd_c4_on_report(struct kd_comm *comm, uint32_t from_host, const struct kd_p
 
 /* ---- the plan between a host pair ----------------------------------------- */
 
-void kd_c4_op_start(struct kd_mh *mh, struct kd_op *op)
+static void kd_c4_op_start(struct kd_mh *mh, struct kd_op *op)
 {
 	int64_t t0 = kd_now_ns();
 
@@ -312,7 +318,7 @@ static void plan_propose(struct kd_comm *comm, uint32_t h, uint32_t mine, int64_
 	plan_send(mh, h, KD_PLAN_PROPOSE, want, from, 0);
 }
 
-void kd_c4_on_plan(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
+static void kd_c4_on_plan(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
 {
 	const struct kd_p_plan *m = (const void *)h;
 	struct kd_mh *mh = comm->mh;
@@ -634,7 +640,7 @@ static void view_send(struct kd_mh *mh, const struct kcoll_c4_event *act, uint32
 			kd_metrics_c4_view_sent();
 }
 
-void kd_c4_on_view(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
+static void kd_c4_on_view(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h)
 {
 	const struct kd_p_c4_view *m = (const void *)h;
 	const struct kd_p_c4_anom *a = (const void *)(m + 1);
@@ -1112,7 +1118,7 @@ static uint32_t merged(const struct kd_mh *mh, bool local, struct kd_c4_shown *o
 
 /* kcollctl status: the communicator's active anomalies as every host judges
  * them (what kcollctl anomalies lists) and the hosts that hold one. */
-uint32_t kd_c4_summary(struct kd_comm *comm, uint64_t *seen)
+static uint32_t kd_c4_summary(struct kd_comm *comm, uint64_t *seen)
 {
 	struct kd_c4_shown act[KD_C4_SHOW];
 	uint32_t n = 0;
@@ -1394,4 +1400,21 @@ size_t kd_c4_render(uint32_t what, uint64_t since, char *buf, size_t cap, uint32
 		break;
 	}
 	return n < cap ? n : cap - 1;
+}
+
+static const struct kd_c4_hooks c4_hooks = {
+	.attach = kd_c4_attach,
+	.detach = kd_c4_detach,
+	.submitted = kd_c4_submitted,
+	.completed = kd_c4_completed,
+	.on_report = kd_c4_on_report,
+	.on_plan = kd_c4_on_plan,
+	.on_view = kd_c4_on_view,
+	.op_start = kd_c4_op_start,
+	.summary = kd_c4_summary,
+};
+
+void kd_c4_start(void)
+{
+	kd_c4 = &c4_hooks;
 }

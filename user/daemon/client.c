@@ -1,5 +1,10 @@
 // SPDX-License-Identifier: MIT
-/* A client: its ring, the thread that consumes its SQ, CQ posting, regions. */
+/*
+ * A client: its ring, the thread that consumes its SQ, CQ posting, regions.
+ * The ring server sits below the rooms that give SQEs meaning: it hands
+ * them, and a client's end, to the tables those rooms registered
+ * (struct kd_client_ops, kcolld.h).
+ */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -14,6 +19,19 @@
 #include "kcoll_gpu.h"
 #include "kcolld.h"
 #include "log.h"
+
+#define CLIENT_OPS_MAX 4
+
+static const struct kd_client_ops *client_ops[CLIENT_OPS_MAX];
+static int nclient_ops;
+
+int kd_client_register(const struct kd_client_ops *ops)
+{
+	if (nclient_ops == CLIENT_OPS_MAX)
+		return -ENOSPC;
+	client_ops[nclient_ops++] = ops;
+	return 0;
+}
 
 struct kd_client *kd_client_new(int sock)
 {
@@ -178,15 +196,15 @@ static void dispatch(struct kd_client *c, const struct kcoll_sqe *sqe)
 		kd_client_post(c, sqe->user_data, 0, 0, KCOLL_RANK_NONE, 0);
 		return;
 	}
-	if (sqe->opcode >= KCOLL_OP_ALLREDUCE && sqe->opcode <= KCOLL_OP_BARRIER) {
-		/* Collectives go to their communicator even when malformed, so
-		 * the other ranks learn of the error instead of waiting. */
-		kd_comm_submit(c, sqe, r, why);
-		return;
-	}
-	if (sqe->opcode == KCOLL_OP_XFER_WRITE || sqe->opcode == KCOLL_OP_XFER_READ) {
-		kd_kv_submit(c, sqe, r, why);
-		return;
+	for (int i = 0; i < nclient_ops; i++) {
+		const struct kd_client_ops *o = client_ops[i];
+
+		if (o->submit && sqe->opcode >= o->op_first && sqe->opcode <= o->op_last) {
+			/* Even when malformed: collectives go to their communicator
+			 * so that the other ranks learn of the error. */
+			o->submit(c, sqe, r, why);
+			return;
+		}
 	}
 	kc_dbg("client %u: sqe refused: %s", c->id, why);
 	kd_client_post(c, sqe->user_data, r, 0, KCOLL_RANK_NONE, 0);
@@ -253,8 +271,9 @@ static void *ring_thread(void *arg)
 		else
 			usleep(100);	/* the client is not reaping its CQ */
 	}
-	kd_exec_thread_done();
-	kd_kv_thread_done();
+	for (int i = 0; i < nclient_ops; i++)
+		if (client_ops[i]->thread_done)
+			client_ops[i]->thread_done();
 	return NULL;
 }
 
@@ -276,27 +295,18 @@ void kd_client_close(struct kd_client *c)
 {
 	atomic_store(&c->dead, true);
 	atomic_store(&c->stop, true);
-	/* Leave the comms first: that aborts an op the ring thread may be
-	 * running inline across hosts (it returns at once), so the join below
-	 * does not wait for the op's timeout. */
-	for (uint32_t i = 0; i < KD_MAX_COMMS; i++) {
-		struct kd_comm *comm;
-		uint32_t rank;
-
-		pthread_mutex_lock(&c->lock);
-		comm = c->members[i].comm;
-		rank = c->members[i].rank;
-		c->members[i].comm = NULL;
-		pthread_mutex_unlock(&c->lock);
-		if (comm) {
-			kd_comm_member_gone(comm, rank, -ECONNRESET);
-			kd_comm_put(comm);
-		}
-	}
+	/* Leave the comms first (comm.c's closing): that aborts an op the
+	 * ring thread may be running inline across hosts (it returns at once),
+	 * so the join below does not wait for the op's timeout. */
+	for (int i = 0; i < nclient_ops; i++)
+		if (client_ops[i]->closing)
+			client_ops[i]->closing(c);
 	if (c->thread_started) {
 		kcoll_futex_wake(&c->ring->sq_tail, INT_MAX);
 		pthread_join(c->ring_thread, NULL);
 	}
-	kd_kv_client_gone(c);
+	for (int i = 0; i < nclient_ops; i++)
+		if (client_ops[i]->closed)
+			client_ops[i]->closed(c);
 	kd_client_put(c);
 }

@@ -4,16 +4,51 @@
  * operation of every rank into one op (ring threads), in-order execution,
  * and failure: a member that dies, leaves or stalls fails every pending op
  * of the communicator with an error naming it, so no rank waits forever.
+ *
+ * comm.c sits below what runs its ops (exec.c; mh.c across hosts) and the
+ * network (net.c): it hands ready ops and reaches peers only through the
+ * tables they install (struct kd_comm_exec_ops, struct kd_comm_net_ops),
+ * and tells the C4 detector through its hooks (c4d.h).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "c4d.h"
 #include "kcolld.h"
 #include "log.h"
 #include "metrics.h"
-#include "net.h"
+#include "mh.h"
+
+static const struct kd_comm_exec_ops *exec_ops;
+static const struct kd_comm_net_ops *net_ops;
+
+void kd_comm_set_exec(const struct kd_comm_exec_ops *ops)
+{
+	exec_ops = ops;
+}
+
+void kd_comm_set_net(const struct kd_comm_net_ops *ops)
+{
+	net_ops = ops;
+}
+
+void kd_comm_abort_peers(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags,
+			 uint64_t from_seq)
+{
+	if (net_ops && comm->mh)
+		net_ops->abort_peers(comm, err, rank, flags, from_seq);
+}
+
+/* A ready op: across hosts the comm's net thread runs it, else exec.c. */
+static void op_run(struct kd_op *op)
+{
+	if (op->comm->mh)
+		net_ops->run(op);
+	else
+		exec_ops->run(op);
+}
 
 static void comm_free(struct kd_comm *comm)
 {
@@ -205,7 +240,12 @@ int kd_comm_join(struct kd_client *c, const struct kcoll_msg_comm_init *m, const
 
 	/* The id's root daemon learns where every rank is; once all are
 	 * placed, the comm is activated (kd_comm_activate), maybe right here. */
-	int r = kd_net_join(comm, id, m->rank, m->flags, why);
+	int r = -ENOTCONN;
+
+	if (net_ops)
+		r = net_ops->join(comm, id, m->rank, m->flags, why);
+	else
+		*why = "this kcolld runs without its network part";
 
 	if (r < 0) {
 		kd_comm_form_fail(comm, r, *why);
@@ -361,7 +401,7 @@ bool kd_comm_abort(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags,
 	pthread_mutex_unlock(&comm->lock);
 	post_list(failed, -1);
 	if (comm->mh)
-		kd_mh_wake(comm->mh);
+		net_ops->wake(comm->mh);
 	return true;
 }
 
@@ -424,7 +464,7 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 	}
 	post_list(failed, err == -ECANCELED ? (int)rank : -1);
 	if (comm->mh) {
-		kd_mh_wake(comm->mh);
+		net_ops->wake(comm->mh);
 		/*
 		 * Tell the peers even when the comm already ended earlier
 		 * (another host left first, so nothing was lowered here): a
@@ -432,7 +472,7 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 		 * must take our connections closing next for a goodbye from
 		 * op `from` on, not for a death that fails the op it runs.
 		 */
-		kd_net_abort_peers(comm, op_err, culprit, flags, from);
+		kd_comm_abort_peers(comm, op_err, culprit, flags, from);
 	}
 }
 
@@ -485,7 +525,9 @@ int kd_comm_take_lane(struct kd_client *c, uint32_t handle, uint32_t host, int *
 	return *fd >= 0 ? 0 : -EALREADY;
 }
 
-void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, const char *why)
+/* Ring thread: one collective SQE and kd_sqe_check's verdict on it. */
+static void comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err,
+			const char *why)
 {
 	const struct kcoll_sqe_coll *a = &sqe->coll;
 	uint32_t handle = a->comm_id, rank;
@@ -525,7 +567,8 @@ void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, c
 	}
 	uint64_t seq = comm->next_seq[rank]++;
 
-	kd_c4_submitted(comm, rank, seq);
+	if (kd_c4)
+		kd_c4->submitted(comm, rank, seq);
 
 	for (pp = &comm->pending; *pp && (*pp)->seq < seq; pp = &(*pp)->next)
 		;
@@ -577,7 +620,7 @@ void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, c
 	run = next_runnable(comm);
 	pthread_mutex_unlock(&comm->lock);
 	if (run)
-		kd_op_run(run);
+		op_run(run);
 }
 
 struct kd_op *kd_comm_op_done(struct kd_op *op)
@@ -588,7 +631,8 @@ struct kd_op *kd_comm_op_done(struct kd_op *op)
 	pthread_mutex_lock(&comm->lock);
 	comm->exec_seq++;
 	atomic_fetch_add(&comm->ops_done, 1);
-	kd_c4_completed(comm, op);
+	if (kd_c4)
+		kd_c4->completed(comm, op);
 	next = next_runnable(comm);
 	pthread_mutex_unlock(&comm->lock);
 	op_post(op, -1);
@@ -635,7 +679,8 @@ void kd_comm_watchdog(int64_t now)
 		pthread_mutex_unlock(&comm->lock);
 		post_list(failed, -1);
 		if (timed_out_seq != UINT64_MAX && comm->mh)
-			kd_net_abort_peers(comm, -ETIMEDOUT, missing, KCOLL_CQE_F_MISSING, timed_out_seq);
+			kd_comm_abort_peers(comm, -ETIMEDOUT, missing, KCOLL_CQE_F_MISSING,
+					    timed_out_seq);
 		if (forming_expired) {
 			char msg[128];
 			int n = snprintf(msg, sizeof(msg), "timed out waiting for ranks:");
@@ -652,7 +697,8 @@ void kd_comm_watchdog(int64_t now)
 			done = true;
 		}
 		if (done) {
-			kd_net_comm_close(comm);
+			if (net_ops)
+				net_ops->close(comm);
 			*pp = comm->next;
 			kd_comm_put(comm);
 			continue;
@@ -660,3 +706,30 @@ void kd_comm_watchdog(int64_t now)
 		pp = &comm->next;
 	}
 }
+
+/* The client is closing: leave its communicators (kd_client_close). */
+static void comm_client_closing(struct kd_client *c)
+{
+	for (uint32_t i = 0; i < KD_MAX_COMMS; i++) {
+		struct kd_comm *comm;
+		uint32_t rank;
+
+		pthread_mutex_lock(&c->lock);
+		comm = c->members[i].comm;
+		rank = c->members[i].rank;
+		c->members[i].comm = NULL;
+		pthread_mutex_unlock(&c->lock);
+		if (comm) {
+			kd_comm_member_gone(comm, rank, -ECONNRESET);
+			kd_comm_put(comm);
+		}
+	}
+}
+
+const struct kd_client_ops kd_comm_client_ops = {
+	.name = "comm",
+	.op_first = KCOLL_OP_ALLREDUCE,
+	.op_last = KCOLL_OP_BARRIER,
+	.submit = comm_submit,
+	.closing = comm_client_closing,
+};

@@ -9,9 +9,14 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "c4d.h"
 #include "kcolld.h"
 
 struct kd_daemon kd;
+
+/* Installed by c4d.c (kd_c4_start), read by comm.c, mh.c and net.c: it lives
+ * here so that neither side depends on the other. */
+const struct kd_c4_hooks *kd_c4;
 
 int64_t kd_now_ns(void)
 {

@@ -10,6 +10,10 @@
  * the same work there instead: kcoll_gpu_reduce_n over the mapped inputs into
  * one receiver, device-to-device copies to the others, on kcolld's stream of
  * that device, synchronized before the task counts as done (docs/gpu.md).
+ *
+ * exec.c sits above comm.c: comm.c hands it ready single-host ops through
+ * the struct kd_comm_exec_ops that kd_pool_start installs; multi-host ops
+ * go to their net thread (mh.c) instead, never through here.
  */
 #include <errno.h>
 #include <sched.h>
@@ -21,7 +25,6 @@
 #include "kcoll_gpu.h"
 #include "kcolld.h"
 #include "log.h"
-#include "net.h"
 #include "reduce.h"
 
 static struct {
@@ -302,12 +305,10 @@ static void op_start(struct kd_op *op)
 	op_leave(op, work_on(op));
 }
 
-void kd_op_run(struct kd_op *op)
+/* comm.c's runner: split a ready op into tasks, share them with the pool,
+ * complete it and the comm's ops that become runnable after it. */
+static void exec_run(struct kd_op *op)
 {
-	if (op->comm->mh) {
-		kd_mh_queue(op);	/* across hosts: the comm's net thread runs it */
-		return;
-	}
 	op_prepare(op);
 	if (op->ntasks > 1) {
 		op_start(op);
@@ -363,9 +364,13 @@ static void *worker(void *arg)
 	}
 }
 
+static const struct kd_comm_exec_ops exec_ops = { .run = exec_run };
+
 int kd_pool_start(int n)
 {
 	sigset_t all, old;
+
+	kd_comm_set_exec(&exec_ops);
 
 	pool.threads = calloc(n, sizeof(*pool.threads));
 	if (n && !pool.threads)
@@ -391,3 +396,9 @@ void kd_pool_stop(void)
 	pool.threads = NULL;
 	pool.n = 0;
 }
+
+/* Ring threads run ops' tasks too: their staging buffer goes when they exit. */
+const struct kd_client_ops kd_exec_client_ops = {
+	.name = "exec",
+	.thread_done = kd_exec_thread_done,
+};

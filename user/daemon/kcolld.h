@@ -16,6 +16,12 @@
  *   metrics.c Prometheus metrics: data-path counters (relaxed atomics), the
  *             text, the KCOLL_METRICS endpoint and textfile (metrics.h)
  *
+ * Each file calls only files below it (daemon.c < client.c < comm.c <
+ * exec.c < mh.c < net.c < kv_*.c, c4d.c); the calls that go up use the ops
+ * tables declared here and in c4d.h and net.h, which the upper files
+ * install at start-up (docs/architecture.md, "Layers"; measured by
+ * scripts/layering.py).
+ *
  * Lifetimes are reference counts: a client is held by the client list, each
  * communicator it is a member of and each op it contributed to; a comm by
  * its members and its ops. Lock order: client->lock, then comm->lock, then
@@ -253,6 +259,32 @@ int kd_coll_sizes(const struct kcoll_sqe *sqe, uint32_t nranks, uint32_t rank,
 		  uint64_t *send_bytes, uint64_t *recv_bytes);
 
 /* client.c */
+/*
+ * The rooms above client.c that take part in a client's life (comm.c,
+ * exec.c, kv_local.c): main.c registers each table at start-up, before the first
+ * client connects; read-only after. client.c dispatches to them without
+ * depending on them (docs/architecture.md, "Layers").
+ */
+struct kd_client_ops {
+	const char *name;
+	/* Ring thread: an SQE with an opcode in [op_first, op_last] and
+	 * kd_sqe_check's verdict on it; malformed ones too, the handler answers
+	 * them (a communicator's other ranks must learn of the error). NULL:
+	 * it takes no SQEs. */
+	uint8_t op_first, op_last;
+	void (*submit)(struct kd_client *c, const struct kcoll_sqe *sqe, int err, const char *why);
+	/* Control thread, kd_client_close: before the ring thread is stopped
+	 * (leave what could keep it waiting), and after it exited. */
+	void (*closing)(struct kd_client *c);
+	void (*closed)(struct kd_client *c);
+	/* A ring thread exits: free what the room keeps per thread. */
+	void (*thread_done)(void);
+};
+int kd_client_register(const struct kd_client_ops *ops);	/* 0, or -ENOSPC */
+extern const struct kd_client_ops kd_comm_client_ops;	/* comm.c */
+extern const struct kd_client_ops kd_exec_client_ops;	/* exec.c */
+extern const struct kd_client_ops kd_kv_client_ops;	/* kv_local.c */
+
 struct kd_client *kd_client_new(int sock);
 int kd_client_ring_create(struct kd_client *c, uint32_t sq_entries, int *fd);
 int kd_client_start(struct kd_client *c);
@@ -296,12 +328,44 @@ int kd_buf_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, cons
 		 size_t n);
 
 /* comm.c */
+/*
+ * How comm.c reaches the network and a multi-host communicator's net
+ * thread, which sit above it (net.c, mh.c): net.c installs its table first
+ * thing in kd_net_start (main.c, before the first client connects; also
+ * when it then cannot listen: joins still go through it and say why).
+ * NULL before: joins fail with -ENOTCONN and no comm is multi-host.
+ */
+struct kd_comm_net_ops {
+	/* Control thread: a local rank joined comm (FORMING): register it
+	 * with the id's root; once every rank is placed, kd_comm_activate. */
+	int (*join)(struct kd_comm *comm, const struct kcoll_id *id, uint32_t rank, uint32_t flags,
+		    const char **why);
+	/* Any thread: tell every peer that comm fails from op from_seq on. */
+	void (*abort_peers)(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags,
+			    uint64_t from_seq);
+	/* Control thread: tear comm's multi-host state down (it is aborted). */
+	void (*close)(struct kd_comm *comm);
+	/* A ready op of a multi-host comm: its net thread runs it (mh.c). */
+	void (*run)(struct kd_op *op);
+	/* comm->mh's comm was aborted: its net thread stops waiting (mh.c). */
+	void (*wake)(struct kd_mh *mh);
+};
+void kd_comm_set_net(const struct kd_comm_net_ops *ops);
+/* Who runs a ready single-host op: exec.c installs its runner in
+ * kd_pool_start (main.c, before the first client connects); the runner
+ * calls kd_comm_op_done when the op finished. */
+struct kd_comm_exec_ops {
+	void (*run)(struct kd_op *op);
+};
+void kd_comm_set_exec(const struct kd_comm_exec_ops *ops);
+/* Tell comm's peers it fails from op from_seq on (through the net ops;
+ * nothing while single-host). Any thread. */
+void kd_comm_abort_peers(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags,
+			 uint64_t from_seq);
 /* Control thread: join; 1 = reply deferred until complete, or -errno + why. */
 int kd_comm_join(struct kd_client *c, const struct kcoll_msg_comm_init *m, const char **why);
 int kd_comm_destroy(struct kd_client *c, uint32_t handle);
 int kd_comm_take_lane(struct kd_client *c, uint32_t handle, uint32_t host, int *fd);
-/* Ring thread: one collective SQE and kd_sqe_check's verdict on it. */
-void kd_comm_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, const char *why);
 /* A member died or left: fail what is pending and refuse what comes. */
 void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err);
 /* Control thread, periodically: join deadlines and hung ops. */
@@ -318,15 +382,13 @@ bool kd_comm_abort(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags,
 void kd_comm_submitted(struct kd_comm *comm, uint64_t seq, uint64_t bits[4]);
 /* Record err for op unless it already failed (the first error wins). */
 void kd_op_fail(struct kd_op *op, int err, uint32_t err_rank, uint32_t flags);
-/* exec.c calls back when an op finished: post CQEs; returns the comm's next
- * op if it may start now (the caller runs it). */
+/* The runner (exec.c, mh.c) calls it when an op finished: post CQEs;
+ * returns the comm's next op if it may start now (the caller runs it). */
 struct kd_op *kd_comm_op_done(struct kd_op *op);
 
 /* exec.c */
 int kd_pool_start(int nworkers);
 void kd_pool_stop(void);
-/* Run a ready op: split into tasks, share them with the pool, complete it. */
-void kd_op_run(struct kd_op *op);
 /* A thread that ran tasks is exiting: free its staging buffer. */
 void kd_exec_thread_done(void);
 
@@ -346,6 +408,10 @@ void kd_kv_submit(struct kd_client *c, const struct kcoll_sqe *sqe, int err, con
 /* Control thread: the client is closing; its segments end, imports dropped. */
 void kd_kv_client_gone(struct kd_client *c);
 void kd_kv_thread_done(void);
+struct kd_p_hello;
+/* kv_serve.c, control thread: a KD_CONN_KV HELLO (net.c's HELLO kind table); takes the
+ * connection's fd (answers and serves it). */
+void kd_kv_accept(int fd, const struct kd_p_hello *m);
 size_t kd_kv_render(char *buf, size_t cap, int json);
 
 /* status.c */

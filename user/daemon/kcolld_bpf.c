@@ -25,6 +25,7 @@
 #include "kcoll_steer.h"
 #include "kcolld_bpf.h"
 #include "log.h"
+#include "flow.h"
 #include "net.h"
 
 static struct kcoll_bpf *kb;

@@ -323,3 +323,15 @@ out:
 		       why ? why : "", strerror(-r));
 	kd_client_post(c, sqe->user_data, r, moved, KCOLL_RANK_NONE, 0);
 }
+
+/* What the KV engine does in a client's life (main.c registers it with
+ * client.c): XFER SQEs and ring-thread exit here, the client's end in
+ * kv_seg.c. */
+const struct kd_client_ops kd_kv_client_ops = {
+	.name = "kv",
+	.op_first = KCOLL_OP_XFER_WRITE,
+	.op_last = KCOLL_OP_XFER_READ,
+	.submit = kd_kv_submit,
+	.closed = kd_kv_client_gone,
+	.thread_done = kd_kv_thread_done,
+};

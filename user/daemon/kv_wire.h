@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "net.h"
+#include "wire.h"
 
 enum { KV_OP_WRITE = 0, KV_OP_READ = 1, KV_OP_NOTIFY = 2, KV_OP_RDMA = 3, KV_OP_MSG = 4 };
 

@@ -24,9 +24,12 @@
 
 #include <kcoll/kcoll.h>
 
+#include "c4d.h"
 #include "config.h"
+#include "flow.h"
 #include "kcolld.h"
 #include "net.h"
+#include "xport.h"
 #include "log.h"
 #include "metrics.h"
 #include "rdma.h"
@@ -615,6 +618,15 @@ int main(int argc, char **argv)
 	/* Unmapped memory must leave the RDMA registration cache (zero-copy
 	 * sends, KV) before its address can be mapped again. */
 	kd_unmap_subscribe(kcoll_rdma_mr_invalidate);
+	/* The upward seams (docs/architecture.md, "Layers"): what rooms above
+	 * the ring server and the network take part in, registered before any
+	 * client or peer connects. comm.c's runner and network tables are
+	 * installed by kd_pool_start and kd_net_start below. */
+	kd_client_register(&kd_comm_client_ops);
+	kd_client_register(&kd_exec_client_ops);
+	kd_client_register(&kd_kv_client_ops);
+	kd_net_hello_register(KD_CONN_KV, kd_kv_accept);
+	kd_c4_start();
 	kd.spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
 	kd.start_ns = kd_now_ns();
 

@@ -13,6 +13,11 @@
  * Only one set of flows per host pair carries the op, whatever the number of
  * local ranks. Failures abort the comm from this op on, here and on every
  * peer, naming the rank (or a rank of the host) at fault.
+ *
+ * mh.c sits above comm.c and exec.c and below net.c, which starts and stops
+ * the net thread and hands it ops (struct kd_comm_net_ops.run); it tells
+ * peers of a failure through comm.c (kd_comm_abort_peers) and the C4
+ * planner through its hooks (c4d.h).
  */
 #include <errno.h>
 #include <signal.h>
@@ -23,9 +28,10 @@
 
 #include <kcoll/kcoll.h>
 
+#include "c4d.h"
 #include "kcolld.h"
 #include "log.h"
-#include "net.h"
+#include "mh.h"
 #include "reduce.h"
 #include "schedule.h"
 
@@ -188,7 +194,7 @@ static void net_fail(struct kd_mh *mh, struct kd_op *op, int err, uint32_t bad_h
 		kc_warn("comm %s: op %llu failed with host %u (%s): %s", comm->name,
 			(unsigned long long)op->seq, bad_host,
 			bad_host < mh->nhosts ? mh->hosts[bad_host].info.name : "?", kcoll_strerror(err));
-		kd_net_abort_peers(comm, err, rank, 0, op->seq);
+		kd_comm_abort_peers(comm, err, rank, 0, op->seq);
 	}
 }
 
@@ -202,7 +208,8 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	bool wide, avg;
 	int r = 0;
 
-	kd_c4_op_start(mh, op);
+	if (kd_c4)
+		kd_c4->op_start(mh, op);
 	atomic_store(&mh->running_since, kd_now_ns());
 	atomic_store(&mh->last_progress, atomic_load(&mh->running_since));
 	atomic_store(&mh->running_seq, op->seq);
@@ -212,7 +219,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		int err = atomic_load(&op->err);
 
 		if (kd_comm_abort(comm, err, rk, 0, op->seq))
-			kd_net_abort_peers(comm, err, rk, 0, op->seq);
+			kd_comm_abort_peers(comm, err, rk, 0, op->seq);
 		goto done;
 	}
 	if (op->seq >= __atomic_load_n(&comm->limit_seq, __ATOMIC_RELAXED)) {
@@ -287,7 +294,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		/* Our input is unreadable: the peers cannot complete either. */
 		kd_op_fail(op, r, bad, 0);
 		if (kd_comm_abort(comm, r, bad, 0, op->seq))
-			kd_net_abort_peers(comm, r, bad, 0, op->seq);
+			kd_comm_abort_peers(comm, r, bad, 0, op->seq);
 		goto done;
 	}
 

@@ -37,10 +37,14 @@
 #include <kcoll/c4.h>
 #include <kcoll/kcoll.h>
 
+#include "c4d.h"
 #include "config.h"
+#include "flow.h"
 #include "kcolld.h"
 #include "log.h"
+#include "mh.h"
 #include "net.h"
+#include "xport.h"
 
 enum pc_role { PC_LISTEN, PC_NEW, PC_BOOT_ROOT, PC_BOOT_MEMBER, PC_CTRL };
 
@@ -461,6 +465,9 @@ int kd_net_self_addrs(uint16_t *port, uint32_t *addrs, int max)
 	return n;
 }
 
+/* comm.c's way to the network (kcolld.h), defined at the end. */
+static const struct kd_comm_net_ops comm_net_ops;
+
 int kd_net_start(const char *listen_spec, const char *addrs_spec, const struct kd_xport_ops *(*pick)(void))
 {
 	struct sockaddr_in sa;
@@ -469,6 +476,7 @@ int kd_net_start(const char *listen_spec, const char *addrs_spec, const struct k
 	enum kd_algo a = KD_ALGO_AUTO;
 	long long ns = kcoll_knob_ll("KCOLL_NET_STREAMS"), lanes;
 
+	kd_comm_set_net(&comm_net_ops);
 	if (kd_algo_parse(kcoll_knob_str("KCOLL_ALGO"), &a))
 		kc_warn("KCOLL_ALGO=%s is unknown (auto, ring, rd, rabenseifner, direct); using auto",
 			kcoll_knob_str("KCOLL_ALGO"));
@@ -640,7 +648,7 @@ static void check_up(struct kd_comm *comm)
 
 	if (comm->state != KD_COMM_FORMING || mh->conns_up < mh->conns_needed)
 		return;
-	if (kd_c4_attach(comm) || kd_mh_start(mh)) {
+	if ((kd_c4 && kd_c4->attach(comm)) || kd_mh_start(mh)) {
 		member_fail(comm, -ENOMEM, "cannot start the communicator's network thread");
 		return;
 	}
@@ -920,8 +928,8 @@ static void fill_register(struct kd_p_register *m, const struct kd_comm *comm, u
 
 static void boot_register(struct kd_boot *b, struct kd_pconn *from, const struct kd_p_register *m);
 
-int kd_net_join(struct kd_comm *comm, const struct kcoll_id *id, uint32_t rank, uint32_t flags,
-		const char **why)
+static int kd_net_join(struct kd_comm *comm, const struct kcoll_id *id, uint32_t rank,
+		       uint32_t flags, const char **why)
 {
 	struct kd_p_register m;
 
@@ -1189,7 +1197,8 @@ static void boot_ready(struct kd_boot *b, struct kd_pconn *from)
 
 /* ---- control -------------------------------------------------------------- */
 
-void kd_net_abort_peers(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags, uint64_t from_seq)
+static void kd_net_abort_peers(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags,
+			       uint64_t from_seq)
 {
 	struct kd_mh *mh = comm->mh;
 	struct kd_p_abort m = { .err = err, .rank = rank, .flags = flags, .from_seq = from_seq };
@@ -1268,13 +1277,16 @@ static void on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 		return;
 	}
 	case KD_P_C4:
-		kd_c4_on_report(comm, pc->host, h);
+		if (kd_c4)
+			kd_c4->on_report(comm, pc->host, h);
 		return;
 	case KD_P_PLAN:
-		kd_c4_on_plan(comm, pc->host, h);
+		if (kd_c4)
+			kd_c4->on_plan(comm, pc->host, h);
 		return;
 	case KD_P_C4_VIEW:
-		kd_c4_on_view(comm, pc->host, h);
+		if (kd_c4)
+			kd_c4->on_view(comm, pc->host, h);
 		return;
 	case KD_P_ANSWER: {
 		const struct kd_p_answer *m = (const void *)h;
@@ -1298,6 +1310,24 @@ static void on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 			pc->host, h->type);
 }
 
+/* The HELLO kinds that rooms above net.c take (net.h); main.c fills it
+ * before kd_net_start, the control thread reads it. */
+#define HELLO_KINDS 8
+static kd_hello_fn *hello_kinds[HELLO_KINDS];
+
+int kd_net_hello_register(enum kd_conn_kind kind, kd_hello_fn *accept)
+{
+	if (kind == KD_CONN_BOOT || kind == KD_CONN_CTRL || kind == KD_CONN_DATA ||
+	    kind == KD_CONN_LANE)
+		return -EINVAL;	/* a communicator's own connections: net.c runs them */
+	if ((unsigned int)kind >= HELLO_KINDS)
+		return -ERANGE;
+	if (hello_kinds[kind])
+		return -EEXIST;
+	hello_kinds[kind] = accept;
+	return 0;
+}
+
 /* NEW connection: its HELLO says what it is for. */
 static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 {
@@ -1310,10 +1340,10 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 			 "version on every host", m->version, KD_PEER_VERSION);
 		return reject(pc, msg);
 	}
-	if (m->kind == KD_CONN_KV) {
-		/* The KV engine answers and serves it from its own thread. */
+	if (m->kind < HELLO_KINDS && hello_kinds[m->kind]) {
+		/* A room above (kv_serve.c) answers and serves it from its own thread. */
 		epoll_ctl(kd.epfd, EPOLL_CTL_DEL, pc->fd, NULL);
-		kd_kv_accept(pc->fd, m);
+		hello_kinds[m->kind](pc->fd, m);
 		pc->fd = -1;
 		pc_close(pc);
 		return;
@@ -1674,7 +1704,7 @@ void kd_net_watchdog(int64_t now)
 	}
 }
 
-void kd_net_comm_close(struct kd_comm *comm)
+static void kd_net_comm_close(struct kd_comm *comm)
 {
 	struct kd_mh *mh = comm->mh;
 
@@ -1687,7 +1717,8 @@ void kd_net_comm_close(struct kd_comm *comm)
 	kd_mh_stop(mh);
 	if (mh->xport->close)
 		mh->xport->close(mh);
-	kd_c4_detach(mh);
+	if (kd_c4)
+		kd_c4->detach(mh);
 	for (uint32_t h = 0; h < mh->nhosts; h++) {
 		if (mh->hosts[h].ctrl)
 			pc_close(mh->hosts[h].ctrl);
@@ -1703,6 +1734,12 @@ void kd_net_comm_close(struct kd_comm *comm)
 	free(mh->hosts);
 	free(mh->rank_host);
 	free(mh);
+}
+
+static uint32_t c4_summary(struct kd_comm *comm, uint64_t *seen)
+{
+	*seen = 0;
+	return kd_c4 ? kd_c4->summary(comm, seen) : 0;
 }
 
 size_t kd_net_render(char *buf, size_t cap, int json)
@@ -1743,7 +1780,7 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 				    "\"dead\":%s}", h ? "," : "", h, mh->hosts[h].info.name,
 				    mh->hosts[h].first_rank, mh->hosts[h].nranks,
 				    mh->hosts[h].dead ? "true" : "false");
-			na = kd_c4_summary(c, &seen);
+			na = c4_summary(c, &seen);
 			PUT("],\"c4_active\":%u,\"c4_seen_by\":[", na);
 			for (uint32_t h = 0, k = 0; h < 64; h++)
 				if (seen & (1ULL << h))
@@ -1777,7 +1814,7 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 			    "%lu B received\n", c->name, mh->self, mh->nhosts, kd_algo_name(mh->algo),
 			    mh->nstreams, mh->lane_bytes, (unsigned long)atomic_load(&mh->bytes_sent),
 			    (unsigned long)atomic_load(&mh->bytes_recv));
-			na = kd_c4_summary(c, &seen);
+			na = c4_summary(c, &seen);
 			PUT("    C4: %u active anomal%s over its hosts", na, na == 1 ? "y" : "ies");
 			for (uint32_t h = 0, k = 0; h < 64; h++)
 				if (seen & (1ULL << h))
@@ -1808,3 +1845,11 @@ int kd_net_connect(uint32_t addr, uint16_t port)
 		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 	return fd;
 }
+
+static const struct kd_comm_net_ops comm_net_ops = {
+	.join = kd_net_join,
+	.abort_peers = kd_net_abort_peers,
+	.close = kd_net_comm_close,
+	.run = kd_mh_queue,
+	.wake = kd_mh_wake,
+};

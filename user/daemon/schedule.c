@@ -16,9 +16,10 @@
 #include <kcoll/kcoll.h>
 
 #include "kcolld.h"
-#include "net.h"
+#include "mh.h"
 #include "reduce.h"
 #include "schedule.h"
+#include "xport.h"
 
 #define DIRECT_MAX	(4u << 20)	/* direct: (H - 1) x this in scratch; ring above */
 #define MEDIUM_BYTES	(1u << 20)	/* auto: Rabenseifner up to here (2^k hosts) */

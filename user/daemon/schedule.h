@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "net.h"	/* enum kd_algo */
+#include "mh.h"	/* struct kd_step */
 
 #define KD_SCHED_SMALL_BYTES	(64u << 10)	/* auto: recursive doubling up to here */
 

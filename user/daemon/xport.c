@@ -12,7 +12,7 @@
 
 #include "config.h"
 #include "log.h"
-#include "net.h"
+#include "xport.h"
 
 static const struct kd_xport_ops *const xports[] = { &kd_xport_rdma, &kd_xport_tcp };
 #define NXPORTS (sizeof(xports) / sizeof(xports[0]))

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "net.h"
+#include "mh.h"
 #include "rdma.h"
 
 /* The path (flow label, traffic class) of QP qp to host. */

@@ -25,7 +25,8 @@
 
 #include "kcolld.h"
 #include "log.h"
-#include "net.h"
+#include "mh.h"
+#include "xport.h"
 #include "reduce.h"
 
 /* Which streams a transfer's pieces use: piece j goes on u[j % nu]. Both ends
