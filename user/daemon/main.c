@@ -622,10 +622,11 @@ int main(int argc, char **argv)
 	 * the ring server and the network take part in, registered before any
 	 * client or peer connects. comm.c's runner and network tables are
 	 * installed by kd_pool_start and kd_net_start below. */
-	kd_client_register(&kd_comm_client_ops);
-	kd_client_register(&kd_exec_client_ops);
-	kd_client_register(&kd_kv_client_ops);
-	kd_net_hello_register(KD_CONN_KV, kd_kv_accept);
+	if (kd_client_register(&kd_comm_client_ops) || kd_client_register(&kd_exec_client_ops) ||
+	    kd_client_register(&kd_kv_client_ops) || kd_net_hello_register(KD_CONN_KV, kd_kv_accept)) {
+		kc_err("startup failed: cannot register the rooms' ops tables");
+		return 1;
+	}
 	kd_c4_start();
 	kd.spin_ns = kcoll_knob_ll("KCOLL_SPIN_US") * 1000;
 	kd.start_ns = kd_now_ns();
