@@ -21,7 +21,7 @@
 
 #include "kv_int.h"
 #include "log.h"
-#include "net.h"
+#include "wire.h"
 #include "kv_rdma.h"
 #include "kv_wire.h"
 
