@@ -18,6 +18,8 @@
 
 #include <infiniband/verbs.h>
 
+#include "ibv_dl.h"
+
 #define KCOLL_RDMA_MAX_QPS	8
 #define KCOLL_RDMA_WHY		512
 

@@ -229,6 +229,9 @@ int kcoll_rdma_init(void)
 		r = rd.ndev ? 0 : -ENODEV;
 		goto out;
 	}
+	r = kcoll_ibv_load(rd.why, sizeof(rd.why));
+	if (r)
+		goto out;
 	rd.inited = true;
 	list = ibv_get_device_list(&n);
 	if (!list || !n) {

@@ -53,8 +53,11 @@ ALL_TARGETS += $(TBIN)/kv_badmsg
 CHECK_TARGETS += $(TBIN)/kv_badmsg
 
 # A hostile peer of the KV RDMA path (tests/vm/t_kv_rdma.sh runs it on
-# Soft-RoCE): raw TCP and libibverbs, the owner side through libkcoll.
-$(OBJ)/tests/kv_hostile.o: CPPFLAGS += -Iuser/daemon -Irdma
+# Soft-RoCE): raw TCP and libibverbs, the owner side through libkcoll. It is
+# a verbs tool by nature (its own QPs, no kcoll verbs layer, only the wire
+# structs of kv_rdma.h), so it links libibverbs (KCOLL_IBV_LINKED: rdma/ibv_dl.h
+# leaves the verbs names alone) and runs only where rdma-core is installed.
+$(OBJ)/tests/kv_hostile.o: CPPFLAGS += -Iuser/daemon -Irdma -DKCOLL_IBV_LINKED
 $(TBIN)/kv_hostile: $(OBJ)/tests/kv_hostile.o $(LIB)/libkcoll.a $(COMMON_LIB)
 	$(call msg,LD,$@)
 	@mkdir -p $(dir $@)

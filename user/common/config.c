@@ -29,6 +29,7 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_MPI_DEBUG", "0", "libkcoll_mpi.so: 1 = per-rank summary at MPI_Finalize, 2 = also one line per call" },
 	{ "KCOLL_MPI_DISABLE", "0", "libkcoll_mpi.so: 1 on any rank keeps the whole job on plain MPI" },
 	{ "KCOLL_NET_XPORT", "auto", "transport between daemons: auto (rdma when a device is present, else tcp), rdma, tcp" },
+	{ "KCOLL_IB_LIB", "", "libibverbs that kcolld dlopens for RDMA (empty: libibverbs.so.1 from the loader's search path; a library that cannot be loaded means TCP, and the log says why)" },
 	{ "KCOLL_IB_HCA", "", "RDMA devices kcolld may use, comma separated (empty: all; see ibv_devices)" },
 	{ "KCOLL_IB_GID_INDEX", "-1", "GID index to use (-1: the RoCE v2 GID whose netdev carries the address used for the peer)" },
 	{ "KCOLL_IB_QPS", "2", "RC queue pairs per peer daemon (1..8); pieces alternate between them" },

@@ -589,7 +589,7 @@ int main(int argc, char **argv)
 		case 'h': usage(stdout); return 0;
 		case 'V':
 			printf("kcolld %s (ring ABI %d)\n", KCOLL_VERSION, KCOLL_ABI_VERSION);
-			printf("built with: rdma (libibverbs), gpu (CUDA driver, loaded at run time)%s\n",
+			printf("built with: rdma (libibverbs) and gpu (CUDA driver), both loaded at run time%s\n",
 			       have_bpf ? ", bpf (flow tracking, KCOLL_BPF=1)" : "");
 			if (!have_bpf)
 				printf("built without: bpf (clang, bpftool or libbpf-dev missing, or WITH_BPF=0)\n");
