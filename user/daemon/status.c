@@ -7,6 +7,7 @@
 #include "kcolld.h"
 #include "metrics.h"
 #include "net.h"
+#include "xport.h"
 #include "reduce.h"
 
 struct out {
@@ -85,6 +86,8 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 		    getpid(), up);
 		put_json_str(&o, kd.socket_path);
 		put(&o, ",\"metrics\":\"%s\"", kd_metrics_addr());
+		put(&o, ",\"net_xport\":");
+		put_json_str(&o, kd_xport_choice());
 		put(&o, ",\"workers\":%d,\"reduce_impl\":\"%s\",\"data_path\":\"%s\",\"kernel_module\":\"%s\","
 			"\"tunables\":{%s},%s,%s,"
 			"\"counters\":{\"ops_ok\":%lu,\"ops_failed\":%lu,\"bytes\":%lu,\"clients_total\":%lu,"
@@ -126,6 +129,8 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 	    kvst);
 	put(&o, "data path: %s\n  moved in place %lu bytes, copied %lu bytes\nkernel module: %s\n", path,
 	    atomic_load(&kd.stats.bytes_mapped), atomic_load(&kd.stats.bytes_copied), kmod);
+	if (*kd_xport_choice())
+		put(&o, "transport between daemons: %s\n", kd_xport_choice());
 	put(&o, "ops ok %lu  failed %lu  bytes %lu  in flight %u  clients %u (total %lu)  rings killed %lu\n\n",
 	    atomic_load(&kd.stats.ops_ok), atomic_load(&kd.stats.ops_failed),
 	    atomic_load(&kd.stats.bytes), inflight, nclients, atomic_load(&kd.stats.clients_total),

@@ -19,6 +19,7 @@ static const struct kd_xport_ops *const xports[] = { &kd_xport_rdma, &kd_xport_t
 
 static pthread_once_t pick_once = PTHREAD_ONCE_INIT;
 static const struct kd_xport_ops *picked;
+static char choice[768];	/* what the log line says, for kcollctl status */
 
 /* "auto, rdma or tcp": what KCOLL_NET_XPORT accepts. */
 static void names(char *buf, size_t cap)
@@ -46,11 +47,13 @@ static void pick(void)
 
 		names(list, sizeof(list));
 		kc_warn("KCOLL_NET_XPORT='%s' is not %s: using %s", want, list, picked->name);
+		snprintf(choice, sizeof(choice), "%s (KCOLL_NET_XPORT='%s' is not %s)", picked->name, want, list);
 		return;
 	}
 	if (named && !named->init) {
 		picked = named;
 		kc_info("transport between daemons: %s (KCOLL_NET_XPORT=%s)", named->name, want);
+		snprintf(choice, sizeof(choice), "%s (KCOLL_NET_XPORT=%s)", named->name, want);
 		return;
 	}
 	for (size_t i = 0; i < NXPORTS; i++) {
@@ -65,11 +68,13 @@ static void pick(void)
 		why[0] = 0;
 		if (!x->init(why, sizeof(why))) {
 			picked = x;	/* its init logged what it runs on */
+			snprintf(choice, sizeof(choice), "%s", x->name);
 			return;
 		}
 		if (named) {
 			kc_err("transport between daemons: KCOLL_NET_XPORT=%s but %s; falling back to %s",
 			       want, why, picked->name);
+			snprintf(choice, sizeof(choice), "%s (KCOLL_NET_XPORT=%s but %s)", picked->name, want, why);
 			return;
 		}
 		if (ns < sizeof(skipped))
@@ -77,10 +82,16 @@ static void pick(void)
 					       ns ? "; " : "", x->name, why);
 	}
 	kc_info("transport between daemons: %s (%s)", picked->name, skipped);
+	snprintf(choice, sizeof(choice), "%s (%s)", picked->name, skipped);
 }
 
 const struct kd_xport_ops *kd_xport_default(void)
 {
 	pthread_once(&pick_once, pick);
 	return picked;
+}
+
+const char *kd_xport_choice(void)
+{
+	return choice;
 }

@@ -43,5 +43,8 @@ extern const struct kd_xport_ops kd_xport_rdma;	/* xport_rdma.c */
 /* xport.c: the transport new communicators use (KCOLL_NET_XPORT; auto: the
  * best whose init succeeds, RDMA before TCP, logging why once). */
 const struct kd_xport_ops *kd_xport_default(void);
+/* xport.c: that choice and why, as logged ("tcp (rdma not used: ...)");
+ * "" before kd_xport_default() first ran. For kcollctl status. */
+const char *kd_xport_choice(void);
 
 #endif /* KCOLLD_XPORT_H */
