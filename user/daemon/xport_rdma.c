@@ -52,6 +52,9 @@
 #define FLUSH_NS	2000000000LL	/* rdma_close waits this long for acknowledgements */
 
 enum { WR_RECV = 1, WR_DATA = 2, WR_CREDIT = 3, WR_ZC = 4 };
+/* In the kind byte: the write carries a piece C4 observes (see obs_tx). */
+#define WR_OBS		0x40u
+#define WR_KIND(wr_id)	((uint32_t)(wr_id) & 0x3fu)
 #define WRID(host, qp, kind)	(((uint64_t)(host) << 16) | ((uint64_t)(qp) << 8) | (kind))
 /* A zero-copy write also carries the run_steps call it belongs to: its
  * completion releases the application buffer (see zc_span). */
@@ -90,6 +93,8 @@ struct rpeer {
 	uint64_t pieces_zc;		/* of pieces_out: written from the buffer itself */
 	uint32_t zc_out;		/* zero-copy writes of this call not completed yet */
 	uint32_t sq_out;		/* writes posted, not completed yet (all kinds) */
+	uint32_t obs_out;		/* of them, observed pieces (WR_OBS) */
+	int64_t obs_t;			/* C4: tx busy time counted up to here */
 	bool eof;			/* its TCP stream closed: it left or died */
 };
 
@@ -99,6 +104,7 @@ struct rstate {
 	size_t piece;			/* min(KCOLL_IB_PIECE_BYTES, the comm's piece) */
 	uint32_t nqp;
 	uint32_t gen;			/* run_steps calls, for WRID_ZC */
+	int64_t call_t;			/* when this run_steps call began */
 	size_t zc_min;			/* KCOLL_IB_ZC_BYTES: pieces this large go zero-copy */
 };
 
@@ -357,7 +363,67 @@ struct cursor {
 	int zc;			/* send: 0 not looked yet, 1 zero-copy from zmr, < 0 copy */
 	struct ibv_mr *zmr;	/* the registration covering the buffer under base */
 	const uint8_t *zlo, *zhi;	/* the span zmr covers */
+	int64_t obs_t;		/* receive: C4 busy time counted up to here, 0 before */
 };
+
+/*
+ * C4 link observation, as xport_tcp.c's observe() does it (c4d.c reads
+ * hh->obs_* every tick). The QPs to a peer use the address of its first
+ * data stream (peer_prepare), so their traffic counts for stream 0's link.
+ * Only pieces of KD_C4_OBS_MIN bytes or more count: smaller ones measure
+ * latency, not rate.
+ *   tx: busy while an observed write is outstanding (posted, not yet
+ *       acknowledged by the peer's NIC). Writes a call left outstanding
+ *       complete during the next call: the time between calls is the
+ *       application's, so busy time restarts at the call's start.
+ *   rx: busy from when the receive cursor started waiting to each piece's
+ *       arrival, interval after interval. A piece that arrived before its
+ *       cursor started counts as fast: over TCP, buffered data does too.
+ */
+static void obs_add(struct kd_mh *mh, uint32_t h, uint32_t dir, uint64_t bytes, int64_t busy_ns)
+{
+	struct kd_mh_host *hh = &mh->hosts[h];
+
+	atomic_fetch_add_explicit(&hh->obs_bytes[0][dir], bytes, memory_order_relaxed);
+	atomic_fetch_add_explicit(&hh->obs_busy[0][dir], (uint64_t)busy_ns, memory_order_relaxed);
+}
+
+/* The flag for a write of a piece of len bytes: WR_OBS when C4 observes it. */
+static uint64_t obs_flag(uint64_t len)
+{
+	return len >= KD_C4_OBS_MIN ? WR_OBS : 0;
+}
+
+/* A piece of len bytes was posted to host h with obs_flag(len). */
+static void obs_tx_posted(struct kd_mh *mh, struct rpeer *p, uint32_t h, uint64_t len)
+{
+	if (!obs_flag(len))
+		return;
+	if (!p->obs_out++)
+		p->obs_t = kd_now_ns();
+	obs_add(mh, h, 1, len, 0);
+}
+
+static void obs_tx_done(struct kd_mh *mh, const struct rstate *rs, struct rpeer *p, uint32_t h)
+{
+	int64_t now = kd_now_ns(), from = p->obs_t > rs->call_t ? p->obs_t : rs->call_t;
+
+	if (!p->obs_out)
+		return;
+	p->obs_out--;
+	obs_add(mh, h, 1, 0, now > from ? now - from : 0);
+	p->obs_t = now;
+}
+
+static void obs_rx(struct kd_mh *mh, struct cursor *c, uint64_t len)
+{
+	int64_t now = kd_now_ns();
+
+	if (len < KD_C4_OBS_MIN)
+		return;
+	obs_add(mh, c->host, 0, len, now - c->obs_t);
+	c->obs_t = now;
+}
 
 static bool gated(const struct cursor *c)
 {
@@ -413,7 +479,7 @@ static int drain(struct kd_mh *mh, struct rstate *rs, bool *progress, uint32_t *
 			continue;
 		while (p->state == 1 && (n = ibv_poll_cq(p->ep->cq, 16, wc)) > 0) {
 			for (int i = 0; i < n; i++) {
-				uint32_t kind = wc[i].wr_id & 0xff, qpi = (wc[i].wr_id >> 8) & 0xff;
+				uint32_t kind = WR_KIND(wc[i].wr_id), qpi = (wc[i].wr_id >> 8) & 0xff;
 
 				if (kind != WR_RECV && p->sq_out)
 					p->sq_out--;
@@ -428,6 +494,8 @@ static int drain(struct kd_mh *mh, struct rstate *rs, bool *progress, uint32_t *
 					p->state = wc_fail(mh, h, &wc[i]);
 					return p->state;
 				}
+				if (wc[i].wr_id & WR_OBS)
+					obs_tx_done(mh, rs, p, h);
 				if (kind == WR_ZC && (uint32_t)(wc[i].wr_id >> 32) == rs->gen && p->zc_out) {
 					p->zc_out--;
 					*progress = true;
@@ -468,6 +536,8 @@ static int consume(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct
 {
 	struct rpeer *p = &rs->peer[c->host];
 
+	if (!c->obs_t)
+		c->obs_t = kd_now_ns();
 	for (uint32_t k = 0; k < NSLOT && !c->done; k++) {
 		if (!(p->arrived & (1u << k)))
 			continue;
@@ -526,6 +596,7 @@ static int consume(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, struct
 			return r;
 		p->sq_out++;
 		c->pdone[h.piece] = true;
+		obs_rx(mh, c, pc->len);
 		p->pieces_in++;
 		atomic_fetch_add(&mh->bytes_recv, pc->len + HDR_BYTES);
 		*progress = true;
@@ -633,7 +704,7 @@ static int post_sends(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, str
 			};
 
 			r = kcoll_rdma_write_sg(p->ep, qpi, sg, 2, p->raddr + k * rs->slot_bytes, p->rkey, &k,
-						WRID_ZC(rs->gen, c->host, qpi));
+						WRID_ZC(rs->gen, c->host, qpi) | obs_flag(pc->len));
 			if (r)
 				return r;
 			p->sq_out++;
@@ -643,11 +714,13 @@ static int post_sends(struct kd_mh *mh, struct kd_op *op, struct rstate *rs, str
 			if (pc->len)
 				memcpy(slot + HDR_BYTES, src, pc->len);
 			r = kcoll_rdma_write(p->ep, qpi, p->smr, slot, HDR_BYTES + pc->len,
-					     p->raddr + k * rs->slot_bytes, p->rkey, &k, WRID(c->host, qpi, WR_DATA));
+					     p->raddr + k * rs->slot_bytes, p->rkey, &k,
+					     WRID(c->host, qpi, WR_DATA) | obs_flag(pc->len));
 			if (r)
 				return r;
 			p->sq_out++;
 		}
+		obs_tx_posted(mh, p, c->host, pc->len);
 		p->sfree &= ~(1u << k);
 		p->pieces_out++;
 		atomic_fetch_add(&mh->bytes_sent, pc->len + HDR_BYTES);
@@ -705,6 +778,7 @@ static int rdma_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_st
 	/* Zero-copy writes still in flight from a call that failed are
 	 * ignored by their generation. */
 	rs->gen++;
+	rs->call_t = kd_now_ns();
 	for (uint32_t h = 0; h < mh->nhosts; h++)
 		rs->peer[h].zc_out = 0;
 	for (uint32_t t = 0; t < n; t++) {
@@ -924,7 +998,7 @@ static void flush_sends(struct kd_mh *mh, struct rstate *rs)
 			int n = ibv_poll_cq(p->ep->cq, 16, wc);
 
 			for (int i = 0; i < n; i++)
-				if ((wc[i].wr_id & 0xff) != WR_RECV && p->sq_out)
+				if (WR_KIND(wc[i].wr_id) != WR_RECV && p->sq_out)
 					p->sq_out--;
 			for (int i = 0; i < n; i++)
 				if (wc[i].status != IBV_WC_SUCCESS)
