@@ -28,7 +28,8 @@ import sys
 # Which scripts serve which tier, and the deps.sh options that install it.
 TIERS = [
     ("host", [], ["tests/*.sh", "scripts/demo.sh", "scripts/netns-cluster.sh",
-                  "scripts/netns-rsh.sh", "scripts/install.sh", "scripts/gpu-check.sh"]),
+                  "scripts/netns-rsh.sh", "scripts/install.sh", "scripts/gpu-check.sh",
+                  "scripts/torch2-root.sh"]),
     ("vm", ["--vm"], ["tests/vm/*.sh", "scripts/vmtest.sh", "scripts/vmtest-pair.sh",
                       "scripts/vm-rxe-setup.sh"]),
     ("bench", ["--bench", "--vm"], ["scripts/bench-*.sh", "scripts/plot-*.sh",
