@@ -6,7 +6,12 @@
 
 A ProcessGroup written in Python (torch 1.13 and 2.x let Python subclass
 c10d's ProcessGroup; C++ callers such as DDP's reducer reach the Python
-methods through pybind's trampoline). Each group has its own kcolld
+methods through pybind's trampoline). Tested on torch 1.13 (Debian 12) and
+2.6 (Debian 13, tests/t_python_torch2.sh). In 2.x a backend's creator
+usually returns a c10d Backend, but Backend has no Python constructor
+there ("No constructor defined", 2.6); a creator that returns a
+ProcessGroup subclass becomes the whole group, torch's path for process
+groups written in Python. Each group has its own kcolld
 connection and communicator; a progress thread waits for the collectives in
 submission order (kcoll_wait releases the GIL) and completes the futures
 the Work objects wrap. CPU tensors only.
