@@ -69,13 +69,15 @@ if [ -e "$root" ]; then
 		say "removing half-built $root"
 		rm -rf --one-file-system "$root"
 	elif [ -n "$(ls -A "$root" 2>/dev/null)" ] || [ ! -d "$root" ]; then
-		die "$root exists and is not a root this script made (no .kcoll-torch2-partial): refusing to touch it; remove it yourself or set KCOLL_TORCH2_ROOT"
+		die "$root exists and is not a root this script made (no .kcoll-torch2-partial):" \
+			"refusing to touch it; remove it yourself or set KCOLL_TORCH2_ROOT"
 	fi
 fi
 
 # Say "no network" plainly rather than through debootstrap's log.
 curl -fsS --max-time 20 -o /dev/null "$mirror/dists/$suite/Release" 2>/dev/null ||
-	die "cannot reach $mirror/dists/$suite/Release: no network (or no such mirror); the root needs Debian's mirror"
+	die "cannot reach $mirror/dists/$suite/Release: no network (or no such mirror);" \
+		"the root needs Debian's mirror"
 
 t0=$SECONDS
 log=$root.log

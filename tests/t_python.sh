@@ -6,7 +6,8 @@
 # strided and empty tensors, refusals, DDP, skipped and mismatched ops,
 # kcolld killed mid-training (manual all_reduce and DDP).
 # tests/python/launch.py runs the ranks; tests/python_lib.sh (shared with
-# t_python_torch2.sh, torch 2.x) numbers its lines and holds the torch part. TAP.
+# t_python_torch2.sh, torch 2.x) numbers its lines and holds the torch
+# part. TAP.
 # Needs /usr/bin/python3 with numpy (and torch for the torch part): Debian's
 # python3-numpy, python3-torch; the first python3 on PATH may lack them.
 set -u
