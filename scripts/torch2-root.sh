@@ -16,7 +16,7 @@
 # it while a build runs.
 # Needs root, debootstrap and Debian's mirror (KCOLL_TORCH2_MIRROR, default
 # the host's deb.debian.org entry); about 1.3 GB of disk. Measured here
-# (2026-11-27, 2 busy cores): 517 s, 214 MB of packages downloaded.
+# (2026-11-27, 2 busy cores): 496-517 s, 214 MB of packages downloaded.
 set -euo pipefail
 
 root=${KCOLL_TORCH2_ROOT:-/var/cache/kcoll/torch2-root}
