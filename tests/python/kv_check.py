@@ -67,6 +67,21 @@ def random_blocks(rng, n, src_size, dst_size, maxlen):
     return lo[p], ro[p], ln[p]
 
 
+def ten_batches(agent, seg, rem):
+    """Submit 10 one-block batches at once (the first 8 tagged m0..m7, the
+    last 2 untagged), each bumping counter 0; each one's end state or errno."""
+    reqs = [agent.write(seg, rem, [(k << 12, k << 12, 4096)], notify=0,
+                        msg=(b"m%d" % k) if k < 8 else None) for k in range(10)]
+    res = []
+    for r in reqs:
+        try:
+            r.wait(timeout=30)
+            res.append(r.state())
+        except kcoll.KcollError as e:
+            res.append(errno.errorcode.get(-e.code, e.code))
+    return res
+
+
 def local():
     rng = np.random.default_rng(7)
     owner, init = kv.Agent("owner"), kv.Agent("init")
@@ -283,15 +298,7 @@ def local():
         init.send_notif(sseg, rem, b"f%d" % i).wait()
     dst[:] = 0
     c0 = dseg.notify_get(0)
-    reqs = [init.write(sseg, rem, [(k << 12, k << 12, 4096)], notify=0,
-                       msg=(b"m%d" % k) if k < 8 else None) for k in range(10)]
-    res = []
-    for r in reqs:
-        try:
-            r.wait(timeout=30)
-            res.append(r.state())
-        except kcoll.KcollError as e:
-            res.append(errno.errorcode.get(-e.code, e.code))
+    res = ten_batches(init, sseg, rem)
     landed = bool((dst[:10 << 12] == src[:10 << 12]).all())
     got = [n.msg for n in dseg.get_notifs()]
     check(res == ["DONE"] * 4 + ["ENOBUFS"] * 4 + ["DONE"] * 2 and landed and
@@ -392,15 +399,7 @@ def init_side(d, n):
     q = kv._lib.SEG_NOTIF_QUEUE
     for i in range(q - 4):
         a.send_notif(seg, rem, b"f%d" % i).wait()
-    reqs = [a.write(seg, rem, [(k << 12, k << 12, 4096)], notify=0,
-                    msg=(b"m%d" % k) if k < 8 else None) for k in range(10)]
-    res = []
-    for r in reqs:
-        try:
-            r.wait(timeout=30)
-            res.append(r.state())
-        except kcoll.KcollError as e:
-            res.append(errno.errorcode.get(-e.code, e.code))
+    res = ten_batches(a, seg, rem)
     check(res == ["DONE"] * 4 + ["ENOBUFS"] * 4 + ["DONE"] * 2,
           "across hosts, full queue with 10 batches in flight: 4 done, the next 4 tagged ENOBUFS, "
           "the 2 untagged behind them done", f"results {res}")
