@@ -95,6 +95,9 @@ GPU_CARRY ?= build-gpu
 GPU_CARRY_BINS := $(BIN)/kcolld $(BIN)/kcollctl $(GPU_DOCTOR) $(BIN)/kcoll-gpu-bench \
 	$(TBIN)/test_gpu $(TBIN)/test_gpu_ring $(TBIN)/test_gpudirect
 GPU_CARRY_SKIP_SO := linux-vdso libc.so libm.so libpthread.so libdl.so librt.so ld-linux
+# Loaded at run time (rdma/ibv_dl.c), so ldd of the binaries does not name
+# it: carried with its own dependencies for test_gpudirect.
+GPU_CARRY_DLOPEN := $(shell /sbin/ldconfig -p 2>/dev/null | awk '$$1 == "libibverbs.so.1" { print $$NF; exit }')
 .PHONY: gpu-carry
 gpu-carry: $(GPU_CARRY_BINS) $(GPU_FAKE_CUDA) $(GPU_LIB)
 	$(if $(GPU_LIB),,$(error gpu-carry: no nvcc ($(NVCC)), so no libkcoll_gpu.so to carry))
@@ -105,7 +108,8 @@ gpu-carry: $(GPU_CARRY_BINS) $(GPU_FAKE_CUDA) $(GPU_LIB)
 	$(Q)cp -p $(filter $(TBIN)/%,$(GPU_CARRY_BINS)) $(GPU_CARRY)/tests/
 	$(Q)cp -p $(GPU_FAKE_CUDA) $(GPU_CARRY)/tests/fixtures/
 	$(Q)cp -p $(GPU_LIB) $(GPU_CARRY)/lib/
-	$(Q)ldd $(GPU_CARRY_BINS) $(GPU_LIB) | awk '$$2 == "=>" && $$3 ~ /^\// { print $$3 }' | \
+	$(Q){ ldd $(GPU_CARRY_BINS) $(GPU_LIB) $(GPU_CARRY_DLOPEN); echo "x => $(GPU_CARRY_DLOPEN) (0)"; } | \
+		awk '$$2 == "=>" && $$3 ~ /^\// { print $$3 }' | \
 		grep -v $(foreach s,$(GPU_CARRY_SKIP_SO),-e /$(s)) | sort -u | \
 		xargs -r cp -L -t $(GPU_CARRY)/syslib/
 	$(Q)cp -p $(BUILD)/config.mk $(GPU_CARRY)/

@@ -106,6 +106,13 @@ if [ -n "$missing" ] && [ -d "$B/syslib" ]; then
 	missing=$(ldd "$B"/bin/* "$B"/tests/test_gpu* 2>/dev/null | awk '/not found/ { print $1 }' | sort -u | tr '\n' ' ')
 fi
 [ -n "$missing" ] && echo "still missing: $missing" >>"$out/env.txt"
+# libibverbs is dlopened (rdma/ibv_dl.c), so ldd does not say it is missing:
+# without one on the machine, use the carried one (its libnl beside it).
+if ! /sbin/ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 ' && [ -f "$B/syslib/libibverbs.so.1" ]; then
+	export KCOLL_IB_LIB=$B/syslib/libibverbs.so.1
+	case ":${LD_LIBRARY_PATH:-}:" in *":$B/syslib:"*) ;; *) export LD_LIBRARY_PATH=$B/syslib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ;; esac
+	echo "libibverbs: not installed here, taken from $B/syslib (KCOLL_IB_LIB)" >>"$out/env.txt"
+fi
 
 if [ "$mode" = fake ]; then
 	fakelib=$B/tests/fixtures/libcuda-fake.so
