@@ -65,6 +65,7 @@ if [ "${1:-}" = --kcoll ]; then
 fi
 BUILD=${1:-build}
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/plot-lib.sh"	# plot_py, plot_busbw
 cd "$top"
 bin="$top/$BUILD/bin"
 export KCOLL_CLUSTER_PREFIX=${KCOLL_CLUSTER_PREFIX:-kca}
@@ -386,11 +387,13 @@ print("Results checked: %s." % ("all correct" if not wrong else "%d WRONG elemen
 EOF
 [ "$with_kcoll" -eq 1 ] && note "wrote $table"
 
-# The plot (--kcoll): busbw vs size per library, the ring bound dashed; gnuplot
-# as in scripts/plot-perf.sh.
+# The plot (--kcoll): busbw vs size per library, the ring bound dashed
+# (scripts/plot-lib.sh's plot_py and plot_busbw, as in scripts/plot-perf.sh).
 if [ "$with_kcoll" -eq 1 ] && command -v gnuplot >/dev/null; then
-	python3 - "$json" "$tmp" >"$tmp/plot.gp" <<'EOF'
+	plot_py - "$json" "$tmp" >"$tmp/plot.gp" <<'EOF'
 import json, os, sys
+
+from plot_axis import size_axis
 
 doc = json.load(open(sys.argv[1]))
 tmp = sys.argv[2]
@@ -412,30 +415,15 @@ if bound:
     clauses.append("%g with lines dt 2 lw 2 lc rgb '#555555' title 'ring bound (kcoll-tcpcap: "
                    "slowest link while all stream)'" % bound["best"])
 sizes = sorted({s["size"] for s in doc["summary"]})
-def label(b):
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if b >= 1 << shift and b % (1 << shift) == 0:
-            return "%d%s" % (b >> shift, unit)
-    return str(b)
 ymax = max([s["busbw"] for s in doc["summary"]] + [bound["best"] if bound else 0, 0.1]) * 1.15
 print("set yrange [0:%g]" % ymax)
-print("set xtics (" + ", ".join("'%s' %d" % (label(b), b) for b in sizes) + ")")
-print("set xrange [%g:%g]" % (sizes[0] / 1.25, sizes[-1] * 1.25))
+print(size_axis(sizes))
 print("set title 'All-reduce %s %s across %d netns hosts over TCP, busbw vs size, best of %d "
       "rounds (%s, %s CPUs, %s)' noenhanced"
       % (doc["dtype"], doc["op"], doc["hosts"], doc["rounds"], doc["host"], doc["cpus"],
          doc["date"][:10]))
 print("plot " + ", \\\n     ".join(clauses))
 EOF
-	gnuplot <<EOF
-set terminal pngcairo size 1000,620 font 'sans,10'
-set output '$png'
-set logscale x 2
-set xlabel 'size (bytes)'
-set ylabel 'bus bandwidth (GB/s)'
-set grid
-set key top left
-load '$tmp/plot.gp'
-EOF
+	plot_busbw "$png" "$tmp/plot.gp"
 	note "drew $png"
 fi

@@ -1,4 +1,5 @@
-# Sourced by scripts/plot-*.sh: the start they share.
+# Sourced by scripts/plot-*.sh (and cluster-anchors.sh for its plot): what
+# they share.
 #   plot_begin NAME GLOB DEFAULT_OUT HOW [IN [OUT]]
 # Sets in (IN, else the newest file matching GLOB), out (OUT, else
 # DEFAULT_OUT) and tmp (a scratch directory removed on exit); exits saying
@@ -13,4 +14,26 @@ plot_begin() {
 	command -v gnuplot >/dev/null || { echo "$name: gnuplot missing: scripts/deps.sh --bench" >&2; exit 1; }
 	tmp=$(mktemp -d /tmp/kcoll-plot.XXXXXX)
 	trap 'rm -rf "$tmp"' EXIT
+}
+
+plot_lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# plot_py ARGS...: python3 with scripts/ importable (plot_axis.size_axis).
+plot_py() {
+	PYTHONPATH="$plot_lib_dir${PYTHONPATH:+:$PYTHONPATH}" python3 "$@"
+}
+
+# plot_busbw PNG GP: draw busbw (GB/s) against size (log 2) into PNG from the
+# gnuplot lines in GP (ranges, tics, title and the plot clauses).
+plot_busbw() {
+	gnuplot <<EOF
+set terminal pngcairo size 1000,620 font 'sans,10'
+set output '$1'
+set logscale x 2
+set xlabel 'size (bytes)'
+set ylabel 'bus bandwidth (GB/s)'
+set grid
+set key top left
+load '$2'
+EOF
 }

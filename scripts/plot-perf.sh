@@ -11,8 +11,10 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 plot_begin plot-perf "$top/docs/perf/intra-*.json" "$top/docs/perf/allreduce-intra.png" "run scripts/bench-intra.sh" "$@"
 
 # One data file per series ("size busbw"), and a gnuplot plot clause naming them.
-python3 - "$in" "$tmp" >"$tmp/plot.gp" <<'EOF'
+plot_py - "$in" "$tmp" >"$tmp/plot.gp" <<'EOF'
 import json, os, sys
+
+from plot_axis import size_axis
 
 doc = json.load(open(sys.argv[1]))
 tmp = sys.argv[2]
@@ -46,26 +48,11 @@ dram = [max(pts)[1] for (system, _), pts in series.items() if system == "memcpy"
 ymax = max(coll + dram + [0.1]) * 1.15
 print("set yrange [0:%g]" % ymax)
 sizes = sorted({size for pts in series.values() for size, _ in pts})
-def label(b):
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if b >= 1 << shift and b % (1 << shift) == 0:
-            return "%d%s" % (b >> shift, unit)
-    return str(b)
-print("set xtics (" + ", ".join("'%s' %d" % (label(b), b) for b in sizes) + ")")
-print("set xrange [%g:%g]" % (sizes[0] / 1.25, sizes[-1] * 1.25))
+print(size_axis(sizes))
 print("set title 'All-reduce %s %s, busbw vs size, best of %s rounds (%s, %s CPUs, %s)' noenhanced"
       % (doc.get("dtype", "f32"), doc.get("op", "sum"), doc.get("rounds", "?"),
          doc.get("host", "?"), doc.get("cpus", "?"), doc.get("date", "?")[:10]))
 print("plot " + ", \\\n     ".join(c[1] for c in clauses))
 EOF
 
-gnuplot <<EOF
-set terminal pngcairo size 1000,620 font 'sans,10'
-set output '$out'
-set logscale x 2
-set xlabel 'size (bytes)'
-set ylabel 'bus bandwidth (GB/s)'
-set grid
-set key top left
-load '$tmp/plot.gp'
-EOF
+plot_busbw "$out" "$tmp/plot.gp"

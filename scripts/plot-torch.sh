@@ -14,8 +14,10 @@ plot_begin plot-torch "$top/docs/perf/torch-*.json" "$top/docs/perf/torch-allred
 	"run scripts/bench-torch.sh" "$@"
 
 # One data file per series ("size busbw"), and a gnuplot plot clause naming them.
-python3 - "$in" "$tmp" >"$tmp/plot.gp" <<'EOF'
+plot_py - "$in" "$tmp" >"$tmp/plot.gp" <<'EOF'
 import json, os, sys
+
+from plot_axis import size_axis
 
 doc = json.load(open(sys.argv[1]))
 tmp = sys.argv[2]
@@ -44,13 +46,7 @@ for (system, n) in sorted(series, key=lambda k: (order[k[0]], k[1])):
 ymax = max(bw for pts in series.values() for _, bw in pts) * 1.15
 print("set yrange [0:%g]" % ymax)
 sizes = sorted({size for pts in series.values() for size, _ in pts})
-def label(b):
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if b >= 1 << shift and b % (1 << shift) == 0:
-            return "%d%s" % (b >> shift, unit)
-    return str(b)
-print("set xtics (" + ", ".join("'%s' %d" % (label(b), b) for b in sizes) + ")")
-print("set xrange [%g:%g]" % (sizes[0] / 1.25, sizes[-1] * 1.25))
+print(size_axis(sizes))
 where = (", one rank on each of %d netns hosts" % doc["cluster_hosts"]) if doc.get("cluster_hosts") else ""
 print("set title 'torch.distributed all_reduce f32 sum%s, busbw vs size, best of %s rounds "
       "(%s, %s CPUs, torch %s, %s)' noenhanced"
@@ -59,13 +55,4 @@ print("set title 'torch.distributed all_reduce f32 sum%s, busbw vs size, best of
 print("plot " + ", \\\n     ".join(c[1] for c in clauses))
 EOF
 
-gnuplot <<EOF
-set terminal pngcairo size 1000,620 font 'sans,10'
-set output '$out'
-set logscale x 2
-set xlabel 'size (bytes)'
-set ylabel 'bus bandwidth (GB/s)'
-set grid
-set key top left
-load '$tmp/plot.gp'
-EOF
+plot_busbw "$out" "$tmp/plot.gp"
