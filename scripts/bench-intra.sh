@@ -58,19 +58,16 @@ to_bytes() {	# 64M -> 67108864
 	echo $((v * m))
 }
 
+. "$top/scripts/bench-lib.sh"
 tmp=$(mktemp -d /tmp/kcoll-bench-intra.XXXXXX)
 daemon_pid=
 cleanup() {
-	if [ -n "$daemon_pid" ]; then
-		kill -TERM "$daemon_pid" 2>/dev/null || true
-		wait "$daemon_pid" 2>/dev/null || true
-	fi
+	bench_kcolld_stop
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-. "$top/scripts/bench-lib.sh"
 bench_kcolld
 
 mpi=()

@@ -92,6 +92,7 @@ export PYTHONPATH=${PYTHONPATH:-$top/user/python}
 export KCOLL_LIB=${KCOLL_LIB:-$top/$BUILD/lib/libkcoll.so.1}
 "$py" -c 'import torch, numpy, kcoll' || die "$py cannot import torch, numpy and kcoll"
 
+. "$top/scripts/bench-lib.sh"
 tmp=$(mktemp -d /tmp/kcoll-bench-torch.XXXXXX)
 daemon_pid=
 rank_pids=()
@@ -99,16 +100,12 @@ cleanup() {
 	local p
 	for p in "${rank_pids[@]}"; do kill "$p" 2>/dev/null || true; done
 	[ "$hosts" -eq 0 ] || "$top/scripts/netns-cluster.sh" down >/dev/null 2>&1 || true
-	if [ -n "$daemon_pid" ]; then
-		kill -TERM "$daemon_pid" 2>/dev/null || true
-		wait "$daemon_pid" 2>/dev/null || true
-	fi
+	bench_kcolld_stop
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-. "$top/scripts/bench-lib.sh"
 launch=()
 if [ "$hosts" -gt 0 ]; then
 	export KCOLL_CLUSTER_PREFIX="bt$$" KCOLL_CLUSTER_RUNDIR="$tmp/run" KCOLL_BUILD="$top/$BUILD"
