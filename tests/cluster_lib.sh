@@ -15,6 +15,20 @@ n=0 failed=0
 
 ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
 skip() { n=$((n + 1)); echo "ok $n # SKIP $1"; }
+# emit: number a Python driver's "ok - ..." / "not ok - ..." lines (stdin)
+# as this test's own; comments pass, any other line becomes one. At the end
+# of a pipe it counts in this shell only with `shopt -s lastpipe`.
+emit() {
+	local line
+	while IFS= read -r line; do
+		case "$line" in
+		"ok - "*) ok 0 "${line#ok - }" ;;
+		"not ok - "*) ok 1 "${line#not ok - }" ;;
+		"#"*) echo "$line" ;;
+		*) echo "# $line" ;;
+		esac
+	done
+}
 skip_all() { echo "ok 1 # SKIP $1"; echo "1..1"; exit 0; }
 now_ms() { date +%s%3N; }
 

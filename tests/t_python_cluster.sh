@@ -12,7 +12,7 @@
 # Needs root, network namespaces and /usr/bin/python3 with torch and numpy
 # (SKIP otherwise). Bounded: about 40-80 s on the 2-core VM. TAP.
 set -u
-shopt -s lastpipe	# emit, at the end of a pipe, counts in this shell
+shopt -s lastpipe	# emit (cluster_lib.sh), at the end of a pipe, counts in this shell
 . "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 pick_python
 H=4
@@ -36,17 +36,6 @@ if [ -n "${KCOLL_TEST_SAN:-}" ]; then
 	fi
 	export LD_PRELOAD="$asan $cxx" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
 fi
-
-emit() {	# number launch.py's "ok - ..." / "not ok - ..." lines
-	local line
-	while IFS= read -r line; do
-		case "$line" in
-		"ok - "*) ok 0 "${line#ok - }" ;;
-		"not ok - "*) ok 1 "${line#not ok - }" ;;
-		*) echo "$line" ;;
-		esac
-	done
-}
 
 cluster_tmp pycluster
 chmod 755 "$T"

@@ -12,24 +12,12 @@
 # example (examples/kv_connector.py) on one host and across the pair.
 # Needs /usr/bin/python3 with numpy. Bounded: about 20-40 s. TAP.
 set -u
-shopt -s lastpipe	# emit, at the end of a pipe, counts in this shell
+shopt -s lastpipe	# emit (cluster_lib.sh), at the end of a pipe, counts in this shell
 . "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
 pick_python
 export PYTHONPATH="$top/user/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 export KCOLL_LIB="$B/lib/libkcoll.so.1"
-
-emit() {	# number kv_check.py's "ok - ..." / "not ok - ..." lines
-	local line
-	while IFS= read -r line; do
-		case "$line" in
-		"ok - "*) ok 0 "${line#ok - }" ;;
-		"not ok - "*) ok 1 "${line#not ok - }" ;;
-		"#"*) echo "$line" ;;
-		*) echo "# $line" ;;
-		esac
-	done
-}
 
 if [ -n "${KCOLL_TEST_SAN:-}" ]; then
 	# As in t_python.sh: an ASan libkcoll loads into python only with the
