@@ -8,9 +8,12 @@
 # and against gloo in the same processes, async ops, strided and empty
 # tensors, the refusals, DDP with kcoll and gloo from the same seed giving
 # identical parameters, mismatched sizes and a skipped all_reduce raising
-# RuntimeError on every rank within the group's timeout.
+# RuntimeError on every rank within the group's timeout; then one host's
+# kcolld killed mid-training (an all_reduce loop, then DDP): every rank
+# raises within 30 s, the other hosts' kcollds keep working (a new group of
+# their ranks, kcollctl status).
 # Needs root, network namespaces and /usr/bin/python3 with torch and numpy
-# (SKIP otherwise). Bounded: about 40-80 s on the 2-core VM. TAP.
+# (SKIP otherwise). Bounded: about 60-120 s on the 2-core VM. TAP.
 set -u
 shopt -s lastpipe	# emit (cluster_lib.sh), at the end of a pipe, counts in this shell
 . "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
@@ -59,5 +62,34 @@ timeout -k 5 $limit "$PY" "$top/tests/python/launch.py" --hosts $H "$top/tests/p
 rc=${PIPESTATUS[0]}
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then ok 1 "launch.py finished within $limit s"; fi
 echo "# $H ranks on $H hosts: $((SECONDS - t0)) s"
+
+# One host's kcolld killed mid-training (tests/python/torch_kill.py, as on
+# one host in t_python.sh, here a manual all_reduce loop, then DDP): host
+# 3's kcolld gets SIGKILL once every rank trained 3 steps; every rank, on
+# host 3 and on the others, must raise within 30 s, and the ranks on hosts
+# 0-2 then form a new kcoll group whose all_reduce works. Afterwards hosts
+# 0-2's kcollds still run and answer `kcollctl status`; host 3's is
+# restarted for the next mode.
+kh=3
+for mode in manual ddp; do
+	t0=$SECONDS
+	kpid=$(cat "$R/h$kh/kcolld.pid")
+	KCOLL_TEST_KILL_PID=$kpid KCOLL_TEST_KILL_HOST=$kh KCOLL_TEST_KILL_MODE=$mode \
+		timeout -k 5 120 "$PY" "$top/tests/python/launch.py" --hosts $H "$top/tests/python/torch_kill.py" \
+		$H "torch $H hosts, h$kh's kcolld killed, $mode" 105 env 2>&1 | emit
+	rc=${PIPESTATUS[0]}
+	if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then ok 1 "launch.py (kcolld killed, $mode) finished within 120 s"; fi
+	! kill -0 "$kpid" 2>/dev/null; ok $? "h$kh's kcolld (pid $kpid) is gone ($mode)"
+	bad=
+	for ((i = 0; i < H; i++)); do
+		[ "$i" -eq "$kh" ] && continue
+		kill -0 "$(cat "$R/h$i/kcolld.pid")" 2>/dev/null &&
+			"$C" exec "$i" "$B/bin/kcollctl" status >"$T/status-h$i.out" 2>&1 || bad+=" h$i"
+	done
+	[ -z "$bad" ]; ok $? "after the kill ($mode): the other hosts' kcollds run and answer kcollctl status${bad:+ (not:$bad)}"
+	"$C" restart "$kh" >"$T/restart.log" 2>&1
+	ok $? "h$kh's kcolld restarts after the kill ($mode)" || cat "$T/restart.log"
+	echo "# kcolld killed ($mode): $((SECONDS - t0)) s"
+done
 echo "1..$n"
 exit $failed
