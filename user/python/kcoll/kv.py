@@ -89,91 +89,104 @@ def _msg_bytes(msg):
     return m
 
 
-def _u64(a):
-    """An integer array (or a Python int) as uint64, not necessarily a copy.
-    A negative value becomes one >= 2^63, beyond any segment: plan_blocks
-    refuses it with ERANGE."""
-    if type(a) is int:  # a scalar length: no array to build
-        if a < 0:
+def _column(c):
+    """One column of blocks=(local, remote, lengths): a Python int (a scalar
+    for every block) or an integer numpy array, not a copy."""
+    if type(c) is int:
+        if c < 0:
             _raise(_errno.ERANGE, "a negative offset or length")
-        return a
-    a = np.asarray(a)
-    if a.dtype == np.uint64:
-        return a
-    if a.size and a.dtype.kind not in "iu":
-        raise TypeError(f"kcoll.kv: block offsets and lengths must be integers, got {a.dtype}")
-    if a.dtype == np.int64:
-        return a.view(np.uint64)  # two's complement: a negative one reads >= 2^63
-    return a.astype(np.int64).view(np.uint64)
+        return c
+    if type(c) is not np.ndarray:
+        c = np.asarray(c)
+    if c.dtype.kind not in "iu" and c.size:
+        raise TypeError(f"kcoll.kv: block offsets and lengths must be integers, got {c.dtype}")
+    return c if c.ndim == 1 else c.reshape(-1)
 
 
 def _as_rows(blocks):
-    """blocks as an (N, 3) uint64 array."""
+    """blocks as an (N, 3) uint64 array. A negative value becomes one >=
+    2^63, beyond any segment: plan_blocks refuses it with ERANGE."""
     if isinstance(blocks, tuple):
         if len(blocks) != 3:
             raise ValueError("kcoll.kv: blocks=(local offsets, remote offsets, lengths)")
-        cols = [_u64(c) for c in blocks]
-        sizes = [1 if type(c) is int else c.size for c in cols]
-        big = set(sizes) - {1}  # a 1-element column or a scalar goes with any length
-        if len(big) > 1:
-            raise ValueError(f"kcoll.kv: blocks=(local, remote, lengths) of different lengths {sizes}")
-        n = big.pop() if big else 1
+        cols = [_column(c) for c in blocks]
+        n = 1  # a scalar or a 1-element column goes with any length
+        for c in cols:
+            if type(c) is not int and c.size != 1:
+                if n != 1 and c.size != n:
+                    sizes = [1 if type(x) is int else x.size for x in cols]
+                    raise ValueError("kcoll.kv: blocks=(local, remote, lengths) of different "
+                                     f"lengths {sizes}")
+                n = c.size
         a = np.empty((n, 3), np.uint64)
-        for k, c in enumerate(cols):  # a scalar or a 1-element column fills its column
-            a[:, k] = c if type(c) is int else c.reshape(-1)
+        # Assignment casts unsafely: an int64 -1 lands as 2^64 - 1.
+        a[:, 0], a[:, 1], a[:, 2] = cols
         return a
-    a = np.asarray(blocks)
+    a = blocks if type(blocks) is np.ndarray else np.asarray(blocks)
     if a.size == 0:
         a = a.reshape(0, 3)
     if a.ndim != 2 or a.shape[1] != 3:
         raise ValueError(f"kcoll.kv: blocks must be (N, 3) (local, remote, length), got {a.shape}")
-    return _u64(a)
+    if a.dtype == np.uint64:
+        return a
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"kcoll.kv: block offsets and lengths must be integers, got {a.dtype}")
+    return a.astype(np.int64, copy=False).view(np.uint64)
+
+
+def _refuse(a, lsz, rsz):
+    """Raise ERANGE naming the first block of a (as given) outside a segment."""
+    if int(a.max()) >= 1 << 63:
+        _raise(_errno.ERANGE, "a negative offset or length (or one >= 2^63)")
+    lo, ro, ln = a[:, 0], a[:, 1], a[:, 2]
+    l64, r64 = np.uint64(lsz), np.uint64(rsz)
+    bad = (lo >= l64) | (ln > l64 - np.minimum(lo, l64)) | (ro >= r64) | (ln > r64 - np.minimum(ro, r64))
+    i = int(np.flatnonzero(bad)[0])
+    _raise(_errno.ERANGE, f"block {i} ({int(lo[i])}, {int(ro[i])}, {int(ln[i])}) lies outside "
+           f"the local ({lsz} B) or remote ({rsz} B) segment; {int(bad.sum())} such block(s)")
 
 
 def plan_blocks(blocks, local_size, remote_size, write=True):
-    """The (M, 3) uint64 entry array for blocks: checked (non-empty, inside
-    both segments, destinations disjoint), sorted by destination, adjacent
-    blocks merged. Raises KcollError(-EINVAL / -ERANGE) for a bad batch."""
-    a = _as_rows(blocks)
-    if a.shape[0] == 0:
+    """The (M, 3) uint64 entry array for blocks (C-contiguous): checked
+    (non-empty, inside both segments, destinations disjoint), sorted by
+    destination, adjacent blocks merged. Raises KcollError(-EINVAL /
+    -ERANGE) for a bad batch."""
+    given = _as_rows(blocks)
+    n = given.shape[0]
+    if n == 0:
         return np.empty((0, 3), np.uint64)
-    # A batch is planned for every call: a handful of whole-array numpy
-    # operations, the detailed ones only for a batch that is refused.
+    # A batch is planned for every call: nine whole-array numpy operations
+    # for a batch it accepts (each costs microseconds however small the
+    # batch), the detailed ones only for a batch that is refused. Sorting
+    # first lets the checks run on the sorted copy, which is sent.
+    col = 1 if write else 0
+    a = given[given[:, col].argsort(kind="stable")]  # a copy: the caller may reuse theirs
     lsz, rsz = int(local_size), int(remote_size)
-    mx = a.max(axis=0)
+    mlo, mro, mln = a.max(axis=0).tolist()
     if not a[:, 2].min():
-        ln = a[:, 2]
-        _raise(_errno.EINVAL, f"{int((ln == 0).sum())} zero-length block(s)")
+        _raise(_errno.EINVAL, f"{int((given[:, 2] == 0).sum())} zero-length block(s)")
     # With every offset below its segment's size and every length at most
     # the smaller size (sizes < 2^63), offset + length cannot wrap.
-    ends = None
-    if int(mx[0]) < lsz and int(mx[1]) < rsz and int(mx[2]) <= min(lsz, rsz):
-        ends = a[:, :2] + a[:, 2:]
-        emx = ends.max(axis=0)
-    if ends is None or int(emx[0]) > lsz or int(emx[1]) > rsz:
-        if int(mx.max()) >= 1 << 63:
-            _raise(_errno.ERANGE, "a negative offset or length (or one >= 2^63)")
-        lo, ro, ln = a[:, 0], a[:, 1], a[:, 2]
-        l64, r64 = np.uint64(lsz), np.uint64(rsz)
-        bad = (lo >= l64) | (ln > l64 - np.minimum(lo, l64)) | (ro >= r64) | (ln > r64 - np.minimum(ro, r64))
-        i = int(np.flatnonzero(bad)[0])
-        _raise(_errno.ERANGE, f"block {i} ({int(lo[i])}, {int(ro[i])}, {int(ln[i])}) lies outside "
-               f"the local ({local_size} B) or remote ({remote_size} B) segment; "
-               f"{int(bad.sum())} such block(s)")
-    col = 1 if write else 0
-    order = np.argsort(a[:, col], kind="stable")
-    a = a[order]
-    if a.shape[0] == 1:
+    if not (mlo < lsz and mro < rsz and mln <= min(lsz, rsz)):
+        _refuse(given, lsz, rsz)
+    ends = a[:, :2] + a[:, 2:]
+    elo, ero = ends.max(axis=0).tolist()
+    if elo > lsz or ero > rsz:
+        _refuse(given, lsz, rsz)
+    if n == 1:
         return a
-    dend = ends[order, col]
     dst = a[:, col]
-    if (dend[:-1] > dst[1:]).any():
+    # gap[i]: from the end of block i to the start of block i + 1 at the
+    # destination (both < 2^63 here, so int64 holds it).
+    gap = np.subtract(dst[1:], ends[:-1, col], dtype=np.int64)
+    g = gap.min()
+    if g < 0:
         _raise(_errno.EINVAL, "destinations of two blocks overlap")
-    if not (dend[:-1] == dst[1:]).any():
+    if g > 0:
         return a  # nothing adjacent at the destination: nothing to merge
     lo, ro, ln = a[:, 0], a[:, 1], a[:, 2]
     # Merge runs contiguous on both sides: one entry each.
-    brk = np.ones(lo.shape[0], bool)
+    brk = np.ones(n, bool)
     brk[1:] = (lo[:-1] + ln[:-1] != lo[1:]) | (ro[:-1] + ln[:-1] != ro[1:])
     idx = np.flatnonzero(brk)
     out = np.empty((idx.shape[0], 3), np.uint64)
@@ -291,20 +304,22 @@ class XferRequest:
         self._remote = remote
         self._lock = threading.Lock()
         self._pending = []      # libkcoll request handles
-        self._keep = [ents, msg]
+        self._keep = msg        # kcolld reads the message until done
+        self._ents = ents       # and the entries (kept: stats() sums their bytes)
         self.error = None       # KcollError once failed
         self._final = None      # (notify_id, msg) still to send after the data
         self._t0 = time.monotonic()
         self._t1 = None
         self._ambiguous = False
-        chunks = [ents[i:i + XFER_MAX_ENTRIES] for i in range(0, ents.shape[0], XFER_MAX_ENTRIES)]
-        self._stats = {"bytes": int(ents[:, 2].sum()) if ents.shape[0] else 0,
-                       "blocks": nblocks, "entries": int(ents.shape[0]), "batches": 0,
+        n = ents.shape[0]
+        # bytes: summed when asked for (stats(), an error's text)
+        self._stats = {"bytes": None, "blocks": nblocks, "entries": n, "batches": 0,
                        "notify_id": notify_id, "msg_bytes": len(msg) if msg else 0}
-        if len(chunks) <= 1:
-            self._submit(chunks[0] if chunks else None, notify_id, msg)
+        if n <= XFER_MAX_ENTRIES:
+            self._submit(ents if n else None, notify_id, msg)
         else:
-            for c in chunks:
+            for i in range(0, n, XFER_MAX_ENTRIES):
+                c = ents[i:i + XFER_MAX_ENTRIES]
                 if self.error:
                     break
                 self._submit(c, NOTIFY_NONE, None)
@@ -330,7 +345,14 @@ class XferRequest:
         self._pending.append(h)
         self._stats["batches"] += 1
 
+    def _bytes(self):
+        s = self._stats
+        if s["bytes"] is None:
+            s["bytes"] = int(self._ents[:, 2].sum()) if s["entries"] else 0
+        return s["bytes"]
+
     def _what(self):
+        self._bytes()
         s = self._stats
         return (f"{'write' if self._write else 'read'} of {s['blocks']} blocks "
                 f"({s['entries']} entries, {s['bytes']} bytes)")
@@ -411,6 +433,7 @@ class XferRequest:
         """bytes, blocks (given), entries (after merging), batches (submitted),
         elapsed_s (submission to completion, or so far), state."""
         st = self.state()
+        self._bytes()
         s = dict(self._stats)
         end = self._t1 if self._t1 is not None else time.monotonic()
         s["elapsed_s"] = end - self._t0
@@ -489,7 +512,7 @@ class Agent:
         rows = np.empty((0, 3), np.uint64) if blocks is None else _as_rows(blocks)
         ents = plan_blocks(rows, local.size, remote.size, write)
         nblocks = rows.shape[0]
-        return XferRequest(self, write, local, remote, np.ascontiguousarray(ents), nid, m, nblocks)
+        return XferRequest(self, write, local, remote, ents, nid, m, nblocks)
 
     def write(self, local, remote, blocks, notify=None, msg=None):
         """local -> remote; notify: the remote counter to bump once all
