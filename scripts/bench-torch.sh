@@ -12,6 +12,7 @@
 #            without DDP: the compute alone)
 #   kv       kcoll.kv Agent.write (scripts/bench_kv_agent.py) vs kcoll-kvbench
 #            -m local in C, 64 KiB..4 MiB blocks, batches of 64, same host
+#            (across two netns hosts: --cluster H with BENCH_PARTS=kv)
 #   scripts/bench-torch.sh [BUILD]        (BUILD defaults to build)
 #   scripts/bench-torch.sh --cluster H [BUILD]
 #            the sweep only, across H hosts of a netns cluster of its own
@@ -19,6 +20,12 @@
 #            one rank per host, in the host's namespace, talking to its own
 #            kcolld; the store and gloo on eth0; no C rows (kcoll-bench runs
 #            its ranks on one daemon). BENCH_MAX defaults to 256M here.
+#            BENCH_PARTS picks "sweep" (the default), "kv" or both; kv here:
+#            a kcoll-kvbench -m target on host 0 (256 MiB, kcolld-mapped),
+#            written from host 1 by kcoll-kvbench -m initiator (C) and by
+#            bench_kv_agent.py --desc (Python), the same blocks and batches,
+#            through the two kcollds over TCP; e.g.
+#            BENCH_PARTS=kv scripts/bench-torch.sh --cluster 2
 # Writes docs/perf/torch-<date>.json (torch-cluster<H>-<date>.json), draws
 # docs/perf/torch-allreduce.png (torch-cluster-allreduce.png) with
 # scripts/plot-torch.sh and prints nccl-tests-style tables with the ratios.
@@ -73,7 +80,7 @@ rank_timeout=300
 if [ "$hosts" -gt 0 ]; then
 	max=${BENCH_MAX:-256M}
 	ns=$hosts
-	parts=" sweep "
+	parts=" ${BENCH_PARTS:-sweep} "
 	json="$outdir/torch-cluster$hosts-$stamp.json"
 	png="$outdir/torch-cluster-allreduce.png"
 	master=10.10.0.1
@@ -87,6 +94,7 @@ has() { [[ $parts == *" $1 "* ]]; }
 [ -x "$bin/kcoll-bench" ] || die "$bin/kcoll-bench missing: run make"
 [ "$hosts" -eq 0 ] || [ "$(id -u)" -eq 0 ] || die "--cluster needs root (network namespaces)"
 [ -z "$kvbase" ] || [ -f "$kvbase/kcoll/kv.py" ] || die "BENCH_KV_BASE=$kvbase holds no kcoll/kv.py"
+[[ $parts != *" kv "* ]] || [ -x "$bin/kcoll-kvbench" ] || die "$bin/kcoll-kvbench missing: run make"
 [ -x "$py" ] || die "$py missing (scripts/deps.sh installs python3, python3-torch)"
 export PYTHONPATH=${PYTHONPATH:-$top/user/python}
 export KCOLL_LIB=${KCOLL_LIB:-$top/$BUILD/lib/libkcoll.so.1}
@@ -96,9 +104,10 @@ export KCOLL_LIB=${KCOLL_LIB:-$top/$BUILD/lib/libkcoll.so.1}
 tmp=$(mktemp -d /tmp/kcoll-bench-torch.XXXXXX)
 daemon_pid=
 rank_pids=()
+kvt_pid=
 cleanup() {
 	local p
-	for p in "${rank_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${rank_pids[@]}" $kvt_pid; do kill "$p" 2>/dev/null || true; done
 	[ "$hosts" -eq 0 ] || "$top/scripts/netns-cluster.sh" down >/dev/null 2>&1 || true
 	bench_kcolld_stop
 	rm -rf "$tmp"
@@ -159,17 +168,36 @@ ranks() {	# round N parts...: the torch ranks, one round
 	grep '^bench_torch_rank:' "$tmp/rank0.out" >&2 || true
 }
 
+# The KV part across hosts: one target on host 0 for every round and system.
+kv_target() {
+	rm -f "$tmp/kvdesc"
+	"$top/scripts/netns-cluster.sh" exec 0 "$bin/kcoll-kvbench" -m target -D "$tmp/kvdesc" -s 256M \
+		>"$tmp/kvtarget.out" 2>&1 &
+	kvt_pid=$!
+	for _ in $(seq 300); do [ -s "$tmp/kvdesc" ] && return; sleep 0.1; done
+	cat "$tmp/kvtarget.out" >&2
+	die "kcoll-kvbench -m target on host 0 wrote no descriptor"
+}
+
 kv() {	# round system [PYTHONPATH]
+	local on=() c=(-m local -a none) p=()
+	if [ "$hosts" -gt 0 ]; then
+		on=("$top/scripts/netns-cluster.sh" exec 1)
+		c=(-m initiator -D "$tmp/kvdesc")
+		p=(--desc "$tmp/kvdesc")
+	fi
 	if [ "$2" = c ]; then
-		timeout 120 "$bin/kcoll-kvbench" -m local -b "$kvblocks" -B 64 -d "$kvdur" -a none --json \
+		"${on[@]}" timeout 120 "$bin/kcoll-kvbench" "${c[@]}" -b "$kvblocks" -B 64 -d "$kvdur" --json \
 			>"$tmp/point.json" 2>"$tmp/kv.err" || { cat "$tmp/kv.err" >&2; die "kcoll-kvbench failed"; }
 	else
-		PYTHONPATH=${3:-$PYTHONPATH} timeout 120 "$py" "$top/scripts/bench_kv_agent.py" -b "$kvblocks" \
-			-B 64 -d "$kvdur" >"$tmp/point.json" || die "bench_kv_agent.py ($2) failed"
+		PYTHONPATH=${3:-$PYTHONPATH} "${on[@]}" timeout 120 "$py" "$top/scripts/bench_kv_agent.py" \
+			"${p[@]}" -b "$kvblocks" -B 64 -d "$kvdur" >"$tmp/point.json" ||
+			die "bench_kv_agent.py ($2) failed"
 	fi
 	record "$1" kv "$2" 1 "$tmp/point.json"
 }
 
+if [ "$hosts" -gt 0 ] && has kv; then kv_target; fi
 load_start=$(cat /proc/loadavg)
 start=$SECONDS
 for r in $(seq "$rounds"); do
@@ -276,7 +304,8 @@ doc = {
             "tensors in kcolld-mapped memory; kcoll_np, kcoll_np_shm = the kcoll package, numpy buffers; "
             "c_host, c_shm = kcoll-bench --mem host / shm; ddp local = the step without DDP; "
             "kv c = kcoll-kvbench -m local, kv python = scripts/bench_kv_agent.py, kv python_base = "
-            "the same on the BENCH_KV_BASE package; cluster_hosts > 0: one rank per netns host",
+            "the same on the BENCH_KV_BASE package; cluster_hosts > 0: one rank per netns host, "
+            "kv from host 1 into a kcoll-kvbench -m target on host 0 (-m initiator, --desc)",
     "summary": summary, "runs": runs, "torch_runs": torch_runs,
 }
 with open(out, "w") as fh:
@@ -371,7 +400,9 @@ if models:
 
 blocks = sorted({s["block"] for s in doc["summary"] if s["part"] == "kv"})
 if blocks:
-    print("KV writes, same host, batches of 64, depth 2, kcolld-mapped memory: GB/s (best round, median)")
+    print("KV writes, %s, batches of 64, depth 2, kcolld-mapped memory: GB/s (best round, median)"
+          % ("host 1 -> host 0 of %d netns hosts, TCP between the kcollds" % doc["cluster_hosts"]
+             if doc.get("cluster_hosts") else "same host"))
     base = any(s["part"] == "kv" and s["system"] == "python_base" for s in doc["summary"])
     rows = []
     for b in blocks:

@@ -3,12 +3,16 @@
 """The Python KV agent (kcoll.kv) moving the batches kcoll-kvbench -m local
 moves, for scripts/bench-torch.sh's ratio to the C benchmark.
 
-    bench_kv_agent.py [-b 64K,256K,1M,4M] [-B 64] [-q 2] [-d 1] [-s 256M]
+    bench_kv_agent.py [-b 64K,256K,1M,4M] [-B 64] [-q 2] [-d 1] [-s 256M] [-D FILE]
 
 One process, two agents (each its own kcolld connection): the target
 allocates a segment in kcolld-mapped memory, the initiator allocates its own
 and writes batches of --batch blocks at random distinct block slots of both
 segments, --depth batches in flight, for --duration seconds per block size.
+With --desc FILE there is no target here: the initiator imports the
+descriptor in FILE (128 bytes, as `kcoll-kvbench -m target -D FILE` writes
+it, waited for up to 30 s), e.g. a target on another host of a netns
+cluster, and writes into it through its kcolld (TCP between the kcollds).
 As in kcoll-kvbench, the batches cycle through min(64, seg / (block x
 batch)) distinct ones drawn beforehand, so that they sweep the segments;
 what a batch costs in Python (plan_blocks' checks, sort and merge, the
@@ -21,6 +25,7 @@ on the machine does to the wall clock).
 import argparse
 import collections
 import json
+import os
 import time
 
 import numpy as np
@@ -40,19 +45,30 @@ def main():
     ap.add_argument("-q", "--depth", type=int, default=2)
     ap.add_argument("-d", "--duration", type=float, default=1.0)
     ap.add_argument("-s", "--seg-bytes", type=size, default=256 << 20)
+    ap.add_argument("-D", "--desc", help="a target's descriptor file (no target here)")
     a = ap.parse_args()
 
     rng = np.random.default_rng(1)
-    target, init = kv.Agent("target"), kv.Agent("initiator")
-    _, dseg = target.alloc(a.seg_bytes)
+    target, init = None, kv.Agent("initiator")
+    if a.desc:
+        for _ in range(300):  # the target may still be starting
+            if os.path.exists(a.desc):
+                break
+            time.sleep(0.1)
+        with open(a.desc, "rb") as f:
+            desc = f.read()
+    else:
+        target = kv.Agent("target")
+        desc = target.alloc(a.seg_bytes)[1].desc
     src, sseg = init.alloc(a.seg_bytes)
     src[:] = 1  # touch every page before timing
-    remote = init.import_desc(dseg.desc)
+    remote = init.import_desc(desc)
+    seg = min(a.seg_bytes, remote.size)
     rows = []
     for block in (size(b) for b in a.block.split(",")):
-        slots = a.seg_bytes // block
+        slots = seg // block
         batch = min(a.batch, slots)
-        nb = max(1, min(64, a.seg_bytes // (block * batch)))
+        nb = max(1, min(64, seg // (block * batch)))
         plans = [(rng.choice(slots, batch, replace=False) * block,
                   rng.choice(slots, batch, replace=False) * block, block) for _ in range(nb)]
         init.write(sseg, remote, plans[0]).wait()  # warm up: the first batch maps the pages
@@ -77,10 +93,11 @@ def main():
         rows.append({"block": block, "batch": batch, "batches": done, "bytes": nbytes,
                      "GBps": nbytes / elapsed / 1e9, "submit_cpu_us": cpu / max(1, done) * 1e6})
     remote.close()
-    target.close()
+    if target:
+        target.close()
     init.close()
     print(json.dumps({"tool": "scripts/bench_kv_agent.py", "depth": a.depth, "mem": "shm",
-                      "seg_bytes": a.seg_bytes, "rows": rows}))
+                      "seg_bytes": seg, "remote": bool(a.desc), "rows": rows}))
 
 
 if __name__ == "__main__":
