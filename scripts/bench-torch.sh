@@ -15,7 +15,7 @@
 #            (across two netns hosts: --cluster H with BENCH_PARTS=kv)
 #   scripts/bench-torch.sh [BUILD]        (BUILD defaults to build)
 #   scripts/bench-torch.sh --cluster H [BUILD]
-#            the sweep only, across H hosts of a netns cluster of its own
+#            the sweep (default) across H hosts of a netns cluster of its own
 #            (scripts/netns-cluster.sh, one kcolld per host; needs root):
 #            one rank per host, in the host's namespace, talking to its own
 #            kcolld; the store and gloo on eth0; no C rows (kcoll-bench runs
