@@ -3,9 +3,9 @@
  * c4d.c: the C4 detector and planner of multi-host communicators, and the
  * hooks through which the rooms below it report to it.
  *
- * c4d.c sits above comm.c, mh.c and net.c (it sends its reports and plans
- * with net.c's kd_net_ctrl_send). They reach it back only through struct
- * kd_c4_hooks: c4d.c installs its table with kd_c4_start(), which main.c
+ * c4d.c sits above comm.c, mh.c and the network (it sends its reports and
+ * plans with net_conn.c's kd_net_ctrl_send). They reach it back only through
+ * struct kd_c4_hooks: c4d.c installs its table with kd_c4_start(), which main.c
  * calls at start-up before kd_net_start, so before any multi-host
  * communicator exists. While kd_c4 is NULL (a program that links the
  * daemon's units without main.c) nothing is observed or planned.
@@ -22,14 +22,14 @@ struct kd_op;
 struct kd_phdr;
 
 struct kd_c4_hooks {
-	/* net.c, control thread: a communicator formed (0 or -errno: the
-	 * formation fails) and is torn down */
+	/* the network, control thread: a communicator formed (net_conn.c;
+	 * 0 or -errno: the formation fails) and is torn down (net_ctrl.c) */
 	int (*attach)(struct kd_comm *comm);
 	void (*detach)(struct kd_mh *mh);
 	/* comm.c, comm->lock held: a local rank submitted op seq; an op completed */
 	void (*submitted)(struct kd_comm *comm, uint32_t rank, uint64_t seq);
 	void (*completed)(struct kd_comm *comm, const struct kd_op *op);
-	/* net.c, control thread: a peer's KD_P_C4, KD_P_PLAN, KD_P_C4_VIEW */
+	/* net_ctrl.c, control thread: a peer's KD_P_C4, KD_P_PLAN, KD_P_C4_VIEW */
 	void (*on_report)(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h);
 	void (*on_plan)(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h);
 	void (*on_view)(struct kd_comm *comm, uint32_t from_host, const struct kd_phdr *h);
@@ -37,7 +37,7 @@ struct kd_c4_hooks {
 	 * plans that apply from it on take effect; waits while a proposal for it
 	 * is open. */
 	void (*op_start)(struct kd_mh *mh, struct kd_op *op);
-	/* net.c, kcollctl status: active anomalies over every host of comm (0:
+	/* net_status.c, kcollctl status: active anomalies over every host of comm (0:
 	 * none or no detector); *seen: the hosts that hold one, a bitmap. */
 	uint32_t (*summary)(struct kd_comm *comm, uint64_t *seen);
 };

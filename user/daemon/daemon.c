@@ -14,7 +14,7 @@
 
 struct kd_daemon kd;
 
-/* Installed by c4d.c (kd_c4_start), read by comm.c, mh.c and net.c: it lives
+/* Installed by c4d.c (kd_c4_start), read by comm.c, mh.c and net*.c: it lives
  * here so that neither side depends on the other. */
 const struct kd_c4_hooks *kd_c4;
 

@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * net.c: daemon-to-daemon. The TCP listener, connections between daemons,
- * bootstrap (root and member side) and control messages (abort, query),
- * on the control thread (docs/multihost.md has the long form). The peer
+ * The network, daemon-to-daemon: the TCP listener, connections between
+ * daemons, bootstrap (root and member side), lanes and control messages
+ * (abort, query), on the control thread (docs/multihost.md has the long
+ * form). Its files, net.c, net_conn.c, net_boot.c, net_ctrl.c and
+ * net_status.c, share net_int.h, which says who does what. The peer
  * protocol is wire.h, a multi-host communicator mh.h, its transports
  * xport.h, the C4 hooks c4d.h, flow observation flow.h.
  *
- * net.c sits above comm.c and mh.c: it forms communicators, starts their
- * net threads and aborts them on peers' word. comm.c reaches it back
+ * The network sits above comm.c and mh.c: it forms communicators, starts
+ * their net threads and aborts them on peers' word. comm.c reaches it back
  * through the struct kd_comm_net_ops that kd_net_start installs (kcolld.h);
  * the rooms above it (kv_serve.c) take connections of their own kinds through
  * the HELLO kind table below (a communicator's lanes stay net.c's: they
@@ -48,7 +50,7 @@ size_t kd_net_render(char *buf, size_t cap, int json);
 const char *kd_algo_name(enum kd_algo a);
 int kd_algo_parse(const char *s, enum kd_algo *a);
 enum kd_algo kd_net_algo(void);
-/* kcollctl set KEY VALUE for the keys net.c owns (algo, streams). */
+/* kcollctl set KEY VALUE for the keys net.c owns (algo, streams, lane_bytes). */
 int kd_net_set(const char *key, const char *value, char *err, size_t errlen);
 
 /* Host h's address on the network of our link l ("?" if none); our
