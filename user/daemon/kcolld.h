@@ -410,8 +410,8 @@ void kd_kv_client_gone(struct kd_client *c);
 void kd_kv_thread_done(void);
 struct kd_p_hello;
 /* kv_serve.c, control thread: a KD_CONN_KV HELLO (net.c's HELLO kind table); takes the
- * connection's fd (answers and serves it). */
-void kd_kv_accept(int fd, const struct kd_p_hello *m);
+ * connection's fd (answers and serves it, or refuses with its own KD_P_KV_ACK): 0. */
+int kd_kv_accept(int fd, const struct kd_p_hello *m, char *why, size_t len);
 size_t kd_kv_render(char *buf, size_t cap, int json);
 
 /* status.c */

@@ -180,7 +180,7 @@ answer:
 	return NULL;
 }
 
-void kd_kv_accept(int fd, const struct kd_p_hello *m)
+int kd_kv_accept(int fd, const struct kd_p_hello *m, char *why, size_t len)
 {
 	struct kv_ack ack = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_KV_ACK, .len = sizeof(ack) },
 			      .features = KV_ACK_F_MSG };
@@ -226,11 +226,12 @@ void kd_kv_accept(int fd, const struct kd_p_hello *m)
 		pthread_attr_destroy(&attr);
 	}
 	if (!ack.status)
-		return;
+		return 0;
 	kc_dbg("kv: refused a peer's connection to segment %u: %s", m->from_host,
 	       strerror(-ack.status));
 	close(fd);
 	free(cn);
 	if (s)
 		kv_seg_put(s);
+	return 0;	/* answered with its own verdict (KD_P_KV_ACK) */
 }

@@ -623,7 +623,8 @@ int main(int argc, char **argv)
 	 * client or peer connects. comm.c's runner and network tables are
 	 * installed by kd_pool_start and kd_net_start below. */
 	if (kd_client_register(&kd_comm_client_ops) || kd_client_register(&kd_exec_client_ops) ||
-	    kd_client_register(&kd_kv_client_ops) || kd_net_hello_register(KD_CONN_KV, kd_kv_accept)) {
+	    kd_client_register(&kd_kv_client_ops) || kd_net_hello_register(KD_CONN_KV, kd_kv_accept) ||
+	    kd_net_hello_register(KD_CONN_LANE, kd_net_lane_accept)) {
 		kc_err("startup failed: cannot register the rooms' ops tables");
 		return 1;
 	}

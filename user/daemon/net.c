@@ -4,8 +4,8 @@
  * Here: the settings (algo, streams, lane_bytes), start and stop, who this
  * daemon is to its peers, the HELLO kind table, and reading every peer
  * connection and dispatching its messages: a NEW connection's HELLO (to a
- * kind in the table, to bootstrap, or to a forming communicator's CTRL,
- * DATA or lane), BOOT messages to net_boot.c, CTRL messages to net_ctrl.c.
+ * kind in the table, to bootstrap, or to a forming communicator's CTRL or
+ * DATA), BOOT messages to net_boot.c, CTRL messages to net_ctrl.c.
  * comm.c reaches the network through the struct kd_comm_net_ops at the end.
  * Control thread only.
  */
@@ -311,16 +311,15 @@ int kd_net_connect(uint32_t addr, uint16_t port)
 
 /* ---- HELLO, reading, dispatch ---------------------------------------- */
 
-/* The HELLO kinds that rooms above net.c take (net.h); main.c fills it
- * before kd_net_start, the control thread reads it. */
+/* The HELLO kinds that rooms take (net.h: kv_serve.c's, net_lane.c's);
+ * main.c fills it before kd_net_start, the control thread reads it. */
 #define HELLO_KINDS 8
 static kd_hello_fn *hello_kinds[HELLO_KINDS];
 
 int kd_net_hello_register(enum kd_conn_kind kind, kd_hello_fn *accept)
 {
-	if (kind == KD_CONN_BOOT || kind == KD_CONN_CTRL || kind == KD_CONN_DATA ||
-	    kind == KD_CONN_LANE)
-		return -EINVAL;	/* a communicator's own connections: net.c runs them */
+	if (kind == KD_CONN_BOOT || kind == KD_CONN_CTRL || kind == KD_CONN_DATA)
+		return -EINVAL;	/* bootstrap and a communicator's host table: net.c runs them */
 	if ((unsigned int)kind >= HELLO_KINDS)
 		return -ERANGE;
 	if (hello_kinds[kind])
@@ -342,9 +341,10 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 		return net_reject(pc, msg);
 	}
 	if (m->kind < HELLO_KINDS && hello_kinds[m->kind]) {
-		/* A room above (kv_serve.c) answers and serves it from its own thread. */
+		/* A room (kv_serve.c, net_lane.c) takes the fd, or says why not. */
 		epoll_ctl(kd.epfd, EPOLL_CTL_DEL, pc->fd, NULL);
-		hello_kinds[m->kind](pc->fd, m);
+		if (hello_kinds[m->kind](pc->fd, m, msg, sizeof(msg)))
+			return net_reject(pc, msg);
 		pc->fd = -1;
 		net_pc_close(pc);
 		return;
@@ -360,8 +360,7 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 	if (!mh)
 		return net_reject(pc, "no communicator here is forming with that token");
 	if (m->from_host >= mh->self || (m->kind == KD_CONN_DATA && m->stream >= mh->nstreams) ||
-	    (m->kind != KD_CONN_DATA && m->kind != KD_CONN_CTRL &&
-	     (m->kind != KD_CONN_LANE || !mh->lane_bytes)) ||
+	    (m->kind != KD_CONN_DATA && m->kind != KD_CONN_CTRL) ||
 	    mh->hosts[m->from_host].info.nonce != m->nonce) {
 		snprintf(msg, sizeof(msg), "unexpected connection (kind %u, host %u, stream %u)", m->kind,
 			 m->from_host, m->stream);
@@ -374,14 +373,6 @@ static void on_hello(struct kd_pconn *pc, const struct kd_p_hello *m)
 		pc->comm = comm;
 		pc->host = m->from_host;
 		mh->hosts[m->from_host].ctrl = pc;
-	} else if (m->kind == KD_CONN_LANE) {
-		if (mh->hosts[m->from_host].lane >= 0)
-			return net_reject(pc, "duplicate lane");
-		/* Kept for the local rank, which takes it (kd_comm_take_lane). */
-		mh->hosts[m->from_host].lane = pc->fd;
-		epoll_ctl(kd.epfd, EPOLL_CTL_DEL, pc->fd, NULL);
-		pc->fd = -1;
-		net_pc_close(pc);
 	} else {
 		if (mh->hosts[m->from_host].data[m->stream] >= 0)
 			return net_reject(pc, "duplicate data connection");

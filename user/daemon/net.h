@@ -3,17 +3,16 @@
  * The network, daemon-to-daemon: the TCP listener, connections between
  * daemons, bootstrap (root and member side), lanes and control messages
  * (abort, query), on the control thread (docs/multihost.md has the long
- * form). Its files, net.c, net_conn.c, net_boot.c, net_ctrl.c and
- * net_status.c, share net_int.h, which says who does what. The peer
+ * form). Its files, net.c, net_conn.c, net_lane.c, net_boot.c, net_ctrl.c
+ * and net_status.c, share net_int.h, which says who does what. The peer
  * protocol is wire.h, a multi-host communicator mh.h, its transports
  * xport.h, the C4 hooks c4d.h, flow observation flow.h.
  *
  * The network sits above comm.c and mh.c: it forms communicators, starts
  * their net threads and aborts them on peers' word. comm.c reaches it back
  * through the struct kd_comm_net_ops that kd_net_start installs (kcolld.h);
- * the rooms above it (kv_serve.c) take connections of their own kinds through
- * the HELLO kind table below (a communicator's lanes stay net.c's: they
- * are connections of its host table, like CTRL and DATA).
+ * rooms take connections of their own kinds through the HELLO kind table
+ * below (kv_serve.c's KV connections, net_lane.c's lanes).
  */
 #ifndef KCOLLD_NET_H
 #define KCOLLD_NET_H
@@ -64,11 +63,16 @@ int kd_net_ctrl_send(struct kd_mh *mh, uint32_t h, void *msg, uint16_t type, siz
 
 /*
  * The HELLO kind table: who takes a connection whose HELLO names a kind
- * that net.c does not run itself (KD_CONN_KV: kv_serve.c). Registered at start-up
- * by main.c, before kd_net_start, read-only after. accept takes the fd (it
- * answers and serves it, or closes it).
+ * that net.c does not run itself (KD_CONN_KV: kv_serve.c, KD_CONN_LANE:
+ * net_lane.c); bootstrap, CTRL and DATA are net.c's. Registered at start-up
+ * by main.c, before kd_net_start, read-only after. accept, on the control
+ * thread, returns 0 when it took the fd (it answers and serves it, or
+ * keeps or closes it); else -errno with why (at most len bytes): net.c
+ * rejects the connection, saying why, and closes it.
  */
-typedef void kd_hello_fn(int fd, const struct kd_p_hello *m);
+typedef int kd_hello_fn(int fd, const struct kd_p_hello *m, char *why, size_t len);
 int kd_net_hello_register(enum kd_conn_kind kind, kd_hello_fn *accept);	/* 0 or -errno */
+/* net_lane.c: KD_CONN_LANE's accept */
+int kd_net_lane_accept(int fd, const struct kd_p_hello *m, char *why, size_t len);
 
 #endif /* KCOLLD_NET_H */

@@ -13,7 +13,7 @@
  *
  * Here: the ids this daemon issued, the member side (table, GO) and the
  * root side (registrations, streams and lanes, tables). net.c reads the
- * BOOT connections and calls in; calls net_conn.c.
+ * BOOT connections and calls in; calls net_conn.c and net_lane.c.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -405,20 +405,6 @@ static uint32_t shared_networks(const struct kd_boot *b)
 	return n ? (n > KD_MAX_STREAMS ? KD_MAX_STREAMS : n) : 1;
 }
 
-/*
- * Lanes (docs/multihost.md): with one rank on every host and few hosts, the
- * ranks all-reduce small messages themselves over a connection per host pair
- * that the daemons set up, the root's KCOLL_LANE_BYTES deciding for all.
- */
-static uint32_t lane_bytes(const struct kd_boot *b)
-{
-	/* Lanes move host memory only, and libkcoll cannot copy device memory
-	 * itself: a rank that may pass device buffers keeps the ops on kcolld. */
-	if (b->nd < 2 || b->nd != b->nranks || b->nd > KD_LANE_MAX_HOSTS || b->gpu)
-		return 0;
-	return atomic_load(&kd_net.lane_bytes);
-}
-
 static void boot_send_tables(struct kd_boot *b)
 {
 	uint32_t order[KD_MAX_HOSTS], host_of[KD_MAX_HOSTS];
@@ -457,7 +443,7 @@ static void boot_send_tables(struct kd_boot *b)
 		t->nstreams = shared_networks(b);
 	t->algo = atomic_load(&kd_net.algo);	/* the root's, for every host alike */
 	t->piece = __atomic_load_n(&kd.net_chunk_bytes, __ATOMIC_RELAXED);
-	t->lane_bytes = lane_bytes(b);
+	t->lane_bytes = net_lane_bytes(b);
 	kc_info("comm %02x%02x%02x%02x...: all %u ranks registered on %u host(s)", b->token[0],
 		b->token[1], b->token[2], b->token[3], b->nranks, b->nd);
 	b->tables_sent = true;

@@ -7,6 +7,8 @@
  *   net_conn.c    the state, sockets, peer connections (send, close,
  *                 reject), our links, the forming communicators and "all
  *                 of a communicator's connections are up"
+ *   net_lane.c    lanes: the root's choice, a peer's lane arriving (a HELLO
+ *                 kind net.c's table dispatches, main.c registers it)
  *   net_boot.c    bootstrap: the ids this daemon issued, the member side
  *                 (table, GO: connect) and the root side (registrations,
  *                 tables)
@@ -114,6 +116,9 @@ struct kd_comm *net_comm_find(const uint8_t *token);
 void net_member_fail(struct kd_comm *comm, int err, const char *msg);
 void net_check_up(struct kd_comm *comm);
 uint8_t net_link_of_fd(int fd);
+
+/* net_lane.c */
+uint32_t net_lane_bytes(const struct kd_boot *b);
 
 /* net_boot.c */
 void net_boot_free(struct kd_boot *b);
