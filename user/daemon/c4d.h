@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * c4d.c: the C4 detector and planner of multi-host communicators, and the
- * hooks through which the rooms below it report to it.
+ * C4 in kcolld (c4d.c, and the files c4d_int.h lists): the detector and
+ * planner of multi-host communicators, and the hooks through which the
+ * rooms below it report to it.
  *
- * c4d.c sits above comm.c, mh.c and the network (it sends its reports and
+ * C4 sits above comm.c, mh.c and the network (it sends its reports and
  * plans with net_conn.c's kd_net_ctrl_send). They reach it back only through
  * struct kd_c4_hooks: c4d.c installs its table with kd_c4_start(), which main.c
  * calls at start-up before kd_net_start, so before any multi-host

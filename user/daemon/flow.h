@@ -2,11 +2,11 @@
 /*
  * Flow observation: the hooks through which kcolld_bpf.c (KCOLL_BPF=1, eBPF
  * flow tracking) learns communicators' peers and hands flow statistics and
- * steering to the network and c4d.c. kcolld_bpf.c sets them in kd_bpf_start
+ * steering to the network and C4. kcolld_bpf.c sets them in kd_bpf_start
  * (main.c, after kd_net_start) and clears them in kd_bpf_stop; while NULL,
  * nothing is tracked. Each is defined where it is read (kd_net_table_hook
- * in net_boot.c, the others in c4d.c): the tracker depends on them, not
- * they on it.
+ * in net_boot.c, kd_bpf_sums_hook in c4d.c, the steering ones in
+ * c4d_plan.c): the tracker depends on them, not they on it.
  */
 #ifndef KCOLLD_FLOW_H
 #define KCOLLD_FLOW_H

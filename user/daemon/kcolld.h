@@ -17,7 +17,7 @@
  *             text, the KCOLL_METRICS endpoint and textfile (metrics.h)
  *
  * Each file calls only files below it (daemon.c < client.c < comm.c <
- * exec.c < mh.c < net*.c < kv_*.c, c4d.c); the calls that go up use the ops
+ * exec.c < mh.c < net*.c < kv_*.c, c4d*.c); the calls that go up use the ops
  * tables declared here and in c4d.h and net.h, which the upper files
  * install at start-up (docs/architecture.md, "Layers"; measured by
  * scripts/layering.py).
