@@ -4,6 +4,8 @@
 # the value and the limit, starts and uses the limit; kcollctl set refuses
 # more; a member daemon fails a communicator whose root sends a TABLE with
 # more (-EPROTO, saying why) and accepts one at the limit (answers READY).
+# A lane HELLO that no forming communicator here expects is refused with a
+# REJECT saying why (net_lane.c, through net.c's HELLO kind table).
 # The root here is a fake one (python, on loopback) that the id names.
 # No netns, no root needed. TAP.
 set -u
@@ -112,6 +114,34 @@ out=$(table_case $MAX)
 r=$(cat "$T/root.$MAX" 2>/dev/null)
 grep -q "name=ECONNREFUSED" <<<"$out" && [ "$r" = ready ]
 ok $? "a TABLE with lane_bytes $MAX: the member takes it and answers READY ($out; root saw: $r)"
+
+# A lane (KD_CONN_LANE) goes through the HELLO kind table (net_lane.c): one
+# for a token no communicator here forms with is refused with a REJECT
+# saying why, and counted as rejected.
+port=$("$B/bin/kcollctl" -s "$SOCK" status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["net"]["port"])')
+before=$("$B/bin/kcollctl" -s "$SOCK" status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["net"]["rejected"])')
+got=$(python3 - "$port" <<'PY'
+import os, socket, struct, sys
+MAGIC, HELLO, REJECT, VERSION, LANE = 0x6b63706e, 1, 2, 3, 5
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
+body = struct.pack("<II", VERSION, LANE) + os.urandom(32) + struct.pack("<IIQ", 0, 0, 1)
+c.sendall(struct.pack("<IHHII", MAGIC, HELLO, 0, 16 + len(body), 0) + body)
+b = b""
+while len(b) < 16 + 128:
+    d = c.recv(16 + 128 - len(b))
+    if not d:
+        break
+    b += d
+if len(b) < 16:
+    print("closed without a reply")
+else:
+    t = struct.unpack("<IHHII", b[:16])[1]
+    print("type %d: %s" % (t, b[16:].split(b"\0")[0].decode(errors="replace")))
+PY
+)
+after=$("$B/bin/kcollctl" -s "$SOCK" status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["net"]["rejected"])')
+[ "$got" = "type 2: no communicator here is forming with that token" ] && [ "$after" = $((before + 1)) ]
+ok $? "a lane HELLO for an unknown token: REJECT, saying why ($got), rejected $before -> $after"
 kill -TERM "$pid"; wait "$pid"; ok $? "kcolld exits 0 on SIGTERM"
 pid=
 echo "1..$n"
