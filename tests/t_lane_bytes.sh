@@ -22,9 +22,11 @@ KCOLL_LANE_BYTES=$((2 * MAX)) KCOLL_LISTEN=127.0.0.1:0 "$B/bin/kcolld" -f -s "$S
 pid=$!
 for _ in $(seq 300); do [ -S "$SOCK" ] && break; sleep 0.1; done
 kill -0 "$pid" 2>/dev/null && [ -S "$SOCK" ]; ok $? "kcolld starts with KCOLL_LANE_BYTES=$((2 * MAX))"
+# The socket exists before the network starts (and warns); kcolld answers
+# status only once start-up is done: ask first, then read the log.
+got=$("$B/bin/kcollctl" -s "$SOCK" status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["net"]["lane_bytes"])')
 grep -q "KCOLL_LANE_BYTES=$((2 * MAX)) is over the limit of $MAX" "$T/d.log"
 ok $? "start-up warns, naming the knob, the value and the limit"
-got=$("$B/bin/kcollctl" -s "$SOCK" status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["net"]["lane_bytes"])')
 [ "$got" = "$MAX" ]; ok $? "and uses the limit (status --json net.lane_bytes: $got)"
 msg=$("$B/bin/kcollctl" -s "$SOCK" set lane_bytes $((MAX + 1)) 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "0 (off) .. $MAX" <<<"$msg"; ok $? "kcollctl set lane_bytes $((MAX + 1)) is refused, naming the same limit"
