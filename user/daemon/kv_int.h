@@ -6,11 +6,14 @@
  *               requests of the control socket, a segment's lock, memory
  *               and status
  *   kv_local.c  one batch off the ring: validation, same-host copy rounds
- *   kv_send.c   a batch to another kcolld: TCP streams, frames, the stream
- *               threads' queue
+ *   kv_send.c   a batch to another kcolld: cutting it into posts, the
+ *               import's queue and its threads, the notify; the bytes go
+ *               through the session's transport (kv_xport.h)
  *   kv_serve.c  the owner's side of a peer kcolld's connection
- *   kv_rdma.c   RDMA: the verbs connection, the initiator's path, the
- *               owner's session
+ *   kv_rdma.c   RDMA: the verbs connection, the initiator's transport
+ *               (kv_xport_rdma), the owner's session
+ *   kv_io.c     the session's wire: streams, the final exchange, and the
+ *               initiator's TCP transport (kv_xport_tcp)
  *   kv_notif.c  notification queues
  *
  * The entry points for the rest of kcolld (kd_kv_*) are in kcolld.h and
@@ -29,6 +32,7 @@
 #include "kcolld.h"
 #include "kv_notif.h"
 #include "kv_rdma.h"
+#include "kv_xport.h"
 
 #define KV_ROUND_BYTES		(1u << 20)
 #define KV_ROUND_IOVS		512
@@ -87,13 +91,26 @@ struct kv_worker {
 	int idx;
 };
 
-/* An import of another kcolld's segment: its TCP streams and their
- * threads (kv_send.c), its RDMA connection (kv_rdma.c). */
+/* kv_xport_tcp's state of one stream (kv_io.c): the post unanswered and
+ * its buffers, kept with the import. */
+struct kv_chan {
+	struct kv_xfer x;		/* a data post's (final == 0) */
+	uint64_t cookie;
+	int final;			/* 0 data, 1 NOTIFY, 2 MSG unanswered */
+	struct kv_fent *fe;		/* KV_FRAME_ENTRIES: a frame's entries */
+	struct iovec *iov;		/* KV_FRAME_ENTRIES + 2: a frame sent from the mapping */
+	uint8_t *buf;			/* KV_FRAME_BYTES: frames of unmapped memory */
+};
+
+/* An import of another kcolld's segment: a session of the transport xo
+ * (kv_xport.h), its TCP streams and their threads (kv_send.c), its RDMA
+ * connection (kv_rdma.c). */
 struct kv_remote {
 	struct kcoll_seg_wire w;
 	pthread_mutex_t lock;		/* submitters: set-up, RDMA and the queue's tail */
 	int nstreams;
 	int fd[KV_MAX_STREAMS];
+	const struct kv_xport_ops *xo;	/* the open session's transport (NULL: none yet) */
 	/* Batches over TCP, one thread per stream (started by the first batch
 	 * that needs them, kept until the import goes). A submitter appends
 	 * its batch to the queue and returns; each stream thread takes the
@@ -109,10 +126,10 @@ struct kv_remote {
 	pthread_t tid[KV_MAX_STREAMS];
 	struct kv_worker wk[KV_MAX_STREAMS];
 	bool started[KV_MAX_STREAMS], quit;
-	struct kv_fent *fe[KV_MAX_STREAMS];	/* per stream, kept with the import */
-	struct iovec *iov[KV_MAX_STREAMS];
+	struct kv_chan ch[KV_MAX_STREAMS];	/* kv_xport_tcp's, kept with the import */
 	/* RDMA (kv_rdma.h): set up over fd[0] on the first batch whose local
-	 * segment is mapped; fd[0] then carries only notify answers. */
+	 * segment is mapped; fd[0] then carries only notify answers.
+	 * kv_xport_rdma's state. */
 	struct kv_rdma *rd;
 	bool rd_off;			/* refused for this import (logged once) */
 	uint32_t rd_seg;		/* the local segment the region covers */
@@ -156,7 +173,8 @@ int kv_side_resolve(struct kv_side *s);
 /* A process_vm_* call's result: 0, or why it moved less than want. */
 int kv_vm_err(ssize_t got, size_t want);
 
-/* kv_io.c: the session's wire, both ends, for the TCP and RDMA paths */
+/* kv_io.c: the session's wire, both ends, for the TCP and RDMA paths (and
+ * kv_xport_tcp) */
 int kv_io_full(int fd, void *buf, size_t n, bool out);
 int kv_io_iovs(int fd, struct iovec *iov, size_t n, bool out);
 void kv_sock_timeouts(int fd, int64_t ns);
@@ -177,14 +195,7 @@ int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece
 		  bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
 		  const struct kv_msgout *msg, int64_t t0, uint64_t *moved);
 
-/* kv_rdma.c */
-void kv_rdma_drop(struct kv_remote *rm);
-/* rm's RDMA connection for a batch from local: 0 ready, 1 use TCP (the
- * streams are open), < 0 the streams broke. */
-int kv_rdma_ready(struct kv_remote *rm, struct kv_side *local);
-int kv_run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
-		struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
-		const struct kv_msgout *msg, uint64_t *moved);
+/* kv_rdma.c (the initiator's side is kv_xport_rdma) */
 /* The owner's side of an RDMA session on cn: 0 refused, 1 over. */
 int kv_serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t tag);
 

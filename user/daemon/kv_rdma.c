@@ -8,13 +8,15 @@
  *                         this file's own, one per connection, so that an
  *                         rkey handed to one peer for one segment reaches
  *                         nothing else
- *   the initiator's path  a batch as WRITEs/READs over an import's
- *                         connection (kv_send.c's kv_run_remote picks it), set
- *                         up over the import's first TCP stream
+ *   the initiator's       kv_xport_rdma (kv_xport.h): WRITEs/READs and the
+ *   transport             notify over an import's connection, set up over
+ *                         the import's first TCP stream; kv_send.c's batch
+ *                         logic drives it
  *   the owner's session   kv_serve_rdma, asked for on a stream that
  *                         kv_serve.c serves
  *
- * The TCP frames both sides fall back to are kv_send.c's and kv_serve.c's.
+ * The TCP frames both sides fall back to are kv_io.c's (kv_xport_tcp) and
+ * kv_serve.c's.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -47,6 +49,13 @@ struct kv_rdma {
 	struct ibv_mr *mr;
 	uint8_t *base;
 	bool remote;
+	/* the initiator's batch (kv_xport_rdma) */
+	uint32_t inflight;		/* posted, not completed */
+	bool armed, locked;
+	bool imm_out;			/* the notify's WRITE_WITH_IMM is posted */
+	bool msg_due;			/* a MSG's verdict waits for poll */
+	int msg_ans;
+	uint64_t imm_cookie;
 };
 
 bool kv_rdma_wanted(char *why, size_t whylen, bool *loud)
@@ -292,22 +301,29 @@ int kv_rdma_wc_err(const struct ibv_wc *wc)
 	}
 }
 
-/* ---- the initiator's RDMA path --------------------------------------------
+/* ---- the initiator's transport (kv_xport_rdma) ----------------------------
  *
  * With a device on both sides and both segments mapped, a batch moves as
  * RDMA WRITEs (or READs) from the local segment's region straight into the
- * owner's, and its notify is a WRITE_WITH_IMM the owner answers on fd[0].
- * Otherwise the frames of kv_send.c (TCP), with the reason logged once per
- * import.
+ * owner's, one per piece of at most KV_RDMA_CHUNK, and its notify is a
+ * WRITE_WITH_IMM the owner answers on fd[0] (a notification: a MSG frame on
+ * fd[0]). Otherwise open says 1 and the session is kv_xport_tcp's, with the
+ * reason logged once per import.
  */
 #define KV_RDMA_CHUNK		(4u << 20)	/* one work request at most */
 #define KV_RDMA_INFLIGHT	128
 
-void kv_rdma_drop(struct kv_remote *rm)
+static void rdma_drop(struct kv_remote *rm)
 {
 	kv_rdma_destroy(rm->rd);
 	rm->rd = NULL;
 	kd_buf_release(&rm->rd_buf);
+}
+
+static void rdma_close(struct kv_remote *rm)
+{
+	rdma_drop(rm);
+	kv_remote_close_streams(rm);
 }
 
 static void rdma_refuse(struct kv_remote *rm, bool loud, const char *why)
@@ -323,11 +339,19 @@ static void rdma_refuse(struct kv_remote *rm, bool loud, const char *why)
 		kc_info("kv: segment %u of %s: over TCP (RDMA not used: %s)", rm->w.seg_id, host, why);
 }
 
+/* Between batches a healthy stream has nothing to read. */
+static bool fd_idle(int fd)
+{
+	struct pollfd pf = { .fd = fd, .events = POLLIN | POLLRDHUP };
+
+	return fd >= 0 && poll(&pf, 1, 0) == 0;
+}
+
 /*
  * Make rm's RDMA connection ready for a batch from local (held, mapped).
  * 0: use it; 1: use TCP (the streams are open); < 0: the streams broke.
  */
-int kv_rdma_ready(struct kv_remote *rm, struct kv_side *local)
+static int rdma_ready(struct kv_remote *rm, struct kv_side *local)
 {
 	struct kv_req rq = { .op = KV_OP_RDMA, .tag = UINT32_MAX - 1 };
 	struct kv_rdma_hello me, peer;
@@ -352,8 +376,7 @@ int kv_rdma_ready(struct kv_remote *rm, struct kv_side *local)
 		rm->rd_buf = nb;
 		if (r) {
 			/* The owner's side is in RDMA mode on fd[0]: start afresh. */
-			kv_rdma_drop(rm);
-			kv_remote_close_streams(rm);
+			rdma_close(rm);
 			return r;
 		}
 		rm->rd_seg = local->seg->id;
@@ -393,12 +416,12 @@ int kv_rdma_ready(struct kv_remote *rm, struct kv_side *local)
 	if (!r)
 		r = kv_io_full(rm->fd[0], &peer, sizeof(peer), false);
 	if (r) {
-		kv_rdma_drop(rm);
+		rdma_drop(rm);
 		return r;
 	}
 	peer.why[sizeof(peer.why) - 1] = 0;
 	if (rs.status) {
-		kv_rdma_drop(rm);
+		rdma_drop(rm);
 		if (rs.status == -EIDRM)
 			return -EIDRM;
 		rdma_refuse(rm, loud, peer.why);
@@ -406,8 +429,7 @@ int kv_rdma_ready(struct kv_remote *rm, struct kv_side *local)
 	}
 	r = kv_rdma_connect(rm->rd, &peer, 0, why, sizeof(why));
 	if (r) {
-		kv_rdma_drop(rm);
-		kv_remote_close_streams(rm);	/* the owner's side is in RDMA mode */
+		rdma_close(rm);	/* the owner's side is in RDMA mode */
 		rdma_refuse(rm, loud, why);
 		r = kv_remote_connect(rm);
 		return r ? r : 1;
@@ -417,6 +439,116 @@ int kv_rdma_ready(struct kv_remote *rm, struct kv_side *local)
 	kc_info("kv: segment %u of %.*s: over RDMA (%s)", rm->w.seg_id, (int)sizeof(rm->w.host), rm->w.host,
 		kv_rdma_dev(rm->rd));
 	return 0;
+}
+
+/*
+ * A batch from unmapped memory goes over TCP, and fd[0] is in RDMA mode on
+ * the owner's side; a stream with something to read means the owner ended
+ * the session: either way start afresh. Then the streams (the setup goes
+ * over stream 0), then the RDMA connection.
+ */
+static int rdma_open(struct kv_remote *rm, struct kv_side *local)
+{
+	int r;
+
+	if (rm->rd && (!local->buf.direct || !fd_idle(rm->fd[0])))
+		rdma_close(rm);
+	if (!local->buf.direct)
+		return 1;
+	r = kv_remote_connect(rm);
+	return r ? r : rdma_ready(rm, local);
+}
+
+static int rdma_nchan(const struct kv_remote *rm)
+{
+	(void)rm;
+	return 1;
+}
+
+/* The whole batch holds the local segment's reader lock: nothing is written
+ * into it after its unregister returned. */
+static int rdma_begin(struct kv_remote *rm, struct kv_side *local)
+{
+	int r = kv_lock_sides(local, local);
+
+	rm->rd->inflight = 0;
+	rm->rd->armed = false;
+	rm->rd->locked = !r;
+	return r;
+}
+
+/* Stop the rest: the QP in error flushes what is posted and nothing more
+ * lands in either segment. */
+static void rdma_flush(struct kv_rdma *k)
+{
+	int64_t until = kd_now_ns() + 2000000000LL;
+	struct ibv_wc wc[32];
+
+	kv_rdma_fail(k);
+	while (k->inflight && kd_now_ns() < until) {
+		int got = kv_rdma_poll(k, wc, 32);
+
+		if (got < 0)
+			break;
+		k->inflight -= (uint32_t)got;
+		if (!got)
+			usleep(1000);
+	}
+}
+
+static int rdma_end(struct kv_remote *rm, struct kv_side *local, int err, uint64_t moved)
+{
+	if (rm->rd->inflight)
+		rdma_flush(rm->rd);
+	if (rm->rd->locked)
+		kv_unlock_sides(local, local);
+	rm->rd->locked = false;
+	atomic_fetch_add(&kv_state.rdma_bytes, moved);
+	return err;
+}
+
+static int rdma_post(struct kv_remote *rm, bool write, const struct kv_xfer *x, uint64_t cookie)
+{
+	const struct kv_piece *p = x->p;	/* max_pieces 1 */
+	int r = kv_rdma_post(rm->rd, write, write ? p->src : p->dst, p->len,
+			     rm->peer.base + (write ? p->dst : p->src), rm->peer.rkey, NULL, cookie);
+
+	rm->rd->inflight += !r;
+	return r;
+}
+
+static int rdma_write(struct kv_remote *rm, int ch, const struct kv_xfer *x, uint64_t cookie)
+{
+	(void)ch;
+	return rdma_post(rm, true, x, cookie);
+}
+
+static int rdma_read(struct kv_remote *rm, int ch, const struct kv_xfer *x, uint64_t cookie)
+{
+	(void)ch;
+	return rdma_post(rm, false, x, cookie);
+}
+
+/* The counter as one zero-length WRITE_WITH_IMM (every block landed: RC,
+ * acknowledged by the owner's device), answered on fd[0]; a notification
+ * as a MSG frame on fd[0], which bumps the counter too. */
+static int rdma_write_notify(struct kv_remote *rm, int ch, uint32_t notify_id, const struct kv_msgout *m,
+			     uint64_t cookie)
+{
+	struct kv_rdma *k = rm->rd;
+	int r;
+
+	(void)ch;
+	k->imm_cookie = cookie;
+	if (m->len) {
+		r = kv_final_xchg(rm->fd[0], notify_id, m, UINT32_MAX, &k->msg_ans);
+		k->msg_due = !r;
+		return r;
+	}
+	r = kv_rdma_post(k, true, 0, 0, 0, 0, &notify_id, cookie);
+	k->inflight += !r;
+	k->imm_out = !r;
+	return r;
 }
 
 /* Is the next thing on fd the answer to the batch's WRITE_WITH_IMM notify? */
@@ -429,35 +561,24 @@ static bool notify_answer_next(int fd)
 	       rs.hdr.len == sizeof(rs) && rs.tag == UINT32_MAX;
 }
 
-/* Sleep until a completion or fd[0] says something; deadline in ns.
+/* Sleep until a completion or fd[0] says something, 100 ms at most.
  * imm_out: the notify's WRITE_WITH_IMM is posted, so its answer may reach
  * fd[0] before the send's own completion: that is no error, only the
  * completion is then waited for. */
-static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *local, int64_t deadline,
-		     bool imm_out)
+static int rdma_wait(struct kv_remote *rm, bool imm_out)
 {
 	struct pollfd pf[2] = { { .fd = kv_rdma_fd(rm->rd), .events = POLLIN },
 				{ .fd = rm->fd[0], .events = POLLIN } };
-	int64_t left = deadline - kd_now_ns();
-	int r;
+	int r = poll(pf, 2, 100);
 
-	if (left <= 0)
-		return -ETIMEDOUT;
-	r = poll(pf, 2, left > 100000000 ? 100 : (int)(left / 1000000) + 1);
 	if (r < 0)
 		return errno == EINTR ? 0 : -errno;
 	if (pf[0].revents)
 		kv_rdma_ack_event(rm->rd);
-	if (atomic_load(&local->seg->dead))
-		return -EIDRM;
-	if (atomic_load(&c->stop) || atomic_load(&c->dead))
-		return -ECANCELED;
 	/* Nothing else is due on fd[0] before the notify: the owner's last
 	 * word (-EIDRM) or its end. */
 	if (pf[1].revents && imm_out && notify_answer_next(rm->fd[0])) {
-		left = deadline - kd_now_ns();
-		if (!pf[0].revents && left > 0 &&
-		    poll(pf, 1, left > 100000000 ? 100 : (int)(left / 1000000) + 1) == 1)
+		if (!pf[0].revents && poll(pf, 1, 100) == 1)
 			kv_rdma_ack_event(rm->rd);
 		return 0;
 	}
@@ -466,121 +587,107 @@ static int rdma_wait(struct kv_remote *rm, struct kd_client *c, struct kv_side *
 	return 0;
 }
 
-int kv_run_rdma(struct kd_client *c, const struct kv_piece *p, uint32_t n, bool write,
-		struct kv_side *local, struct kv_remote *rm, uint32_t notify_id,
-		const struct kv_msgout *msg, uint64_t *moved)
+/* The owner's answer to the WRITE_WITH_IMM, on fd[0]. */
+static int imm_answer(struct kv_remote *rm)
 {
-	struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
-	uint64_t off = 0, bytes = 0;
-	uint32_t i = 0, inflight = 0;
-	int64_t deadline = kd_now_ns() + kd.timeout_ns;
-	/* A notification goes as a MSG frame on fd[0] after the loop (it
-	 * bumps the counter too): no WRITE_WITH_IMM then. */
-	bool locked, armed = false, notified = notify_id == KCOLL_NOTIFY_NONE || msg->len;
-	int r;
+	struct kv_resp rs;
+	int r = kv_io_full(rm->fd[0], &rs, sizeof(rs), false);
 
-	/* seg_kill of the local segment shuts fd[0] down: rdma_wait wakes. */
-	kv_conn_link(local->seg, &node);
-	r = kv_lock_sides(local, local);
-	locked = !r;
-	while (!r && (i < n || inflight || !notified)) {
-		struct ibv_wc wc[32];
-		int got;
-
-		while (!r && i < n && inflight < KV_RDMA_INFLIGHT) {
-			uint64_t len = p[i].len - off < KV_RDMA_CHUNK ? p[i].len - off : KV_RDMA_CHUNK;
-			uint64_t lo = (write ? p[i].src : p[i].dst) + off;
-			uint64_t ro = (write ? p[i].dst : p[i].src) + off;
-
-			r = kv_rdma_post(rm->rd, write, lo, len, rm->peer.base + ro, rm->peer.rkey, NULL, len);
-			inflight += !r;
-			off += len;
-			if (off == p[i].len) {
-				i++;
-				off = 0;
-			}
-		}
-		if (!r && i == n && !inflight && !notified) {
-			/* Every block landed (RC: acknowledged by the owner's
-			 * device): now the counter, as one WRITE_WITH_IMM. */
-			r = kv_rdma_post(rm->rd, true, 0, 0, 0, 0, &notify_id, UINT64_MAX);
-			inflight += !r;
-			notified = true;
-		}
-		got = r ? 0 : kv_rdma_poll(rm->rd, wc, 32);
-		if (got < 0)
-			r = got;
-		for (int k = 0; k < got; k++) {
-			inflight--;
-			if (wc[k].status != IBV_WC_SUCCESS && !r)
-				r = kv_rdma_wc_err(&wc[k]);
-			if (wc[k].status == IBV_WC_SUCCESS && wc[k].wr_id != UINT64_MAX)
-				bytes += wc[k].wr_id;
-		}
-		if (got > 0) {
-			deadline = kd_now_ns() + kd.timeout_ns;
-			armed = false;
-			continue;
-		}
-		if (r || (i < n && inflight < KV_RDMA_INFLIGHT))
-			continue;
-		if (!armed) {
-			r = kv_rdma_arm(rm->rd);
-			armed = true;
-			continue;
-		}
-		armed = false;
-		r = rdma_wait(rm, c, local, deadline, notified && notify_id != KCOLL_NOTIFY_NONE &&
-			      !msg->len);
-	}
-	if (inflight) {
-		/* Stop the rest: the QP in error flushes what is posted and
-		 * nothing more lands in either segment. */
-		int64_t until = kd_now_ns() + 2000000000LL;
-		struct ibv_wc wc[32];
-
-		kv_rdma_fail(rm->rd);
-		while (inflight && kd_now_ns() < until) {
-			int got = kv_rdma_poll(rm->rd, wc, 32);
-
-			if (got < 0)
-				break;
-			inflight -= (uint32_t)got;
-			if (!got)
-				usleep(1000);
-		}
-	}
-	if (locked)
-		kv_unlock_sides(local, local);
-	kv_conn_unlink(local->seg, &node);
-	*moved += bytes;
-	atomic_fetch_add(&kv_state.rdma_bytes, bytes);
-	if (r && (r == -EACCES || r == -EHOSTUNREACH || r == -ECONNRESET || r == -EIO)) {
-		char c;
-
-		r = atomic_load(&local->seg->dead) ? -EIDRM : kv_last_word(rm->fd[0], r);
-		/* The owner's device refused the rkey and its kcolld closed the
-		 * stream without a word: it died (not a wrong token). */
-		if (r == -EACCES && recv(rm->fd[0], &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
-			r = -ECONNRESET;
-	}
-	if (!r && msg->len) {
-		int ans;
-
-		r = kv_final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
-		r = r ? r : ans;
-	} else if (!r && notify_id != KCOLL_NOTIFY_NONE) {
-		struct kv_resp rs;
-
-		r = kv_io_full(rm->fd[0], &rs, sizeof(rs), false);
-		if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
-			   rs.hdr.len != sizeof(rs) || (rs.tag != UINT32_MAX && !rs.status)))
-			r = -EPROTO;
-		if (!r)
-			r = rs.status > 0 ? -EPROTO : rs.status;
-	}
-	return r;
+	if (!r && (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP ||
+		   rs.hdr.len != sizeof(rs) || (rs.tag != UINT32_MAX && !rs.status)))
+		r = -EPROTO;
+	return r ? r : rs.status > 0 ? -EPROTO : rs.status;
 }
+
+/*
+ * Completions as events; none: arm the CQ, poll once more (what came before
+ * arming), then sleep on the channel and fd[0]. The notify's event comes
+ * with the owner's answer on fd[0], after its completion.
+ */
+static int rdma_poll(struct kv_remote *rm, int ch, struct kv_xev *ev, int n)
+{
+	struct kv_rdma *k = rm->rd;
+	struct ibv_wc wc[32];
+	int got, r;
+
+	(void)ch;
+	if (k->msg_due) {
+		k->msg_due = false;
+		*ev = (struct kv_xev){ .cookie = k->imm_cookie, .status = k->msg_ans };
+		return 1;
+	}
+	for (int pass = 0; pass < 3; pass++) {
+		got = kv_rdma_poll(k, wc, n < 32 ? n : 32);
+		if (got < 0)
+			return got;
+		if (got) {
+			k->armed = false;
+			break;
+		}
+		if (pass == 2)
+			return 0;
+		if (!k->armed) {
+			r = kv_rdma_arm(k);
+			if (r)
+				return r;
+			k->armed = true;
+			continue;
+		}
+		k->armed = false;
+		r = rdma_wait(rm, k->imm_out);
+		if (r)
+			return r;
+	}
+	for (int i = 0; i < got; i++) {
+		k->inflight--;
+		ev[i] = (struct kv_xev){ .cookie = wc[i].wr_id, .status = kv_rdma_wc_err(&wc[i]) };
+		if (k->imm_out && wc[i].wr_id == k->imm_cookie) {
+			k->imm_out = false;
+			if (!ev[i].status)
+				ev[i].status = imm_answer(rm);
+		}
+	}
+	return got;
+}
+
+/* What a failed completion means: the owner's device refused the rkey or
+ * gave up (the owner's last word says whether its segment went), or our
+ * own segment was unregistered. */
+static int rdma_why(struct kv_remote *rm, int ch, struct kv_side *local, int err)
+{
+	char c;
+
+	(void)ch;
+	if (err != -EACCES && err != -EHOSTUNREACH && err != -ECONNRESET && err != -EIO)
+		return err;
+	err = atomic_load(&local->seg->dead) ? -EIDRM : kv_last_word(rm->fd[0], err);
+	/* The owner's device refused the rkey and its kcolld closed the
+	 * stream without a word: it died (not a wrong token). */
+	if (err == -EACCES && recv(rm->fd[0], &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+		err = -ECONNRESET;
+	return err;
+}
+
+/* One QP, batches of an import serial on the ring thread; a piece is one
+ * work request (no per-frame cost, so no coalescing). */
+const struct kv_xport_ops kv_xport_rdma = {
+	.name = "rdma",
+	.depth = KV_RDMA_INFLIGHT,
+	.max_pieces = 1,
+	.frame_min = KV_RDMA_CHUNK,
+	.frame_max = KV_RDMA_CHUNK,
+	.queued = false,
+	.nchan = rdma_nchan,
+	.open = rdma_open,
+	.close = rdma_close,
+	.begin = rdma_begin,
+	.end = rdma_end,
+	.write = rdma_write,
+	.read = rdma_read,
+	.write_notify = rdma_write_notify,
+	.poll = rdma_poll,
+	.why = rdma_why,
+};
 
 /* ---- the owner's side ---------------------------------------------------- */
 

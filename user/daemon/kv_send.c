@@ -1,57 +1,41 @@
 // SPDX-License-Identifier: MIT
 /*
  * KV batches across hosts, the initiator's side (docs/kv.md "Across
- * hosts"): the initiator's kcolld talks to the owner's (kv_serve.c) over TCP
- * streams (KD_CONN_KV connections, opened on the first transfer of an
- * import), or over RDMA where both sides can.
+ * hosts"): the batch logic over the one-sided interface of kv_xport.h. The
+ * initiator's kcolld talks to the owner's (kv_serve.c) over TCP streams
+ * (KD_CONN_KV connections, opened on the first transfer of an import), or
+ * over RDMA where both sides can; which one, each session's open decides
+ * (kv_xport_rdma first, then kv_xport_tcp).
  *
  *   initiator -> owner   HELLO {kind KV, token, from_host = seg_id, stream}
  *   owner -> initiator   KV_ACK {status}: 0, -ENOENT, -EIDRM or -EACCES
- *   initiator -> owner   KV_REQ {op, nr, notify_id, tag} kv_fent[nr] [payload]
- *   owner -> initiator   KV_RESP {status, tag} [payload of a read]
+ *   then the transport's posts and their answers (kv_io.c, kv_rdma.c)
  *
- * A batch is validated whole first (kv_local.c), then cut into frames of
- * KV_FRAME_MIN..KV_FRAME_CUT and at most KV_FRAME_ENTRIES blocks (small
- * blocks coalesce, large ones are split). A one-frame batch with nothing
- * in flight goes out on stream 0 from the ring thread; any other joins the
- * import's queue, and each stream's thread takes the oldest frame nobody
- * took whenever its last one was answered: the streams stay busy across a
- * client's batches (up to KV_QUEUE_MAX in flight) and a slow stream
- * carries fewer frames. The notify is one last NOTIFY frame once every
- * data frame of the batch was answered. The owner receives a frame in
- * place under the segment's reader lock (into a buffer first when the
- * segment is not mapped); unregistering shuts the connections down rather
- * than wait for a slow peer.
- * Another transport (RDMA, kv_rdma.c) replaces the frame exchange of
- * frame_xchg() and the connection set of kv_remote_connect() (kv_io.c); the batch logic
- * stays.
+ * A batch is validated whole first (kv_local.c), then cut into posts of
+ * the transport's size (TCP: frames of 1..2 MiB and at most
+ * KV_FRAME_ENTRIES blocks, small blocks coalesce, large ones are split;
+ * RDMA: one block of at most 4 MiB). On the ring thread a batch runs on
+ * channel 0 with up to the transport's depth of posts unanswered: over
+ * RDMA always, over TCP a one-frame batch while nothing is in flight. Any
+ * other TCP batch joins the import's queue, and each stream's thread takes
+ * the oldest frame nobody took whenever its last one was answered: the
+ * streams stay busy across a client's batches (up to KV_QUEUE_MAX in
+ * flight) and a slow stream carries fewer frames. The notify is the
+ * transport's write_notify once every post of the batch was answered.
  */
 #include <errno.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include "kv_int.h"
-#include "iov.h"
 #include "log.h"
 #include "config.h"
 #include "metrics.h"
-#include "net.h"
-#include "kv_rdma.h"
 #include "kv_wire.h"
 
-#define KV_FRAME_CUT		(2u << 20)	/* the largest an initiator sends */
-#define KV_FRAME_MIN		(1u << 20)	/* and so a stream per MiB of a batch at most */
 #define KV_QUEUE_MAX		4	/* batches in flight per import */
 #define KV_NOTIFY_FRAME		UINT32_MAX	/* a flight entry for the batch's notify */
-
-struct kv_stream;
-
-struct kv_batch;
 
 int kv_remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out)
 {
@@ -98,10 +82,12 @@ void kv_remote_free(struct kv_remote *rm)
 	for (int i = 0; i < KV_MAX_STREAMS; i++) {
 		if (rm->started[i])
 			pthread_join(rm->tid[i], NULL);
-		free(rm->fe[i]);
-		free(rm->iov[i]);
+		free(rm->ch[i].fe);
+		free(rm->ch[i].iov);
+		free(rm->ch[i].buf);
 	}
-	kv_rdma_drop(rm);
+	if (rm->xo)
+		rm->xo->close(rm);
 	kv_remote_close_streams(rm);
 	pthread_cond_destroy(&rm->go);
 	pthread_cond_destroy(&rm->space);
@@ -110,35 +96,15 @@ void kv_remote_free(struct kv_remote *rm)
 	free(rm);
 }
 
-/* Between batches a healthy stream has nothing to read. */
-static bool fd_idle(int fd)
-{
-	struct pollfd pf = { .fd = fd, .events = POLLIN | POLLRDHUP };
-
-	return fd >= 0 && poll(&pf, 1, 0) == 0;
-}
-
 struct kv_frame {
 	uint32_t first, n;	/* sub-pieces */
 	uint64_t bytes;
 };
 
-/* One stream's view of a batch, for sending its frames and reading their answers. */
-struct kv_stream {
-	struct kv_side *local;
-	const struct kv_piece *sp;	/* sub-pieces: src/dst in the batch's direction */
-	const struct kv_frame *frames;
-	bool write;
-	int fd;
-	uint64_t tag;			/* frame fi's tag: tag | fi */
-	uint64_t moved;
-	struct iovec *iov;		/* KV_FRAME_ENTRIES + 2: a frame sent from the mapping */
-	struct kv_fent *fe;		/* KV_FRAME_ENTRIES: a frame's entries */
-};
-
 /* A batch handed to the stream threads (kv_run_remote), until its last answer. */
 struct kv_batch {
 	struct kd_client *c;		/* held */
+	const struct kv_xport_ops *xo;
 	uint64_t user_data;
 	struct kv_side local;		/* held: the segment and its mapping */
 	bool write;
@@ -159,183 +125,14 @@ struct kv_batch {
 	struct kv_conn node[KV_MAX_STREAMS];	/* in local's conns: seg_kill shuts the streams */
 };
 
-/* Copy between a frame buffer and the local segment (under its lock). */
-static int local_io(struct kv_stream *st, const struct kv_frame *f, uint8_t *buf)
+/* Nothing came for a while: may the batch wait on? */
+static int batch_stalled(struct kd_client *c, struct kv_side *local, int64_t deadline)
 {
-	struct kv_side *l = st->local;
-	struct iovec liov[KV_ROUND_IOVS], riov[KV_ROUND_IOVS];
-	uint64_t at = 0;
-	int r = kv_lock_sides(l, l);
-
-	if (r)
-		return r;
-	for (uint32_t i = 0; i < f->n && !r;) {
-		uint32_t k = 0;
-		size_t bytes = 0;
-
-		for (; i < f->n && k < KV_ROUND_IOVS; i++, k++) {
-			const struct kv_piece *p = &st->sp[f->first + i];
-			/* write: the local side is the source; read: the destination */
-			uint64_t off = st->write ? p->src : p->dst;
-
-			if (l->buf.direct) {
-				if (st->write)
-					memcpy(buf + at, l->buf.direct + off, p->len);
-				else
-					memcpy(l->buf.direct + off, buf + at, p->len);
-			}
-			riov[k] = (struct iovec){ (void *)(uintptr_t)(l->seg->addr + off), p->len };
-			at += p->len;
-			bytes += p->len;
-		}
-		if (l->buf.direct)
-			continue;
-		liov[0] = (struct iovec){ buf + at - bytes, bytes };
-		r = kv_vm_err(st->write ? process_vm_readv(l->seg->pid, liov, 1, riov, k, 0) :
-			      process_vm_writev(l->seg->pid, liov, 1, riov, k, 0), bytes);
-	}
-	kv_unlock_sides(l, l);
-	return r;
-}
-
-/* A write frame straight from the mapped local segment, under its reader
- * lock: seg_kill shuts this stream down instead of waiting for the peer. */
-static int frame_send_mapped(struct kv_stream *st, const struct kv_frame *f, struct kv_req *rq,
-			     struct kv_fent *fe)
-{
-	struct kv_side *l = st->local;
-	size_t n = 2;
-	int r = kv_lock_sides(l, l);
-
-	if (r)
-		return r;
-	st->iov[0] = (struct iovec){ rq, sizeof(*rq) };
-	st->iov[1] = (struct iovec){ fe, f->n * sizeof(*fe) };
-	for (uint32_t i = 0; i < f->n; i++) {
-		const struct kv_piece *p = &st->sp[f->first + i];
-
-		st->iov[n++] = (struct iovec){ l->buf.direct + p->src, p->len };
-	}
-	r = kv_io_iovs(st->fd, st->iov, n, true);
-	kv_unlock_sides(l, l);
-	return r;
-}
-
-static int frame_send(struct kv_stream *st, uint32_t fi, uint8_t *buf, struct kv_fent *fe)
-{
-	const struct kv_frame *f = &st->frames[fi];
-	struct kv_req rq = { 0 };
-	struct iovec iov[3];
-	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = st->write ? 3 : 2 };
-	size_t total;
-	int r;
-
-	for (uint32_t i = 0; i < f->n; i++) {
-		const struct kv_piece *p = &st->sp[f->first + i];
-
-		fe[i] = (struct kv_fent){ st->write ? p->dst : p->src, p->len };
-	}
-	rq.op = st->write ? KV_OP_WRITE : KV_OP_READ;
-	rq.nr = f->n;
-	rq.tag = st->tag | fi;
-	total = sizeof(rq) + f->n * sizeof(*fe) + (st->write ? f->bytes : 0);
-	rq.hdr = (struct kd_phdr){ .magic = KD_PEER_MAGIC, .type = KD_P_KV_REQ, .len = (uint32_t)total };
-	if (st->write && st->local->buf.direct)
-		return frame_send_mapped(st, f, &rq, fe);
-	if (st->write && (r = local_io(st, f, buf)))
-		return r;
-	iov[0] = (struct iovec){ &rq, sizeof(rq) };
-	iov[1] = (struct iovec){ fe, f->n * sizeof(*fe) };
-	iov[2] = (struct iovec){ buf, f->bytes };
-	while (total) {
-		ssize_t k = sendmsg(st->fd, &mh, MSG_NOSIGNAL);
-
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return k < 0 && errno == EAGAIN ? -ETIMEDOUT : -ECONNRESET;
-		total -= k;
-		while (k && (size_t)k >= mh.msg_iov->iov_len) {
-			k -= mh.msg_iov->iov_len;
-			mh.msg_iov++;
-			mh.msg_iovlen--;
-		}
-		if (k) {
-			mh.msg_iov->iov_base = (uint8_t *)mh.msg_iov->iov_base + k;
-			mh.msg_iov->iov_len -= k;
-		}
-	}
-	return 0;
-}
-
-/* A read frame's payload straight into the mapped local segment, under its
- * reader lock (seg_kill shuts this stream down rather than wait). */
-static int frame_recv_mapped(struct kv_stream *st, const struct kv_frame *f)
-{
-	struct kv_side *l = st->local;
-	int r = kv_lock_sides(l, l);
-
-	if (r)
-		return r;
-	for (uint32_t i = 0; i < f->n; i++) {
-		const struct kv_piece *p = &st->sp[f->first + i];
-
-		st->iov[i] = (struct iovec){ l->buf.direct + p->dst, p->len };
-	}
-	r = kv_io_iovs(st->fd, st->iov, f->n, false);
-	kv_unlock_sides(l, l);
-	return r;
-}
-
-static int frame_recv(struct kv_stream *st, uint32_t fi, uint8_t *buf)
-{
-	const struct kv_frame *f = &st->frames[fi];
-	struct kv_resp rs;
-	int r = kv_io_full(st->fd, &rs, sizeof(rs), false);
-
-	if (r)
-		return r;
-	if (rs.hdr.magic != KD_PEER_MAGIC || rs.hdr.type != KD_P_KV_RESP)
-		return -EPROTO;
-	if (rs.status)	/* an error may answer an earlier frame or none (tag ~0) */
-		return rs.status > 0 ? -EPROTO : rs.status;
-	if (rs.tag != (st->tag | fi) || rs.hdr.len != sizeof(rs) + (!st->write ? f->bytes : 0))
-		return -EPROTO;
-	if (!st->write && st->local->buf.direct) {
-		r = frame_recv_mapped(st, f);
-	} else if (!st->write) {
-		r = kv_io_full(st->fd, buf, f->bytes, false);
-		if (!r)
-			r = local_io(st, f, buf);
-	}
-	if (!r)
-		st->moved += f->bytes;
-	return r;
-}
-
-/*
- * Frame fi out on st's stream and its answer in. A mapped local segment is
- * sent from and received into in place; other memory needs a frame buffer
- * (*buf, made on first need: a write's frame is staged before it is sent,
- * a read's answer received before it is copied out).
- */
-static int frame_xchg(struct kv_stream *st, uint32_t fi, uint8_t **buf)
-{
-	int r;
-
-	if (!st->local->buf.direct && !*buf && !(*buf = malloc(KV_FRAME_BYTES)))
-		return -ENOMEM;
-	r = frame_send(st, fi, *buf, st->fe);
-	return r ? r : frame_recv(st, fi, *buf);
-}
-
-/* A stream broke (-ECONNRESET): say why when we can, the local segment
- * unregistered under it or the owner's last word. */
-static int stream_err(const struct kv_stream *st, int r)
-{
-	if (r != -ECONNRESET)
-		return r;
-	return atomic_load(&st->local->seg->dead) ? -EIDRM : kv_last_word(st->fd, r);
+	if (atomic_load(&local->seg->dead))
+		return -EIDRM;
+	if (atomic_load(&c->stop) || atomic_load(&c->dead))
+		return -ECANCELED;
+	return kd_now_ns() > deadline ? -ETIMEDOUT : 0;
 }
 
 /* A batch's last frame, once all its data landed: NOTIFY, or MSG when it
@@ -343,14 +140,6 @@ static int stream_err(const struct kv_stream *st, int r)
 static bool has_final(uint32_t notify_id, const struct kv_msgout *m)
 {
 	return notify_id != KCOLL_NOTIFY_NONE || m->len;
-}
-
-/* Stream s's view of batch b for frame_send / frame_recv. */
-static struct kv_stream batch_stream(struct kv_remote *rm, struct kv_batch *b, int s)
-{
-	return (struct kv_stream){ .local = &b->local, .sp = b->sp, .frames = b->fr,
-				   .write = b->write, .fd = rm->fd[s], .tag = b->tag,
-				   .iov = rm->iov[s], .fe = rm->fe[s] };
 }
 
 /* n of b's answers came (or never will: err). Under wlock. true: b is
@@ -470,13 +259,44 @@ static void stream_broke(struct kv_remote *rm, struct kv_batch **carried, uint32
 }
 
 /*
+ * One post on channel s and its event: frame fi of b, or (KV_NOTIFY_FRAME)
+ * b's final step. 0 with the event's status in *ans, or the channel's error.
+ */
+static int chan_xchg(struct kv_remote *rm, int s, struct kv_batch *b, uint32_t fi, int *ans)
+{
+	const struct kv_xport_ops *xo = b->xo;
+	int64_t deadline = kd_now_ns() + kd.timeout_ns;
+	struct kv_xev ev;
+	int r;
+
+	if (fi == KV_NOTIFY_FRAME) {
+		r = xo->write_notify(rm, s, b->notify_id, &b->msg, b->tag | fi);
+	} else {
+		struct kv_xfer x = { .local = &b->local, .p = b->sp + b->fr[fi].first, .n = b->fr[fi].n,
+				     .bytes = b->fr[fi].bytes, .write = b->write };
+
+		r = (b->write ? xo->write : xo->read)(rm, s, &x, b->tag | fi);
+	}
+	while (!r) {
+		int got = xo->poll(rm, s, &ev, 1);
+
+		if (got > 0) {
+			*ans = ev.status;
+			return 0;
+		}
+		r = got < 0 ? got : batch_stalled(b->c, &b->local, deadline);
+	}
+	return r;
+}
+
+/*
  * Stream s's thread: take the oldest frame no stream took yet (of any
- * queued batch), send it, read its answer, and again: each stream has one
- * frame unanswered at a time, so every stream carries a batch's frames as
- * soon as it is free, a stream the kernel serves slower takes fewer, and
+ * queued batch), post it, wait for its answer, and again: each stream has
+ * one frame unanswered at a time, so every stream carries a batch's frames
+ * as soon as it is free, a stream the kernel serves slower takes fewer, and
  * at most streams x frame bytes are in flight (docs/perf/kv.md section 6a:
  * more in flight moved less here). The thread reading a batch's last
- * answer sends its notify on its own stream (all its data landed), or ends
+ * answer posts its notify on its own stream (all its data landed), or ends
  * it. A stream that fails marks the import broken (stream_broke); frames
  * other streams carry are still answered, and the next batch after the
  * queue drained opens the streams afresh.
@@ -485,12 +305,10 @@ static void *stream_worker(void *arg)
 {
 	struct kv_remote *rm = ((struct kv_worker *)arg)->rm;
 	int s = ((struct kv_worker *)arg)->idx;
-	uint8_t *buf = NULL;	/* frames of unmapped memory, made on first need */
 
 	pthread_mutex_lock(&rm->wlock);
 	for (;;) {
 		struct kv_batch *b = NULL;
-		struct kv_stream st;
 		uint32_t fi = 0;
 		int r, ans = 0;	/* ans: the owner's verdict on a MSG frame */
 
@@ -503,14 +321,16 @@ static void *stream_worker(void *arg)
 			continue;
 		}
 		pthread_mutex_unlock(&rm->wlock);
-		st = batch_stream(rm, b, s);
-		r = frame_xchg(&st, fi, &buf);
+		r = chan_xchg(rm, s, b, fi, &ans);
+		r = r ? r : ans;	/* a data post's failure breaks the stream */
+		ans = 0;
 		while (!r) {	/* answered: count it; the batch's notify, if its turn */
 			bool notify, ended;
 
 			pthread_mutex_lock(&rm->wlock);
-			b->moved += st.moved;
-			st.moved = 0;
+			if (fi != KV_NOTIFY_FRAME)
+				b->moved += b->fr[fi].bytes;
+			fi = KV_NOTIFY_FRAME;
 			ended = batch_account(rm, b, ans, 1);
 			notify = !ended && b->left == 1 && !b->notify_sent &&
 				 has_final(b->notify_id, &b->msg);
@@ -521,38 +341,24 @@ static void *stream_worker(void *arg)
 				batch_end(rm, b);
 			if (!notify)
 				break;
-			r = kv_final_xchg(st.fd, b->notify_id, &b->msg, b->tag | KV_NOTIFY_FRAME, &ans);
+			r = chan_xchg(rm, s, b, KV_NOTIFY_FRAME, &ans);
 		}
-		r = stream_err(&st, r);
+		if (r)
+			r = b->xo->why(rm, s, &b->local, r);
 		pthread_mutex_lock(&rm->wlock);
 		if (r)
 			stream_broke(rm, &b, 1, r);
 	}
 	pthread_mutex_unlock(&rm->wlock);
-	free(buf);
 	return NULL;
 }
 
-/* The entry and iovec arrays of streams 0..used-1, kept with the import. */
-static int stream_bufs(struct kv_remote *rm, uint32_t used)
+/* The queue's threads, one per channel (kept with the import). */
+static int stream_threads(struct kv_remote *rm, const struct kv_xport_ops *xo)
 {
-	for (uint32_t s = 0; s < used; s++) {
-		if (!rm->fe[s])
-			rm->fe[s] = malloc(KV_FRAME_ENTRIES * sizeof(*rm->fe[s]));
-		if (!rm->iov[s])
-			rm->iov[s] = malloc((KV_FRAME_ENTRIES + 2) * sizeof(*rm->iov[s]));
-		if (!rm->fe[s] || !rm->iov[s])
-			return -ENOMEM;
-	}
-	return 0;
-}
+	int r = 0;
 
-/* Streams 0..nstreams-1: their buffers and threads (kept with the import). */
-static int stream_threads(struct kv_remote *rm)
-{
-	int r = stream_bufs(rm, (uint32_t)rm->nstreams);
-
-	for (int s = 0; !r && s < rm->nstreams; s++) {
+	for (int s = 0; !r && s < xo->nchan(rm); s++) {
 		if (rm->started[s])
 			continue;
 		rm->wk[s] = (struct kv_worker){ rm, s };
@@ -563,46 +369,33 @@ static int stream_threads(struct kv_remote *rm)
 }
 
 /*
- * A batch with one import. Over RDMA, or as a single frame while no batch is
- * in flight, it runs here (0 or an error); otherwise it joins the import's
- * queue for the stream threads (1: the batch posts its own completion and
- * now holds local's segment and mapping).
+ * Cut a batch into posts of xo's size: a share of the batch per channel
+ * twice over (a batch of a few MiB gives every stream two frames, a slow
+ * stream takes fewer, and little is in flight), clamped to the
+ * transport's bounds; what exceeds a post is split, then posts are filled
+ * in order with up to max_pieces pieces.
  */
-int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
-		  bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
-		  const struct kv_msgout *msg, int64_t t0, uint64_t *moved)
+static int batch_cut(const struct kv_xport_ops *xo, int nchan, const struct kv_piece *p, uint32_t n,
+		     struct kv_piece **psp, struct kv_frame **pfr, uint32_t *pnfr)
 {
-	struct kv_remote *rm = rs->rm;
-	struct kv_piece *sp = NULL;
-	struct kv_frame *fr = NULL;
-	struct kv_batch *b;
+	struct kv_piece *sp;
+	struct kv_frame *fr;
 	uint64_t nsp = 0, total = 0, fb;
 	uint32_t nfr = 0;
-	bool busy;
-	int r;
 
-	/* Frames small enough that a batch of a few MiB gives every stream
-	 * two (a slow stream takes fewer) and little is in flight, large
-	 * enough to keep per-frame costs low. A batch of up to 1 MiB is one
-	 * frame: with no batch in flight and no request behind it in the
-	 * ring it runs right here on stream 0 (handing a few hundred KiB to
-	 * a stream thread costs more than it wins when the client waits for
-	 * each batch: docs/perf/kv.md section 6). With requests behind it, it
-	 * joins the queue, and so do they: run here, it would hold them in
-	 * the ring until its answer, one batch at a time for good. */
 	for (uint32_t i = 0; i < n; i++)
 		total += p[i].len;
-	fb = (total / (2 * rm->nstreams) + 4095) & ~4095ULL;
-	fb = fb < KV_FRAME_MIN ? KV_FRAME_MIN : fb > KV_FRAME_CUT ? KV_FRAME_CUT : fb;
+	fb = (total / (2 * (uint64_t)nchan) + 4095) & ~4095ULL;
+	fb = fb < xo->frame_min ? xo->frame_min : fb > xo->frame_max ? xo->frame_max : fb;
 	for (uint32_t i = 0; i < n; i++)
 		nsp += (p[i].len + fb - 1) / fb;
 	sp = malloc((nsp ? nsp : 1) * sizeof(*sp));
 	fr = malloc((nsp ? nsp : 1) * sizeof(*fr));
 	if (!sp || !fr) {
-		r = -ENOMEM;
-		goto out;
+		free(sp);
+		free(fr);
+		return -ENOMEM;
 	}
-	/* Split what exceeds a frame; then fill frames in order. */
 	nsp = 0;
 	for (uint32_t i = 0; i < n; i++)
 		for (uint64_t off = 0; off < p[i].len; off += fb) {
@@ -611,12 +404,115 @@ int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece
 			sp[nsp++] = (struct kv_piece){ p[i].src + off, p[i].dst + off, len };
 		}
 	for (uint32_t i = 0; i < nsp; i++) {
-		if (!nfr || fr[nfr - 1].n == KV_FRAME_ENTRIES ||
-		    fr[nfr - 1].bytes + sp[i].len > fb)
+		if (!nfr || fr[nfr - 1].n == xo->max_pieces || fr[nfr - 1].bytes + sp[i].len > fb)
 			fr[nfr++] = (struct kv_frame){ i, 0, 0 };
 		fr[nfr - 1].n++;
 		fr[nfr - 1].bytes += sp[i].len;
 	}
+	*psp = sp;
+	*pfr = fr;
+	*pnfr = nfr;
+	return 0;
+}
+
+/*
+ * A batch on the ring thread, on channel 0: posts up to the transport's
+ * depth unanswered, then, once every one was answered, the final step. On
+ * error the session is closed (mid-exchange state unknown), except for the
+ * owner's verdict on a notification (-ENOBUFS: the session goes on).
+ */
+static int batch_here(struct kv_remote *rm, const struct kv_xport_ops *xo, struct kd_client *c,
+		      struct kv_side *local, bool write, const struct kv_piece *sp,
+		      const struct kv_frame *fr, uint32_t nfr, uint32_t notify_id,
+		      const struct kv_msgout *msg, uint64_t *moved)
+{
+	/* seg_kill of the local segment shuts fd[0] down: a wait on it wakes. */
+	struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
+	int64_t deadline = kd_now_ns() + kd.timeout_ns;
+	uint64_t tag = ++rm->seq << 32, bytes = 0;
+	uint32_t next = 0, out = 0;
+	int r, ans = 0;
+
+	kv_conn_link(local->seg, &node);
+	r = xo->begin(rm, local);
+	while (!r && (next < nfr || out)) {
+		struct kv_xev ev[32];
+		int got;
+
+		while (!r && next < nfr && out < xo->depth) {
+			struct kv_xfer x = { .local = local, .p = sp + fr[next].first, .n = fr[next].n,
+					     .bytes = fr[next].bytes, .write = write };
+
+			r = atomic_load(&c->stop) || atomic_load(&c->dead) ? -ECANCELED :
+			    (write ? xo->write : xo->read)(rm, 0, &x, tag | next);
+			out += !r;
+			next++;
+		}
+		if (r)
+			break;
+		got = xo->poll(rm, 0, ev, 32);
+		if (got < 0)
+			r = got;
+		for (int k = 0; k < got; k++) {
+			out--;
+			if (!ev[k].status)
+				bytes += fr[(uint32_t)ev[k].cookie].bytes;
+			else if (!r)
+				r = ev[k].status;
+		}
+		if (got > 0)
+			deadline = kd_now_ns() + kd.timeout_ns;
+		else if (!r)
+			r = batch_stalled(c, local, deadline);
+	}
+	r = xo->end(rm, local, r, bytes);
+	kv_conn_unlink(local->seg, &node);
+	*moved += bytes;
+	if (!r && has_final(notify_id, msg)) {
+		struct kv_xev ev;
+
+		deadline = kd_now_ns() + kd.timeout_ns;
+		r = xo->write_notify(rm, 0, notify_id, msg, tag | KV_NOTIFY_FRAME);
+		while (!r) {
+			int got = xo->poll(rm, 0, &ev, 1);
+
+			if (got > 0) {
+				ans = ev.status;
+				break;
+			}
+			r = got < 0 ? got : batch_stalled(c, local, deadline);
+		}
+	}
+	if (r) {
+		r = xo->why(rm, 0, local, r);
+		xo->close(rm);
+	}
+	return r ? r : ans;
+}
+
+/* The transports in the order a session's open asks them. */
+static const struct kv_xport_ops *const kv_xports[] = { &kv_xport_rdma, &kv_xport_tcp };
+
+/*
+ * A batch with one import. On the ring thread (over RDMA, or as a single
+ * TCP frame while no batch is in flight) it runs here (0 or an error);
+ * otherwise it joins the import's queue for the stream threads (1: the
+ * batch posts its own completion and now holds local's segment and
+ * mapping).
+ */
+int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
+		  bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
+		  const struct kv_msgout *msg, int64_t t0, uint64_t *moved)
+{
+	struct kv_remote *rm = rs->rm;
+	const struct kv_xport_ops *xo;
+	struct kv_piece *sp = NULL;
+	struct kv_frame *fr = NULL;
+	struct kv_batch *b;
+	uint32_t nfr = 0;
+	bool busy;
+	int r = 1;
+
 	pthread_mutex_lock(&rm->lock);
 	/* Join the batches in flight if they are healthy, few enough and use
 	 * the same local segment (unregistering one shuts the streams down:
@@ -625,77 +521,50 @@ int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece
 	/* A notification waits for the queue to drain: then the batch's
 	 * final frame cannot overtake an earlier batch's (in order per
 	 * import). */
-	while (rm->nq && (rm->broken || !nfr || msg->len || rm->nq >= KV_QUEUE_MAX ||
+	while (rm->nq && (rm->broken || !n || msg->len || rm->nq >= KV_QUEUE_MAX ||
 			  rm->q_tail->local.seg != local->seg))
 		pthread_cond_wait(&rm->space, &rm->wlock);
 	busy = rm->nq;
 	if (!busy && rm->broken) {
-		kv_remote_close_streams(rm);	/* mid-frame state unknown: start afresh */
+		rm->xo->close(rm);	/* mid-frame state unknown: start afresh */
 		rm->broken = 0;
 	}
 	pthread_mutex_unlock(&rm->wlock);
-	if (!busy) {
-		if (rm->rd && (!local->buf.direct || !fd_idle(rm->fd[0]))) {
-			/* A batch from unmapped memory goes over TCP, and fd[0]
-			 * is in RDMA mode on the owner's side; or the owner
-			 * ended the session: start afresh either way. */
-			kv_rdma_drop(rm);
-			kv_remote_close_streams(rm);
-		}
-		r = kv_remote_connect(rm);
-		if (!r && msg->len && !(rm->features & KV_ACK_F_MSG))
-			r = -EOPNOTSUPP;	/* an older kcolld: tell before any byte moves */
-		if (!r && local->buf.direct) {
-			r = kv_rdma_ready(rm, local);
-			if (r == 0) {
-				r = kv_run_rdma(c, p, n, write, local, rm, notify_id, msg, moved);
-				/* A full queue is the owner's answer: the session goes on. */
-				if (r && r != -ENOBUFS) {
-					kv_rdma_drop(rm);
-					kv_remote_close_streams(rm);
-				}
-				goto out_unlock;
-			}
-			r = r == 1 ? 0 : r;
-		}
-		if (r)
-			goto out_unlock;
-		/* An empty batch has nothing for the streams: here, always. */
-		if (!nfr || (nfr == 1 && !c->sq_behind)) {
-			struct kv_stream st = { .local = local, .sp = sp, .frames = fr, .write = write,
-						.fd = rm->fd[0], .tag = ++rm->seq << 32 };
-			struct kv_conn node = { .fd = rm->fd[0], .how = SHUT_RDWR, .seg = local->seg };
-			uint8_t *buf = NULL;
-			int ans = 0;
-
-			r = stream_bufs(rm, 1);
-			if (r)
-				goto out_unlock;
-			st.iov = rm->iov[0];
-			st.fe = rm->fe[0];
-			kv_conn_link(local->seg, &node);
-			r = !nfr ? 0 : atomic_load(&c->stop) || atomic_load(&c->dead) ? -ECANCELED :
-			    stream_err(&st, frame_xchg(&st, 0, &buf));
-			kv_conn_unlink(local->seg, &node);
-			free(buf);
-			*moved += st.moved;
-			if (!r && has_final(notify_id, msg))
-				r = kv_final_xchg(rm->fd[0], notify_id, msg, UINT32_MAX, &ans);
-			if (r)
-				kv_remote_close_streams(rm);	/* mid-frame state unknown */
-			r = r ? r : ans;
-			goto out_unlock;
-		}
+	/* Nothing in flight: the session's transport for this batch, the
+	 * first whose open takes it (RDMA needs mapped memory both sides). */
+	for (size_t i = 0; !busy && r == 1 && i < sizeof(kv_xports) / sizeof(kv_xports[0]); i++) {
+		r = kv_xports[i]->open(rm, local);
+		if (!r)
+			rm->xo = kv_xports[i];
 	}
-	r = stream_threads(rm);
+	if (!busy && !r && msg->len && !(rm->features & KV_ACK_F_MSG))
+		r = -EOPNOTSUPP;	/* an older kcolld: tell before any byte moves */
+	if (!busy && r)
+		goto out_unlock;
+	xo = rm->xo;
+	r = batch_cut(xo, xo->nchan(rm), p, n, &sp, &fr, &nfr);
+	if (r)
+		goto out_unlock;
+	/* A one-frame TCP batch with no batch in flight and no request behind
+	 * it in the ring runs right here on stream 0 (handing a few hundred
+	 * KiB to a stream thread costs more than it wins when the client
+	 * waits for each batch: docs/perf/kv.md section 6). With requests
+	 * behind it, it joins the queue, and so do they: run here, it would
+	 * hold them in the ring until its answer, one batch at a time for
+	 * good. An empty batch has nothing for the streams: here, always. */
+	if (!busy && (!xo->queued || !nfr || (nfr == 1 && !c->sq_behind))) {
+		r = batch_here(rm, xo, c, local, write, sp, fr, nfr, notify_id, msg, moved);
+		goto out_unlock;
+	}
+	r = stream_threads(rm, xo);
 	b = r ? NULL : calloc(1, sizeof(*b));
 	if (!b) {
 		r = r ? r : -ENOMEM;
 		goto out_unlock;
 	}
-	*b = (struct kv_batch){ .c = c, .user_data = user_data, .local = *local, .write = write,
-				.t0 = t0, .notify_id = notify_id, .sp = sp, .fr = fr, .nfr = nfr,
-				.tag = ++rm->seq << 32,
+	*b = (struct kv_batch){ .c = c, .xo = xo, .user_data = user_data, .local = *local,
+				.write = write, .t0 = t0, .notify_id = notify_id, .sp = sp, .fr = fr,
+				.nfr = nfr, .tag = ++rm->seq << 32,
 				.left = nfr + has_final(notify_id, msg) };
 	b->msg.sender = msg->sender;
 	b->msg.len = msg->len;
@@ -720,7 +589,6 @@ int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece
 	return 1;
 out_unlock:
 	pthread_mutex_unlock(&rm->lock);
-out:
 	free(sp);
 	free(fr);
 	return r;
