@@ -445,7 +445,8 @@ static int rdma_ready(struct kv_remote *rm, struct kv_side *local)
  * A batch from unmapped memory goes over TCP, and fd[0] is in RDMA mode on
  * the owner's side; a stream with something to read means the owner ended
  * the session: either way start afresh. Then the streams (the setup goes
- * over stream 0), then the RDMA connection.
+ * over stream 0), then the RDMA connection; an import refused once stays
+ * on TCP without asking again.
  */
 static int rdma_open(struct kv_remote *rm, struct kv_side *local)
 {
@@ -453,7 +454,7 @@ static int rdma_open(struct kv_remote *rm, struct kv_side *local)
 
 	if (rm->rd && (!local->buf.direct || !fd_idle(rm->fd[0])))
 		rdma_close(rm);
-	if (!local->buf.direct)
+	if (!local->buf.direct || (!rm->rd && rm->rd_off))
 		return 1;
 	r = kv_remote_connect(rm);
 	return r ? r : rdma_ready(rm, local);
