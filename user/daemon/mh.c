@@ -205,6 +205,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	const uint8_t *in0 = NULL;
 	uint64_t bytes = 0, block = 0, wbytes, wblock;
 	uint32_t bad = KCOLL_RANK_NONE, bad_host = KCOLL_RANK_NONE, root_host = 0;
+	int64_t t0, t1, t2;
 	bool wide, avg;
 	int r = 0;
 
@@ -271,6 +272,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	}
 
 	/* 1. local inputs */
+	t0 = kd_now_ns();
 	switch (op->opcode) {
 	case KCOLL_OP_ALLREDUCE:
 	case KCOLL_OP_REDUCE_SCATTER:
@@ -299,6 +301,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	}
 
 	/* 2. between hosts */
+	t1 = kd_now_ns();
 	sop = (struct kd_sched_op){ .opcode = op->opcode, .bytes = wbytes, .block = wblock,
 				    .esz = op->esz, .nranks = comm->nranks, .root_host = root_host, .in0 = in0 };
 	if (op->opcode == KCOLL_OP_BROADCAST)
@@ -314,6 +317,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		kcoll_avg_finish(op->dtype, mh->acc, bytes / op->esz, comm->nranks);
 
 	/* 3. local outputs */
+	t2 = kd_now_ns();
 	for (uint32_t rk = 0; rk < comm->nranks && bytes; rk++) {
 		struct kd_contrib *ct = &op->c[rk];
 
@@ -334,6 +338,11 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		if (r)
 			kd_op_fail(op, r, rk, 0);	/* that rank's problem alone */
 	}
+	/* Where a multi-host op's time goes (docs/perf.md, section 10). */
+	kc_dbg("comm %s: op %llu %llu bytes: local in %lld us, hosts %lld us, local out %lld us",
+	       comm->name, (unsigned long long)op->seq, (unsigned long long)bytes,
+	       (long long)(t1 - t0) / 1000, (long long)(t2 - t1) / 1000,
+	       (long long)(kd_now_ns() - t2) / 1000);
 done:
 	atomic_store(&mh->running_seq, UINT64_MAX);
 }
