@@ -14,6 +14,9 @@ CHECK_TARGETS += $(TEST_BINS)
 # The daemon's schedules over an in-process loopback transport.
 $(OBJ)/tests/test_sched.o: CPPFLAGS += -Iuser/daemon
 
+# exec.c's jobs on the worker pool.
+$(OBJ)/tests/test_exec_job.o: CPPFLAGS += -Iuser/daemon
+
 # One rank of the multi-host tests (tests/t_multihost.sh starts one per rank in
 # each host's namespace): not a test_* program, run.sh does not run it alone.
 $(TBIN)/mh_rank: $(OBJ)/tests/mh_rank.o $(LIB)/libkcoll.a $(COMMON_LIB)

@@ -13,7 +13,9 @@
  *
  * exec.c sits above comm.c: comm.c hands it ready single-host ops through
  * the struct kd_comm_exec_ops that kd_pool_start installs; multi-host ops
- * go to their net thread (mh.c) instead, never through here.
+ * go to their net thread (mh.c) instead, which runs its node-local phases
+ * as jobs (struct kd_job) on the same pool: it waits for them, so the pool
+ * takes jobs before ops.
  */
 #include <errno.h>
 #include <sched.h>
@@ -33,6 +35,7 @@ static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct kd_op *queue;	/* ops with tasks left to claim */
+	struct kd_job *jobs;	/* jobs with tasks left to claim */
 	bool stop;
 } pool = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 
@@ -47,6 +50,11 @@ static uint8_t *stage_get(size_t size)
 		stage_size = stage ? size : 0;
 	}
 	return stage;
+}
+
+uint8_t *kd_exec_stage(size_t size)
+{
+	return stage_get(size);
 }
 
 void kd_exec_thread_done(void)
@@ -338,18 +346,73 @@ static void op_finish_chain(struct kd_op *op)
 	}
 }
 
+/* Claim and run a job's tasks until none are left. */
+static void job_work_on(struct kd_job *job)
+{
+	for (uint32_t t; (t = atomic_fetch_add(&job->next_task, 1)) < job->ntasks;)
+		job->task(job, t);
+}
+
+void kd_exec_job(struct kd_job *job)
+{
+	atomic_store(&job->next_task, 0);
+	atomic_store(&job->users, 1);
+	if (job->ntasks < 2 || !pool.n) {
+		job_work_on(job);	/* nothing to share */
+		return;
+	}
+	pthread_mutex_lock(&pool.lock);
+	job->next = pool.jobs;
+	pool.jobs = job;
+	pthread_cond_broadcast(&pool.cond);
+	pthread_mutex_unlock(&pool.lock);
+	job_work_on(job);
+	/* As op_leave: off the queue, then wait for the workers still in it
+	 * (each finishes the task it claimed): the job may live on our stack. */
+	pthread_mutex_lock(&pool.lock);
+	for (struct kd_job **pp = &pool.jobs; *pp; pp = &(*pp)->next) {
+		if (*pp == job) {
+			*pp = job->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&pool.lock);
+	atomic_fetch_sub(&job->users, 1);
+	while (atomic_load(&job->users))
+		sched_yield();
+}
+
+/* A worker takes a job (its caller waits) before an op. Called with
+ * pool.lock held; returns with it released. */
+static void worker_job(struct kd_job *job)
+{
+	if (atomic_load(&job->next_task) >= job->ntasks) {
+		pool.jobs = job->next;	/* nothing left to claim */
+		pthread_mutex_unlock(&pool.lock);
+		return;
+	}
+	atomic_fetch_add(&job->users, 1);
+	pthread_mutex_unlock(&pool.lock);
+	job_work_on(job);
+	atomic_fetch_sub(&job->users, 1);
+}
+
 static void *worker(void *arg)
 {
 	for (;;) {
 		struct kd_op *op;
 
 		pthread_mutex_lock(&pool.lock);
-		while (!pool.queue && !pool.stop)
+		while (!pool.queue && !pool.jobs && !pool.stop)
 			pthread_cond_wait(&pool.cond, &pool.lock);
 		if (pool.stop) {
 			pthread_mutex_unlock(&pool.lock);
 			kd_exec_thread_done();
 			return NULL;
+		}
+		if (pool.jobs) {
+			worker_job(pool.jobs);
+			continue;
 		}
 		op = pool.queue;
 		if (atomic_load(&op->next_task) >= op->ntasks) {

@@ -391,6 +391,24 @@ int kd_pool_start(int nworkers);
 void kd_pool_stop(void);
 /* A thread that ran tasks is exiting: free its staging buffer. */
 void kd_exec_thread_done(void);
+/* The calling thread's staging buffer, at least size bytes (NULL: out of
+ * memory); kd_exec_thread_done frees it. For a job's tasks. */
+uint8_t *kd_exec_stage(size_t size);
+
+/*
+ * A job: ntasks independent tasks that the calling thread runs with the
+ * worker pool's help, beside the single-host ops (mh.c's local phases).
+ * task() runs on any thread, once per task number; a job records its own
+ * errors. kd_exec_job returns when every task has run.
+ */
+struct kd_job {
+	void (*task)(struct kd_job *job, uint32_t t);
+	uint32_t ntasks;
+	atomic_uint next_task;
+	atomic_uint users;	/* threads inside the job's task loop */
+	struct kd_job *next;	/* the pool's job queue */
+};
+void kd_exec_job(struct kd_job *job);
 
 /* tune.c: chunk_bytes and timeout_ms from environment, sysfs, default */
 void kd_tunables_init(void);
