@@ -15,7 +15,8 @@
  * peer, naming the rank (or a rank of the host) at fault.
  *
  * mh.c sits above comm.c and exec.c and below net.c, which starts and stops
- * the net thread and hands it ops (struct kd_comm_net_ops.run); it tells
+ * the net thread and hands it ops (struct kd_comm_net_ops.run); phases 1
+ * and 3 run as jobs on exec.c's worker pool (kd_exec_job); it tells
  * peers of a failure through comm.c (kd_comm_abort_peers) and the C4
  * planner through its hooks (c4d.h).
  */
@@ -37,61 +38,214 @@
 
 /* ---- local phases ------------------------------------------------------- */
 
+/*
+ * Phases 1 and 3 are cut into tasks of one piece of one rank's buffer (or,
+ * for a reduction, of every local rank's) and run as a job on exec.c's
+ * worker pool, the net thread taking its share: process_vm_readv/writev and
+ * the reduction then use the host's CPUs, not one.
+ */
+struct local_job {
+	struct kd_job job;
+	struct kd_mh *mh;
+	struct kd_op *op;
+	uint64_t bytes;		/* a reduction's in all, else per rank */
+	uint64_t at_step;	/* phase 1 placing: rank rk's bytes go to acc + rk * at_step */
+	size_t chunk;		/* bytes per task and rank */
+	uint32_t per_rank;	/* tasks per rank */
+	uint32_t n;
+	uint32_t ranks[KD_MAX_RANKS];	/* the local ranks it reads or writes */
+	atomic_int err;		/* phase 1: the first error wins ... */
+	atomic_uint bad;	/* ... naming this rank (KCOLL_RANK_NONE: none) */
+};
+
+static void lj_fail(struct local_job *lj, int err, uint32_t rk)
+{
+	int expected = 0;
+
+	if (atomic_compare_exchange_strong(&lj->err, &expected, err))
+		atomic_store(&lj->bad, rk);
+}
+
+/* Run lj with ntasks tasks; phase 1's error (*bad: the rank) or 0. */
+static int lj_run(struct local_job *lj, void (*task)(struct kd_job *, uint32_t), uint32_t ntasks,
+		  uint32_t *bad)
+{
+	lj->job.task = task;
+	lj->job.ntasks = ntasks;
+	atomic_init(&lj->err, 0);
+	atomic_init(&lj->bad, KCOLL_RANK_NONE);
+	kd_exec_job(&lj->job);
+	*bad = atomic_load(&lj->bad);
+	return atomic_load(&lj->err);
+}
+
+static void lj_init(struct local_job *lj, struct kd_mh *mh, struct kd_op *op, uint64_t bytes,
+		    size_t chunk)
+{
+	lj->mh = mh;
+	lj->op = op;
+	lj->bytes = bytes;
+	lj->chunk = chunk;
+	lj->per_rank = bytes ? (bytes + chunk - 1) / chunk : 0;
+	lj->n = 0;
+	for (uint32_t rk = 0; rk < op->comm->nranks; rk++)
+		if (op->c[rk].present)
+			lj->ranks[lj->n++] = rk;
+}
+
+/* acc[off, off + n) = reduction of the local ranks' send buffers there (or a copy). */
+static void reduce_task(struct kd_job *job, uint32_t t)
+{
+	struct local_job *lj = (struct local_job *)job;
+	struct kd_mh *mh = lj->mh;
+	struct kd_op *op = lj->op;
+	const uint8_t *ins[KD_MAX_RANKS];
+	uint64_t off = (uint64_t)t * lj->chunk;
+	size_t n = lj->bytes - off < lj->chunk ? lj->bytes - off : lj->chunk;
+	uint8_t *stage = lj->n > 1 ? kd_exec_stage(lj->chunk * lj->n) : NULL;
+	int r;
+
+	if (atomic_load(&lj->err))
+		return;
+	if (lj->n > 1 && !stage)
+		return lj_fail(lj, -ENOMEM, KCOLL_RANK_NONE);
+	for (uint32_t k = 0; k < lj->n; k++) {
+		struct kd_contrib *ct = &op->c[lj->ranks[k]];
+
+		/* One local rank (one rank per host): a copy lands in acc
+		 * itself, no second memcpy from the stage. */
+		r = kd_buf_read(ct->client, &ct->sbuf, off, n,
+				lj->n == 1 ? mh->acc + off : stage + k * lj->chunk, &ins[k]);
+		if (r)
+			return lj_fail(lj, r, lj->ranks[k]);
+	}
+	if (lj->n == 1 && ins[0] != mh->acc + off)
+		memcpy(mh->acc + off, ins[0], n);
+	else if (lj->n > 1 && (r = kcoll_reduce_n(op->dtype, mh->redop, mh->acc + off,
+						  (const void *const *)ins, lj->n, n / op->esz)))
+		lj_fail(lj, r, KCOLL_RANK_NONE);
+}
+
 /* acc[0, bytes) = reduction of the local ranks' send buffers (or a copy). */
 static int local_reduce(struct kd_mh *mh, struct kd_op *op, uint64_t bytes, uint32_t *bad)
 {
-	struct kd_comm *comm = op->comm;
-	const uint8_t *ins[KD_MAX_RANKS];
-	size_t chunk = mh->piece;
-	int r = kd_grow(&mh->stage, &mh->stage_size, chunk * comm->nlocal);
+	struct local_job lj;
 
-	if (r)
-		return r;
-	for (uint64_t off = 0; off < bytes; off += chunk) {
-		size_t n = bytes - off < chunk ? bytes - off : chunk;
-		uint32_t k = 0;
-
-		for (uint32_t rk = 0; rk < comm->nranks; rk++) {
-			struct kd_contrib *ct = &op->c[rk];
-
-			if (!ct->present)
-				continue;
-			/* One local rank (one rank per host): a copy lands in acc
-			 * itself, no second memcpy from the stage. */
-			r = kd_buf_read(ct->client, &ct->sbuf, off, n,
-					comm->nlocal == 1 ? mh->acc + off : mh->stage + k * chunk, &ins[k]);
-			if (r) {
-				*bad = rk;
-				return r;
-			}
-			k++;
-		}
-		if (k == 1 && ins[0] != mh->acc + off)
-			memcpy(mh->acc + off, ins[0], n);
-		else if ((r = kcoll_reduce_n(op->dtype, mh->redop, mh->acc + off,
-					     (const void *const *)ins, k, n / op->esz)))
-			return r;
-	}
-	return 0;
+	lj_init(&lj, mh, op, bytes, mh->piece);
+	return lj.n ? lj_run(&lj, reduce_task, lj.per_rank, bad) : 0;
 }
 
-/* Copy rank rk's send buffer [0, bytes) to acc + at. */
-static int local_place(struct kd_mh *mh, struct kd_op *op, uint32_t rk, uint64_t at, uint64_t bytes)
+/* Integer avg: acc (64-bit) elements [e, e + m) = sum of the local ranks' inputs. */
+static void widen_task(struct kd_job *job, uint32_t t)
 {
-	struct kd_contrib *ct = &op->c[rk];
-	size_t chunk = mh->piece;
-	int r = 0;
+	struct local_job *lj = (struct local_job *)job;
+	struct kd_op *op = lj->op;
+	size_t chunk = lj->chunk / 8;	/* elements */
+	uint64_t n = lj->bytes / op->esz, e = (uint64_t)t * chunk;
+	uint64_t m = n - e < chunk ? n - e : chunk;
+	uint8_t *stage = kd_exec_stage(chunk * op->esz);
 
-	/* A copy (process_vm_readv, device staging) lands in acc directly. */
-	for (uint64_t off = 0; !r && off < bytes; off += chunk) {
-		size_t n = bytes - off < chunk ? bytes - off : chunk;
+	if (atomic_load(&lj->err))
+		return;
+	if (!stage)
+		return lj_fail(lj, -ENOMEM, KCOLL_RANK_NONE);
+	for (uint32_t k = 0; k < lj->n; k++) {
+		struct kd_contrib *ct = &op->c[lj->ranks[k]];
 		const uint8_t *p;
+		int r = kd_buf_read(ct->client, &ct->sbuf, e * op->esz, m * op->esz, stage, &p);
 
-		r = kd_buf_read(ct->client, &ct->sbuf, off, n, mh->acc + at + off, &p);
-		if (!r && p != mh->acc + at + off)
-			memcpy(mh->acc + at + off, p, n);
+		if (r)
+			return lj_fail(lj, r, lj->ranks[k]);
+		kcoll_avg_widen_add(op->dtype, (int64_t *)lj->mh->acc + e, p, m, k == 0);
 	}
-	return r;
+}
+
+/* Integer avg, phase 1: acc (64-bit) = sum of the local ranks' inputs. */
+static int local_widen(struct kd_mh *mh, struct kd_op *op, uint64_t n, uint32_t *bad)
+{
+	struct local_job lj;
+	size_t chunk = mh->piece / 8;	/* elements per task */
+
+	lj_init(&lj, mh, op, n * op->esz, chunk * 8);
+	return lj.n && n ? lj_run(&lj, widen_task, (n + chunk - 1) / chunk, bad) : 0;
+}
+
+/* Copy one piece of a rank's send buffer to acc + rk * at_step. */
+static void place_task(struct kd_job *job, uint32_t t)
+{
+	struct local_job *lj = (struct local_job *)job;
+	uint32_t rk = lj->ranks[t / lj->per_rank];
+	struct kd_contrib *ct = &lj->op->c[rk];
+	uint64_t off = (uint64_t)(t % lj->per_rank) * lj->chunk;
+	size_t n = lj->bytes - off < lj->chunk ? lj->bytes - off : lj->chunk;
+	uint8_t *to = lj->mh->acc + rk * lj->at_step + off;
+	const uint8_t *p;
+	int r;
+
+	if (atomic_load(&lj->err))
+		return;
+	/* A copy (process_vm_readv, device staging) lands in acc directly. */
+	r = kd_buf_read(ct->client, &ct->sbuf, off, n, to, &p);
+	if (r)
+		return lj_fail(lj, r, rk);
+	if (p != to)
+		memcpy(to, p, n);
+}
+
+/* Copy the send buffers of the local ranks (all, or only rank 'only') to
+ * acc + rk * at_step: all-gather's blocks, broadcast's root. */
+static int local_place(struct kd_mh *mh, struct kd_op *op, uint32_t only, uint64_t at_step,
+		       uint64_t bytes, uint32_t *bad)
+{
+	struct local_job lj;
+
+	lj_init(&lj, mh, op, bytes, mh->piece);
+	if (only != KCOLL_RANK_NONE) {
+		lj.ranks[0] = only;
+		lj.n = 1;
+	}
+	lj.at_step = at_step;
+	return lj.n && bytes ? lj_run(&lj, place_task, lj.n * lj.per_rank, bad) : 0;
+}
+
+/* Phase 3: one piece of the accumulator to one local rank's receive buffer;
+ * a rank whose buffer fails is that rank's problem alone. */
+static void out_task(struct kd_job *job, uint32_t t)
+{
+	struct local_job *lj = (struct local_job *)job;
+	struct kd_op *op = lj->op;
+	uint32_t rk = lj->ranks[t / lj->per_rank];
+	struct kd_contrib *ct = &op->c[rk];
+	uint64_t off = (uint64_t)(t % lj->per_rank) * lj->chunk;
+	size_t n = lj->bytes - off < lj->chunk ? lj->bytes - off : lj->chunk;
+	const uint8_t *src = lj->mh->acc + off;
+	int r;
+
+	if (op->opcode == KCOLL_OP_REDUCE_SCATTER)
+		src += rk * lj->bytes;	/* its block */
+	r = kd_buf_write(ct->client, &ct->rbuf, off, src, n);
+	if (r)
+		kd_op_fail(op, r, rk, 0);
+}
+
+static void local_out(struct kd_mh *mh, struct kd_op *op, uint64_t bytes, uint64_t block)
+{
+	struct local_job lj;
+	uint32_t k = 0, none;
+
+	lj_init(&lj, mh, op, op->opcode == KCOLL_OP_REDUCE_SCATTER ? block : bytes, mh->piece);
+	/* Broadcast leaves the root's receive buffer alone; a receive buffer
+	 * that is the accumulator already holds the result. */
+	for (uint32_t i = 0; i < lj.n; i++) {
+		const struct kd_buf *rb = &op->c[lj.ranks[i]].rbuf;
+
+		if ((op->opcode != KCOLL_OP_BROADCAST || lj.ranks[i] != op->root) &&
+		    rb->direct != mh->acc)
+			lj.ranks[k++] = lj.ranks[i];
+	}
+	lj.n = k;
+	if (lj.n && lj.bytes)
+		lj_run(&lj, out_task, lj.n * lj.per_rank, &none);
 }
 
 /*
@@ -135,35 +289,6 @@ static const uint8_t *fused_input(struct kd_mh *mh, struct kd_op *op, uint64_t b
 	if (!ct || !ct->sbuf.direct || ct->sbuf.len < bytes)
 		return NULL;
 	return ct->sbuf.direct;
-}
-
-/* Integer avg, phase 1: acc (64-bit) = sum of the local ranks' inputs. */
-static int local_widen(struct kd_mh *mh, struct kd_op *op, uint64_t n, uint32_t *bad)
-{
-	size_t chunk = mh->piece / 8;	/* elements */
-	int64_t *acc = (int64_t *)mh->acc;
-	int r = kd_grow(&mh->stage, &mh->stage_size, chunk * op->esz);
-
-	for (uint64_t e = 0; !r && e < n; e += chunk) {
-		uint64_t m = n - e < chunk ? n - e : chunk;
-		bool first = true;
-
-		for (uint32_t rk = 0; rk < op->comm->nranks; rk++) {
-			struct kd_contrib *ct = &op->c[rk];
-			const uint8_t *p;
-
-			if (!ct->present)
-				continue;
-			r = kd_buf_read(ct->client, &ct->sbuf, e * op->esz, m * op->esz, mh->stage, &p);
-			if (r) {
-				*bad = rk;
-				return r;
-			}
-			kcoll_avg_widen_add(op->dtype, acc + e, p, m, first);
-			first = false;
-		}
-	}
-	return r;
 }
 
 static uint32_t op_sig(const struct kd_op *op)
@@ -282,14 +407,12 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 			r = local_reduce(mh, op, bytes, &bad);
 		break;
 	case KCOLL_OP_ALLGATHER:
-		for (uint32_t rk = 0; !r && rk < comm->nranks; rk++)
-			if (op->c[rk].present && (r = local_place(mh, op, rk, rk * block, block)))
-				bad = rk;
+		r = local_place(mh, op, KCOLL_RANK_NONE, block, block, &bad);
 		break;
 	case KCOLL_OP_BROADCAST:
 		root_host = mh->rank_host[op->root];
-		if (root_host == mh->self && (r = local_place(mh, op, op->root, 0, bytes)))
-			bad = op->root;
+		if (root_host == mh->self)
+			r = local_place(mh, op, op->root, 0, bytes, &bad);
 		break;
 	}
 	if (r) {
@@ -318,26 +441,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 
 	/* 3. local outputs */
 	t2 = kd_now_ns();
-	for (uint32_t rk = 0; rk < comm->nranks && bytes; rk++) {
-		struct kd_contrib *ct = &op->c[rk];
-
-		if (!ct->present)
-			continue;
-		switch (op->opcode) {
-		case KCOLL_OP_ALLREDUCE:
-		case KCOLL_OP_ALLGATHER:
-			r = kd_buf_write(ct->client, &ct->rbuf, 0, mh->acc, bytes);
-			break;
-		case KCOLL_OP_REDUCE_SCATTER:
-			r = kd_buf_write(ct->client, &ct->rbuf, 0, mh->acc + rk * block, block);
-			break;
-		case KCOLL_OP_BROADCAST:
-			r = rk == op->root ? 0 : kd_buf_write(ct->client, &ct->rbuf, 0, mh->acc, bytes);
-			break;
-		}
-		if (r)
-			kd_op_fail(op, r, rk, 0);	/* that rank's problem alone */
-	}
+	local_out(mh, op, bytes, block);
 	/* Where a multi-host op's time goes (docs/perf.md, section 10). */
 	kc_dbg("comm %s: op %llu %llu bytes: local in %lld us, hosts %lld us, local out %lld us",
 	       comm->name, (unsigned long long)op->seq, (unsigned long long)bytes,
@@ -524,11 +628,10 @@ void kd_mh_stop(struct kd_mh *mh)
 		kd_unmap_notify(mh->snap, mh->snap_size);
 	free(mh->own);
 	free(mh->snap);
-	free(mh->stage);
 	for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++)
 		free(mh->rx[i]);
-	mh->acc = mh->own = mh->snap = mh->stage = NULL;
-	mh->acc_size = mh->snap_size = mh->stage_size = 0;
+	mh->acc = mh->own = mh->snap = NULL;
+	mh->acc_size = mh->snap_size = 0;
 }
 
 struct kd_piece *kd_xfer_cut(const struct kd_xfer *x, size_t piece, uint32_t *n)

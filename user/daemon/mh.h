@@ -117,8 +117,6 @@ struct kd_mh {
 	size_t acc_size;
 	uint8_t *snap;			/* recursive doubling: what we send this step */
 	size_t snap_size;
-	uint8_t *stage;			/* local phase: one chunk per local rank */
-	size_t stage_size;
 	uint8_t *rx[KD_MAX_HOSTS * KD_MAX_STREAMS];	/* reduce staging per receive stream */
 	size_t rx_size;
 	size_t piece;			/* bytes per piece (this op) */
