@@ -79,18 +79,34 @@ static int lj_run(struct local_job *lj, void (*task)(struct kd_job *, uint32_t),
 	return atomic_load(&lj->err);
 }
 
+static void lj_chunk(struct local_job *lj, size_t chunk)
+{
+	lj->chunk = chunk;
+	lj->per_rank = lj->bytes ? (lj->bytes + chunk - 1) / chunk : 0;
+}
+
 static void lj_init(struct local_job *lj, struct kd_mh *mh, struct kd_op *op, uint64_t bytes,
 		    size_t chunk)
 {
 	lj->mh = mh;
 	lj->op = op;
 	lj->bytes = bytes;
-	lj->chunk = chunk;
-	lj->per_rank = bytes ? (bytes + chunk - 1) / chunk : 0;
+	lj_chunk(lj, chunk);
 	lj->n = 0;
 	for (uint32_t rk = 0; rk < op->comm->nranks; rk++)
 		if (op->c[rk].present)
 			lj->ranks[lj->n++] = rk;
+}
+
+/* Bytes per task of a copy without staging: a piece, or more where pieces
+ * would make over four tasks per thread (fewer system calls and wake-ups
+ * for the same parallelism). A multiple of 4 KiB: whole elements. */
+static size_t copy_chunk(const struct kd_mh *mh, uint64_t bytes, uint32_t nranks)
+{
+	uint64_t per = bytes * nranks / (4 * ((uint64_t)(kd.nworkers > 0 ? kd.nworkers : 0) + 1));
+
+	per = (per + 4095) & ~(uint64_t)4095;
+	return per > mh->piece ? per : mh->piece;
 }
 
 /* acc[off, off + n) = reduction of the local ranks' send buffers there (or a copy). */
@@ -132,6 +148,8 @@ static int local_reduce(struct kd_mh *mh, struct kd_op *op, uint64_t bytes, uint
 	struct local_job lj;
 
 	lj_init(&lj, mh, op, bytes, mh->piece);
+	if (lj.n == 1)	/* no stage: straight into acc */
+		lj_chunk(&lj, copy_chunk(mh, bytes, 1));
 	return lj.n ? lj_run(&lj, reduce_task, lj.per_rank, bad) : 0;
 }
 
@@ -204,6 +222,7 @@ static int local_place(struct kd_mh *mh, struct kd_op *op, uint32_t only, uint64
 		lj.ranks[0] = only;
 		lj.n = 1;
 	}
+	lj_chunk(&lj, copy_chunk(mh, bytes, lj.n));
 	lj.at_step = at_step;
 	return lj.n && bytes ? lj_run(&lj, place_task, lj.n * lj.per_rank, bad) : 0;
 }
@@ -244,6 +263,7 @@ static void local_out(struct kd_mh *mh, struct kd_op *op, uint64_t bytes, uint64
 			lj.ranks[k++] = lj.ranks[i];
 	}
 	lj.n = k;
+	lj_chunk(&lj, copy_chunk(mh, lj.bytes, lj.n));
 	if (lj.n && lj.bytes)
 		lj_run(&lj, out_task, lj.n * lj.per_rank, &none);
 }
