@@ -190,6 +190,20 @@ int kcoll_xfer_read(struct kcoll_seg *local, struct kcoll_rseg *remote,
 		    struct kcoll_req **req);
 
 /*
+ * Plan a batch the way kcoll.kv does before submitting it (1.3): check
+ * every entry (len non-zero: -EINVAL otherwise; inside both segments,
+ * without wrap: -ERANGE otherwise; a batch with both faults gets -EINVAL),
+ * sort the entries in place by destination (remote_off for a write,
+ * local_off for a read), refuse overlapping destinations (-EINVAL), and
+ * merge entries contiguous on both sides into one. On 0, e[0..*out_n)
+ * holds the plan (*out_n <= n; n == 0 gives 0); on an error the order of
+ * e is unspecified and *out_n is 0. No limit on n: split the plan into
+ * batches of KCOLL_XFER_MAX_ENTRIES yourself. Touches nothing but e.
+ */
+int kcoll_xfer_plan(struct kcoll_xfer_entry *e, size_t n, uint64_t local_size,
+		    uint64_t remote_size, int write, size_t *out_n);
+
+/*
  * Notifications: a short message (1..KCOLL_NOTIF_MAX_BYTES, e.g. a request
  * id) for the owner of the remote segment, delivered once the batch's bytes
  * have landed (write) or been read (read), together with notify_id's counter

@@ -343,3 +343,96 @@ int kcoll_seg_notif_wait(struct kcoll_seg *s, int timeout_ms)
 			return -ENOTCONN;
 	}
 }
+
+/*
+ * Batch planning (kcoll_xfer_plan): what kcoll.kv's Agent does to every
+ * batch before it is submitted, in one call instead of a dozen numpy
+ * passes. Batches are usually given in destination order already: that is
+ * one pass; short ones out of order are insertion-sorted (stable), long
+ * ones go to qsort, whose instability cannot show: two entries with the
+ * same destination overlap and are refused.
+ */
+static inline uint64_t plan_dst(const struct kcoll_xfer_entry *e, int write)
+{
+	return write ? e->remote_off : e->local_off;
+}
+
+static int plan_cmp_write(const void *a, const void *b)
+{
+	uint64_t x = ((const struct kcoll_xfer_entry *)a)->remote_off;
+	uint64_t y = ((const struct kcoll_xfer_entry *)b)->remote_off;
+
+	return (x > y) - (x < y);
+}
+
+static int plan_cmp_read(const void *a, const void *b)
+{
+	uint64_t x = ((const struct kcoll_xfer_entry *)a)->local_off;
+	uint64_t y = ((const struct kcoll_xfer_entry *)b)->local_off;
+
+	return (x > y) - (x < y);
+}
+
+static void plan_sort(struct kcoll_xfer_entry *e, size_t n, int write)
+{
+	size_t i, j;
+
+	for (i = 1; i < n; i++)
+		if (plan_dst(&e[i], write) < plan_dst(&e[i - 1], write))
+			break;
+	if (i >= n)
+		return;
+	if (n > 64) {
+		qsort(e, n, sizeof(*e), write ? plan_cmp_write : plan_cmp_read);
+		return;
+	}
+	for (; i < n; i++) {
+		struct kcoll_xfer_entry x = e[i];
+		uint64_t k = plan_dst(&x, write);
+
+		for (j = i; j > 0 && plan_dst(&e[j - 1], write) > k; j--)
+			e[j] = e[j - 1];
+		e[j] = x;
+	}
+}
+
+int kcoll_xfer_plan(struct kcoll_xfer_entry *e, size_t n, uint64_t local_size,
+		    uint64_t remote_size, int write, size_t *out_n)
+{
+	int zero = 0, range = 0;
+	size_t i, m;
+
+	if (!out_n || (n && !e))
+		return -EINVAL;
+	*out_n = 0;
+	for (i = 0; i < n; i++) {
+		const struct kcoll_xfer_entry *x = &e[i];
+
+		zero |= !x->len;
+		/* offset inside, and the length within what is left: no wrap */
+		range |= x->local_off >= local_size || x->len > local_size - x->local_off ||
+			 x->remote_off >= remote_size || x->len > remote_size - x->remote_off;
+	}
+	if (zero)
+		return -EINVAL;
+	if (range)
+		return -ERANGE;
+	if (!n)
+		return 0;
+	plan_sort(e, n, write);
+	/* Every end is within a segment now: dst + len cannot wrap. */
+	for (i = 1; i < n; i++)
+		if (plan_dst(&e[i - 1], write) + e[i - 1].len > plan_dst(&e[i], write))
+			return -EINVAL;
+	for (i = 1, m = 0; i < n; i++) {
+		struct kcoll_xfer_entry *p = &e[m];
+
+		if (p->local_off + p->len == e[i].local_off &&
+		    p->remote_off + p->len == e[i].remote_off)
+			p->len += e[i].len;
+		else
+			e[++m] = e[i];
+	}
+	*out_n = m + 1;
+	return 0;
+}
