@@ -46,6 +46,17 @@ def raises(code, fn, what):
     return check(False, what, "no exception")
 
 
+def says(code, fn, words, what):
+    """raises(), and the message names what is wrong: every one of words."""
+    try:
+        fn()
+    except kcoll.KcollError as e:
+        return check(e.code == code and all(w in str(e) for w in words), what, str(e))
+    except Exception as e:
+        return check(False, what, f"raised {e!r}")
+    return check(False, what, "no exception")
+
+
 def ranges(starts, lens):
     """Every index of the blocks [start, start + len), block after block."""
     starts = starts.astype(np.int64)
@@ -160,6 +171,15 @@ def local():
     raises(-errno.EINVAL, lambda: init.write(sseg, rem, [(0, 0, 8), (100, 4, 8)]),
            "overlapping destinations -> EINVAL")
     raises(-errno.EINVAL, lambda: init.write(sseg, rem, [(0, 0, 0)]), "a zero-length block -> EINVAL")
+    # libkcoll refuses, numpy then says why: which blocks, how many.
+    says(-errno.EINVAL, lambda: init.write(sseg, rem, [(0, 64, 8), (8, 0, 0), (200, 0, 8), (9, 9, 0)]),
+         ["2 zero-length"], "zero lengths: counted (before the overlap)")
+    says(-errno.EINVAL, lambda: init.write(sseg, rem, [(0, 64, 8), (100, 0, 8), (50, 4, 8)]),
+         ["overlap", "block 1 (100, 0, 8)", "block 2 (50, 4, 8)"], "overlap: the two blocks named")
+    says(-errno.EINVAL, lambda: init.read(sseg, rem, [(0, 0, 8), (4, 100, 8)]),
+         ["overlap", "block 0", "block 1"], "a read: overlap at the local side")
+    says(-errno.ERANGE, lambda: init.write(sseg, rem, [(0, 0, 8), (16, size - 4, 8)]),
+         ["block 1 (16, %d, 8)" % (size - 4), "1 such block"], "out of range: the block named")
     raises(-errno.EMSGSIZE, lambda: init.send_notif(sseg, rem, b"x" * 513), "a 513-byte tag -> EMSGSIZE")
     raises(-errno.EINVAL, lambda: init.write(sseg, rem, [(0, 0, 8)], notify=5).wait(),
            "a counter the segment lacks -> EINVAL (from kcolld)")

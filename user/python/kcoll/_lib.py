@@ -111,6 +111,8 @@ _protos = {
     "kcoll_seg_notify_wait": (_i, [_p, _u32, _u32, _i]),
     "kcoll_seg_get_notifs": (_i, [_p, ctypes.POINTER(Notif), _u32, ctypes.POINTER(_u32)]),
     "kcoll_seg_notif_wait": (_i, [_p, _i]),
+    "kcoll_xfer_plan": (_i, [_p, _sz, ctypes.c_uint64, ctypes.c_uint64, _i,
+                             ctypes.POINTER(_sz)]),
 }
 for _name, (_res, _args) in _protos.items():
     _f = getattr(lib, _name)

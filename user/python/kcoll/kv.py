@@ -19,9 +19,10 @@ blocks is an (N, 3) integer array of (local offset, remote offset, length)
 in bytes, or a tuple (local offsets, remote offsets, lengths) whose length
 may be a scalar. They are checked here as a whole (ranges, overlapping
 destinations) before anything is submitted, sorted, and adjacent blocks
-(contiguous on both sides) merged; batches of more than 4096 entries are
-split. Python never loops over blocks. Every blocking call releases the
-GIL (ctypes does). Errors raise kcoll.KcollError (code: the negative errno,
+(contiguous on both sides) merged, in one libkcoll call per batch
+(kcoll_xfer_plan); batches of more than 4096 entries are split. Python
+never loops over blocks. Every blocking call releases the GIL (ctypes
+does). Errors raise kcoll.KcollError (code: the negative errno,
 strerror: kcoll_strerror's sentence).
 """
 import collections
@@ -146,6 +147,30 @@ def _refuse(a, lsz, rsz):
            f"the local ({lsz} B) or remote ({rsz} B) segment; {int(bad.sum())} such block(s)")
 
 
+def _refuse_plan(given, lsz, rsz, write, r):
+    """Raise the error for a batch kcoll_xfer_plan refused with r, naming
+    what is wrong (the numpy passes run only for a refused batch)."""
+    ln = given[:, 2]
+    if r == -_errno.EINVAL and not ln.all():
+        _raise(_errno.EINVAL, f"{int((ln == 0).sum())} zero-length block(s)")
+    if r == -_errno.ERANGE:
+        _refuse(given, lsz, rsz)
+    if r == -_errno.EINVAL:
+        col = 1 if write else 0
+        order = given[:, col].argsort(kind="stable")
+        dst = given[order, col]
+        over = np.flatnonzero(dst[:-1] + ln[order][:-1] > dst[1:])
+        if over.size:
+            i, j = int(order[over[0]]), int(order[over[0] + 1])
+            _raise(_errno.EINVAL, f"destinations of two blocks overlap: block {i} "
+                   f"{tuple(int(x) for x in given[i])} and block {j} "
+                   f"{tuple(int(x) for x in given[j])}")
+    _raise(r, "kcoll_xfer_plan refused the batch")
+
+
+_plan = _lc.kcoll_xfer_plan
+
+
 def plan_blocks(blocks, local_size, remote_size, write=True):
     """The (M, 3) uint64 entry array for blocks (C-contiguous): checked
     (non-empty, inside both segments, destinations disjoint), sorted by
@@ -155,45 +180,15 @@ def plan_blocks(blocks, local_size, remote_size, write=True):
     n = given.shape[0]
     if n == 0:
         return np.empty((0, 3), np.uint64)
-    # A batch is planned for every call: nine whole-array numpy operations
-    # for a batch it accepts (each costs microseconds however small the
-    # batch), the detailed ones only for a batch that is refused. Sorting
-    # first lets the checks run on the sorted copy, which is sent.
-    col = 1 if write else 0
-    a = given[given[:, col].argsort(kind="stable")]  # a copy: the caller may reuse theirs
-    lsz, rsz = int(local_size), int(remote_size)
-    mlo, mro, mln = a.max(axis=0).tolist()
-    if not a[:, 2].min():
-        _raise(_errno.EINVAL, f"{int((given[:, 2] == 0).sum())} zero-length block(s)")
-    # With every offset below its segment's size and every length at most
-    # the smaller size (sizes < 2^63), offset + length cannot wrap.
-    if not (mlo < lsz and mro < rsz and mln <= min(lsz, rsz)):
-        _refuse(given, lsz, rsz)
-    ends = a[:, :2] + a[:, 2:]
-    elo, ero = ends.max(axis=0).tolist()
-    if elo > lsz or ero > rsz:
-        _refuse(given, lsz, rsz)
-    if n == 1:
-        return a
-    dst = a[:, col]
-    # gap[i]: from the end of block i to the start of block i + 1 at the
-    # destination (both < 2^63 here, so int64 holds it).
-    gap = np.subtract(dst[1:], ends[:-1, col], dtype=np.int64)
-    g = gap.min()
-    if g < 0:
-        _raise(_errno.EINVAL, "destinations of two blocks overlap")
-    if g > 0:
-        return a  # nothing adjacent at the destination: nothing to merge
-    lo, ro, ln = a[:, 0], a[:, 1], a[:, 2]
-    # Merge runs contiguous on both sides: one entry each.
-    brk = np.ones(n, bool)
-    brk[1:] = (lo[:-1] + ln[:-1] != lo[1:]) | (ro[:-1] + ln[:-1] != ro[1:])
-    idx = np.flatnonzero(brk)
-    out = np.empty((idx.shape[0], 3), np.uint64)
-    out[:, 0] = lo[idx]
-    out[:, 1] = ro[idx]
-    out[:, 2] = np.add.reduceat(ln, idx)
-    return out
+    # One libkcoll call plans the batch in place (kcoll_xfer_plan: one pass
+    # for a batch given in destination order) on a C-contiguous copy: the
+    # caller may reuse theirs, and a refused one is diagnosed on it.
+    a = given.copy()
+    m = ctypes.c_size_t()
+    r = _plan(a.ctypes.data, n, local_size, remote_size, 1 if write else 0, ctypes.byref(m))
+    if r:
+        _refuse_plan(given, int(local_size), int(remote_size), write, r)
+    return a[:m.value]
 
 
 class Segment:
