@@ -653,23 +653,3 @@ void kd_mh_stop(struct kd_mh *mh)
 	mh->acc = mh->own = mh->snap = NULL;
 	mh->acc_size = mh->snap_size = 0;
 }
-
-struct kd_piece *kd_xfer_cut(const struct kd_xfer *x, size_t piece, uint32_t *n)
-{
-	uint32_t cnt = 0, i = 0;
-	struct kd_piece *p;
-
-	for (uint32_t k = 0; k < x->nr; k++)
-		cnt += (x->r[k].len + piece - 1) / piece;
-	p = malloc((cnt ? cnt : 1) * sizeof(*p));
-	if (!p)
-		return NULL;
-	for (uint32_t k = 0; k < x->nr; k++)
-		for (uint64_t o = 0; o < x->r[k].len; o += piece)
-			p[i++] = (struct kd_piece){ x->r[k].off + o,
-						    x->r[k].len - o < piece ? x->r[k].len - o : piece };
-	if (!cnt)
-		p[0] = (struct kd_piece){ 0, 0 };
-	*n = cnt ? cnt : 1;
-	return p;
-}

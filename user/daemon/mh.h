@@ -2,8 +2,9 @@
 /*
  * A multi-host communicator (struct kd_mh, comm->mh): its hosts, streams and
  * the net thread's state (mh.c), the steps an inter-host algorithm is made
- * of (schedule.c builds them, a transport runs them: xport.h), and the
- * per-stream observations and plan fields the C4 detector keeps (c4d.c).
+ * of (schedule.c builds them, step.c runs them over a transport: xport.h),
+ * and the per-stream observations and plan fields the C4 detector keeps
+ * (c4d.c).
  * net.c creates it when the communicator forms and tears it down.
  */
 #ifndef KCOLLD_MH_H
@@ -51,8 +52,8 @@ struct kd_piece {
 	uint64_t off, len;
 };
 
-/* Cut a transfer's ranges into pieces of at most piece bytes; at least one
- * (empty) piece. malloc'ed; NULL when out of memory. */
+/* step.c: cut a transfer's ranges into pieces of at most piece bytes; at
+ * least one (empty) piece. malloc'ed; NULL when out of memory. */
 struct kd_piece *kd_xfer_cut(const struct kd_xfer *x, size_t piece, uint32_t *n);
 
 struct kd_mh_host {
@@ -102,6 +103,7 @@ struct kd_mh {
 	uint32_t conns_needed, conns_up;
 	const struct kd_xport_ops *xport;
 	void *xpriv;			/* the transport's state (net thread) */
+	void *xfabric;			/* in-process transports (tests): what hosts share */
 
 	/* net thread */
 	pthread_t thread;

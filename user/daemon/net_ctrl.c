@@ -28,6 +28,7 @@
 #include "mh.h"
 #include "net.h"
 #include "net_int.h"
+#include "step.h"
 #include "xport.h"
 
 /* ---- control -------------------------------------------------------------- */
@@ -264,8 +265,7 @@ void kd_net_comm_close(struct kd_comm *comm)
 	if (!mh)
 		return;
 	kd_mh_stop(mh);
-	if (mh->xport->close)
-		mh->xport->close(mh);
+	kd_step_close(mh);
 	if (kd_c4)
 		kd_c4->detach(mh);
 	for (uint32_t h = 0; h < mh->nhosts; h++) {

@@ -13,6 +13,7 @@
 #include "mh.h"
 #include "net.h"
 #include "net_int.h"
+#include "step.h"
 #include "xport.h"
 
 static uint32_t c4_summary(struct kd_comm *comm, uint64_t *seen)
@@ -65,10 +66,14 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 				if (seen & (1ULL << h))
 					PUT("%s%u", k++ ? "," : "", h);
 			PUT("],\"xport\":\"%s\"", mh->xport->name);
-			if (mh->xport->render) {
-				PUT(",");
-				if (n < cap)
-					n += mh->xport->render(mh, buf + n, cap - n, 1);
+			if (n + 1 < cap) {
+				/* the transport's member, after a comma if it has one */
+				size_t xn = kd_step_render(mh, buf + n + 1, cap - n - 1, 1);
+
+				if (xn) {
+					buf[n] = ',';
+					n += 1 + xn;
+				}
 			}
 			PUT("}");
 		}
@@ -100,8 +105,8 @@ size_t kd_net_render(char *buf, size_t cap, int json)
 					PUT("%s%u", k++ ? "," : " (held by host ", h);
 			PUT("%s\n", seen ? "; kcollctl anomalies)" : "");
 			PUT("    transport %s\n", mh->xport->name);
-			if (mh->xport->render && n < cap)
-				n += mh->xport->render(mh, buf + n, cap - n, 0);
+			if (n < cap)
+				n += kd_step_render(mh, buf + n, cap - n, 0);
 		}
 	}
 #undef PUT

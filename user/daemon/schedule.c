@@ -2,7 +2,8 @@
 /*
  * The inter-host algorithms of a multi-host op (phase 2 of mh.c's three):
  * each host runs the same schedule on its accumulator, as steps of sends
- * and receives that the communicator's transport (mh->xport) carries out.
+ * and receives that the step engine (step.c) carries out over the
+ * communicator's transport (mh->xport).
  * Direct (small), ring, recursive doubling or Rabenseifner for all-reduce,
  * ring reduce-scatter/all-gather, scatter + ring all-gather (or direct, if
  * small) for broadcast, dissemination for barrier. Nothing here knows the
@@ -19,6 +20,7 @@
 #include "mh.h"
 #include "reduce.h"
 #include "schedule.h"
+#include "step.h"
 #include "xport.h"
 
 #define DIRECT_MAX	(4u << 20)	/* direct: (H - 1) x this in scratch; ring above */
@@ -37,7 +39,7 @@ struct run {
 
 static int step(struct run *x, const struct kd_step *st)
 {
-	return x->mh->xport->run_steps(x->mh, x->op, st, 1, x->step++, false, &x->bad_host);
+	return kd_step_run(x->mh, x->op, st, 1, x->step++, false, &x->bad_host);
 }
 
 static void xfer(struct kd_xfer *f, uint32_t host, const struct kd_range *r, uint32_t nr)
@@ -143,7 +145,7 @@ static int ring(struct run *x, const struct segs *sg, bool rs, bool ag)
 			}
 		}
 	}
-	r = n ? mh->xport->run_steps(mh, x->op, st, n, x->step, true, &x->bad_host) : 0;
+	r = n ? kd_step_run(mh, x->op, st, n, x->step, true, &x->bad_host) : 0;
 	x->step += n;
 	free(st);
 	return r;

@@ -61,12 +61,15 @@ static void pick(void)
 
 		if (named && x != named)
 			continue;
-		if (!x->init) {
+		why[0] = 0;
+		if (x->version != KD_XPORT_VERSION || x->size != sizeof(*x)) {
+			/* built against another xport.h: not this daemon's */
+			snprintf(why, sizeof(why), "interface version %u size %u, kcolld has %u size %zu",
+				 x->version, x->size, KD_XPORT_VERSION, sizeof(*x));
+		} else if (!x->init) {
 			picked = x;
 			break;
-		}
-		why[0] = 0;
-		if (!x->init(why, sizeof(why))) {
+		} else if (!x->init(why, sizeof(why))) {
 			picked = x;	/* its init logged what it runs on */
 			snprintf(choice, sizeof(choice), "%s", x->name);
 			return;

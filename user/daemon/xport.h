@@ -1,8 +1,43 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The transport ops table: how the steps of a multi-host op move bytes
- * between daemons (xport_tcp.c, xport_rdma.c; xport.c picks one, net.c
- * gives it to each new communicator as mh->xport, mh.c calls it).
+ * The transport interface: how pieces move between daemons. A transport is
+ * a byte mover in the spirit of NCCL's ncclNet_t: it knows hosts, streams
+ * and pieces (a struct kd_p_data header plus payload), nothing of ops,
+ * communicators, steps, reductions or C4. The one step engine (step.c) runs
+ * an inter-host algorithm's steps over it: cursors, chaining, receive-side
+ * reduction, cancellation, the watchdog's fields and the C4 observation.
+ *
+ * Transports: TCP (xport_tcp.c) implements this interface. RDMA (xport_rdma.c) still runs its
+ * own step loop through the legacy entry run_steps (it reads the kd_mh and
+ * the op itself); porting it onto send/recv/poll, its slots becoming rx
+ * pieces that release() reposts, is the next step. xport.c picks one for new
+ * communicators; net.c gives it to each as mh->xport.
+ *
+ * The contract of the narrow interface:
+ *   - open() gets what the transport needs (struct kd_xport_env) and returns
+ *     its context; every other call gets that context. One thread (the
+ *     comm's net thread) calls send, recv, poll, release and wait_fds;
+ *     close() comes after that thread stopped.
+ *   - Streams are ordered: pieces sent on (host, stream) arrive in that
+ *     order on the peer's (self, stream). Different streams are independent.
+ *   - send() queues one piece: the header is copied, the payload (len bytes
+ *     at buf) must stay untouched until the piece's KD_XEV_TX event. A
+ *     stream holds one send at a time: -EBUSY while one is in flight.
+ *   - recv() posts the receive of the next piece on (host, stream), of len
+ *     bytes payload; one at a time per stream (-EBUSY). A streamed transport
+ *     (TCP) receives straight into buf; one with buffers of its own
+ *     (loopback, RDMA slots) may hand over its own instead: the KD_XEV_RX
+ *     event's data says where the payload is, and when that is not buf the
+ *     engine calls release(ev->rx) once it has used it.
+ *   - poll() never blocks: it moves what can move and returns how many
+ *     events it wrote (at most max) or -errno for the whole transport; it
+ *     sets *moved when any byte moved (progress for the watchdog). Per piece
+ *     failures are events with err set: -ECONNRESET (the stream broke) or
+ *     -EPROTO (what arrived is not the piece posted: ev->hdr is the header
+ *     that came, for the engine to say why).
+ *   - wait_fds() lists the descriptors to sleep on in poll(2) until poll()
+ *     can make progress again; the engine adds its own (the abort eventfd).
+ *   - Errors are negative errnos.
  */
 #ifndef KCOLLD_XPORT_H
 #define KCOLLD_XPORT_H
@@ -11,34 +46,75 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wire.h"	/* struct kd_p_data: the piece header */
+
 struct kd_op;
 struct kd_step;
 struct kd_mh;
+struct pollfd;
 
-/*
- * The transport ops table: how steps move bytes between daemons. TCP
- * (xport_tcp.c) today; RDMA verbs plug in here. run_steps runs n steps
- * numbered first.. in order; chained (one send and one receive per step, the
- * send of step t being what step t - 1 received) lets piece j of step t go
- * once piece j of step t - 1 is in. Returns 0 or a negative errno with
- * *bad_host the host it failed on (or waited for).
- */
+#define KD_XPORT_VERSION	2	/* 1: run_steps only (the whole mh) */
+
+/* What open() gets: nothing of the communicator beyond hosts and streams. */
+struct kd_xport_env {
+	uint32_t nhosts, self, nstreams;
+	size_t piece;		/* the largest payload of one piece */
+	const int *fds;		/* [host * KD_MAX_STREAMS + stream]: connected byte
+				 * streams (-1: none), owned by the caller */
+	void *fabric;		/* in-process transports: what the hosts share */
+};
+
+enum kd_xev_kind { KD_XEV_TX = 1, KD_XEV_RX = 2 };
+
+/* One completion from poll(). */
+struct kd_xev {
+	uint32_t kind;		/* enum kd_xev_kind */
+	int err;		/* 0, or -errno: this piece failed */
+	uint32_t host, stream;
+	uint64_t cookie;	/* as given to send() / recv() */
+	int64_t t0;		/* kd_now_ns() when the piece's first byte moved */
+	const struct kd_p_data *hdr;	/* rx: the header that came (valid until
+					 * the next poll() or release) */
+	const uint8_t *data;	/* rx: the payload: recv()'s buf, or the transport's */
+	void *rx;		/* rx: non-NULL: release() it when done with data */
+};
+
 struct kd_xport_ops {
+	uint32_t size;		/* sizeof(struct kd_xport_ops) it was built with */
+	uint32_t version;	/* KD_XPORT_VERSION */
 	const char *name;
 	/* Once, when xport.c considers it: 0 if usable (it logs what it runs
 	 * on), else -errno with why filled in. NULL: always usable. */
 	int (*init)(char *why, size_t cap);
+
+	/* The narrow interface (see the contract above). */
+	int (*open)(const struct kd_xport_env *env, void **ctx);
+	int (*send)(void *ctx, uint32_t host, uint32_t stream, const struct kd_p_data *hdr,
+		    const void *buf, size_t len, uint64_t cookie);
+	int (*recv)(void *ctx, uint32_t host, uint32_t stream, void *buf, size_t len, uint64_t cookie);
+	int (*poll)(void *ctx, struct kd_xev *ev, uint32_t max, bool *moved);
+	void (*release)(void *ctx, void *rx);	/* NULL: never hands over its own */
+	uint32_t (*wait_fds)(void *ctx, struct pollfd *pfd, uint32_t cap);
+	/* kcollctl status: the transport's own state (json: one "key":value
+	 * member); NULL: nothing to show. Returns bytes written. */
+	size_t (*render)(void *ctx, char *buf, size_t cap, int json);
+	void (*close)(void *ctx);
+
+	/* Legacy entry (RDMA until it is ported): the transport runs the steps
+	 * itself on mh->xpriv. run_steps runs n steps numbered first.. in
+	 * order; chained (one send and one receive per step, the send of step t
+	 * being what step t - 1 received) lets piece j of step t go once piece j
+	 * of step t - 1 is in. 0 or -errno with *bad_host the host it failed on
+	 * (or waited for). legacy_close releases mh->xpriv after the net thread
+	 * stopped; legacy_render is render's counterpart. */
 	int (*run_steps)(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
 			 uint32_t first, bool chain, uint32_t *bad_host);
-	/* Release mh->xpriv (the net thread has stopped); NULL: nothing to. */
-	void (*close)(struct kd_mh *mh);
-	/* kcollctl status: the transport's own state for mh (json: one
-	 * "key":value member); NULL: nothing to show. Returns bytes written. */
-	size_t (*render)(struct kd_mh *mh, char *buf, size_t cap, int json);
+	void (*legacy_close)(struct kd_mh *mh);
+	size_t (*legacy_render)(struct kd_mh *mh, char *buf, size_t cap, int json);
 };
 
 extern const struct kd_xport_ops kd_xport_tcp;	/* xport_tcp.c */
-extern const struct kd_xport_ops kd_xport_rdma;	/* xport_rdma.c */
+extern const struct kd_xport_ops kd_xport_rdma;	/* xport_rdma.c (legacy entry) */
 
 /* xport.c: the transport new communicators use (KCOLL_NET_XPORT; auto: the
  * best whose init succeeds, RDMA before TCP, logging why once). */

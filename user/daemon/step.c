@@ -1,0 +1,476 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The step engine: runs the steps of an inter-host algorithm over any
+ * transport of the narrow interface (xport.h), which only moves pieces.
+ * Each transfer is cut into pieces (ranges cut at mh->piece bytes); piece i
+ * of a transfer travels on stream u[i % nu] of that peer, u being the
+ * streams the C4 plan leaves in use toward it, so the receiver knows what
+ * comes next on every stream without asking. Every piece carries a header
+ * (op seq, step, piece, the op's parameter signature): a peer out of step
+ * or disagreeing about the op is caught on its first piece, not by corrupt
+ * results.
+ *
+ * All sends and receives of the steps progress together, one cursor per
+ * transfer and stream; a received piece is reduced as soon as it is in,
+ * while the transport keeps moving the following ones: network transfer,
+ * reduction and the next send overlap. Here too: chaining (a ring step's
+ * piece j leaves once the previous step's piece j is in), cancellation (the
+ * comm's limit_seq, woken through its abort eventfd), the watchdog's fields
+ * (mh->last_progress, wait_host) and the C4 link observation (bytes and
+ * busy time per stream, for c4d.c). The loop sleeps in poll(2) on what the
+ * transport names and the abort eventfd.
+ *
+ * Transports with the legacy entry (RDMA) still run their own loop:
+ * kd_step_run hands the steps to their run_steps.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kcolld.h"
+#include "log.h"
+#include "mh.h"
+#include "reduce.h"
+#include "step.h"
+#include "xport.h"
+
+struct kd_piece *kd_xfer_cut(const struct kd_xfer *x, size_t piece, uint32_t *n)
+{
+	uint32_t cnt = 0, i = 0;
+	struct kd_piece *p;
+
+	for (uint32_t k = 0; k < x->nr; k++)
+		cnt += (x->r[k].len + piece - 1) / piece;
+	p = malloc((cnt ? cnt : 1) * sizeof(*p));
+	if (!p)
+		return NULL;
+	for (uint32_t k = 0; k < x->nr; k++)
+		for (uint64_t o = 0; o < x->r[k].len; o += piece)
+			p[i++] = (struct kd_piece){ x->r[k].off + o,
+						    x->r[k].len - o < piece ? x->r[k].len - o : piece };
+	if (!cnt)
+		p[0] = (struct kd_piece){ 0, 0 };
+	*n = cnt ? cnt : 1;
+	return p;
+}
+
+/* Which streams a transfer's pieces use: piece j goes on u[j % nu]. Both ends
+ * of a host pair use the same (the C4 plan they agreed leaves some unused). */
+struct smap {
+	uint8_t u[KD_MAX_STREAMS];
+	uint32_t nu;
+};
+
+static void smap_of(const struct kd_mh *mh, uint32_t host, struct smap *m)
+{
+	uint32_t avoid;
+
+	pthread_mutex_lock((pthread_mutex_t *)&mh->plan_lock);
+	avoid = mh->hosts[host].avoid;
+	pthread_mutex_unlock((pthread_mutex_t *)&mh->plan_lock);
+	m->nu = 0;
+	for (uint32_t s = 0; s < mh->nstreams; s++)
+		if (!(avoid & (1u << s)))
+			m->u[m->nu++] = (uint8_t)s;
+	if (!m->nu)
+		for (uint32_t s = 0; s < mh->nstreams; s++)
+			m->u[m->nu++] = (uint8_t)s;
+}
+
+struct cursor {
+	uint32_t host, stream;
+	bool send;
+	bool posted;		/* piece 'next' is with the transport */
+	bool done;
+	const uint8_t *base;	/* send: source */
+	uint8_t *dst;		/* receive without reduction: destination */
+	const uint8_t *src;	/* receive with reduction: our operand (result: acc) */
+	struct kd_piece *pieces;	/* this transfer's, all streams */
+	uint32_t npieces;
+	uint32_t next;		/* next piece index (this stream's: s, s + S, ...) */
+	uint32_t stride;
+	uint32_t step;
+	uint8_t *rx;		/* receive with reduction: staging */
+	struct kd_p_data hdr;	/* send: piece 'next''s header */
+	struct cursor *prev;	/* same stream, previous step: finishes first */
+	struct cursor *dep;	/* chained send: piece j waits for piece j of the previous
+				 * step's receive, whose cursors start at dep */
+	const struct smap *dmap;	/* ... and whose pieces map to streams so */
+};
+
+/* Chained send: does piece 'next' still wait for the previous step's? */
+static bool dep_wait(const struct cursor *c)
+{
+	const struct cursor *d;
+
+	if (!c->dep)
+		return false;
+	d = &c->dep[c->dmap->u[c->next % c->dmap->nu]];
+	return !d->done && d->next <= c->next;
+}
+
+/* Every earlier cursor on the same stream must be done first (a step may
+ * have no piece on a stream: look past it). */
+static bool gated(const struct cursor *c)
+{
+	for (const struct cursor *p = c->prev; p; p = p->prev)
+		if (!p->done)
+			return true;
+	return false;
+}
+
+/* C4 link observation: a large piece moved on its stream since t0. */
+static void observe(struct kd_mh *mh, const struct cursor *c, int64_t t0, uint64_t len)
+{
+	struct kd_mh_host *hh = &mh->hosts[c->host];
+
+	if (len < KD_C4_OBS_MIN)
+		return;
+	atomic_fetch_add_explicit(&hh->obs_bytes[c->stream][c->send], len, memory_order_relaxed);
+	atomic_fetch_add_explicit(&hh->obs_busy[c->stream][c->send], kd_now_ns() - t0,
+				  memory_order_relaxed);
+}
+
+/* The header of piece 'next' that arrived on c: the one expected? */
+static int check_hdr(const struct kd_mh *mh, const struct kd_op *op, const struct cursor *c,
+		     const struct kd_p_data *h)
+{
+	uint64_t len = c->pieces[c->next].len;
+
+	if (h->hdr.magic != KD_PEER_MAGIC || h->hdr.type != KD_P_DATA) {
+		kc_warn("comm %s: host %u sent garbage on a data stream", op->comm->name, c->host);
+		return -EPROTO;
+	}
+	if (h->hdr.reserved != mh->sig) {
+		kc_warn("comm %s: op %llu: host %u runs a different operation (type, count, dtype, op or "
+			"root differ)", op->comm->name, (unsigned long long)op->seq, c->host);
+		return -EBADMSG;
+	}
+	if (h->seq != op->seq || h->step != c->step || h->piece != c->next || h->hdr.len != sizeof(*h) + len) {
+		kc_warn("comm %s: host %u is out of step (op %llu step %u piece %u, expected op %llu step %u "
+			"piece %u)", op->comm->name, c->host, (unsigned long long)h->seq, h->step, h->piece,
+			(unsigned long long)op->seq, c->step, c->next);
+		return -EPROTO;
+	}
+	return 0;
+}
+
+/* Piece 'next' of receive cursor c is in (at data): reduce or store it. */
+static int piece_in(struct kd_mh *mh, const struct cursor *c, const uint8_t *data)
+{
+	const struct kd_piece *p = &c->pieces[c->next];
+
+	if (!p->len)
+		return 0;
+	if (c->rx) {
+		/* The same order on every host: the lower host's data first. */
+		const void *in[2];
+		const uint8_t *mine = c->src + p->off;
+
+		in[0] = c->host < mh->self ? (const void *)data : mine;
+		in[1] = c->host < mh->self ? (const void *)mine : data;
+		return kcoll_reduce_n(mh->dtype, mh->redop, mh->acc + p->off, in, 2, p->len / mh->esz);
+	}
+	if (data != c->dst + p->off)
+		memcpy(c->dst + p->off, data, p->len);
+	return 0;
+}
+
+static void advance(struct cursor *c)
+{
+	c->posted = false;
+	c->next += c->stride;
+	c->done = c->next >= c->npieces;
+}
+
+/* Hand piece 'next' of c to the transport. */
+static int post(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, uint32_t idx)
+{
+	const struct kd_xport_ops *x = mh->xport;
+	const struct kd_piece *p = &c->pieces[c->next];
+	int r;
+
+	if (c->send) {
+		c->hdr = (struct kd_p_data){
+			.hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_DATA,
+				 .len = (uint32_t)(sizeof(c->hdr) + p->len), .reserved = mh->sig },
+			.seq = op->seq, .step = c->step, .piece = c->next,
+		};
+		r = x->send(mh->xpriv, c->host, c->stream, &c->hdr, c->base + p->off, p->len, idx);
+	} else {
+		r = x->recv(mh->xpriv, c->host, c->stream, c->rx ? c->rx : c->dst + p->off, p->len, idx);
+	}
+	if (!r)
+		c->posted = true;
+	return r;
+}
+
+/* One completion: advance its cursor. */
+static int complete(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, const struct kd_xev *ev)
+{
+	const struct kd_piece *p = &c->pieces[c->next];
+	int r = ev->err;
+
+	if (ev->kind == KD_XEV_TX) {
+		if (r)
+			return r;
+		atomic_fetch_add(&mh->bytes_sent, p->len + sizeof(struct kd_p_data));
+		observe(mh, c, ev->t0, p->len);
+		advance(c);
+		return 0;
+	}
+	if (ev->hdr && (!r || r == -EPROTO)) {
+		int h = check_hdr(mh, op, c, ev->hdr);
+
+		r = h ? h : r;
+	}
+	if (!r)
+		r = piece_in(mh, c, ev->data);
+	if (ev->rx)
+		mh->xport->release(mh->xpriv, ev->rx);
+	if (r)
+		return r;
+	atomic_fetch_add(&mh->bytes_recv, p->len + sizeof(struct kd_p_data));
+	observe(mh, c, ev->t0, p->len);
+	advance(c);
+	return 0;
+}
+
+static int open_xport(struct kd_mh *mh)
+{
+	int fds[KD_MAX_HOSTS * KD_MAX_STREAMS];	/* open copies what it needs */
+	struct kd_xport_env env = { .nhosts = mh->nhosts, .self = mh->self, .nstreams = mh->nstreams,
+				    .piece = mh->piece, .fds = fds, .fabric = mh->xfabric };
+
+	for (uint32_t h = 0; h < mh->nhosts; h++)
+		for (uint32_t s = 0; s < KD_MAX_STREAMS; s++)
+			fds[h * KD_MAX_STREAMS + s] = mh->hosts[h].data[s];
+	return mh->xport->open(&env, &mh->xpriv);
+}
+
+int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
+		uint32_t first, bool chain, uint32_t *bad_host)
+{
+	const struct kd_xport_ops *x = mh->xport;
+	struct kd_comm *comm;
+	uint32_t S = mh->nstreams, nc = 0, k = 0, nl = 0, nfd = 0;
+	struct cursor *cs = NULL;
+	struct kd_piece **lists = NULL;
+	struct smap *maps = NULL;
+	struct pollfd *pfd = NULL;
+	struct kd_xev *ev = NULL;
+	int64_t slack, idle_since = 0;
+	bool spin = true;
+	int r = 0;
+
+	if (x->run_steps)
+		return x->run_steps(mh, op, st, n, first, chain, bad_host);
+	*bad_host = KCOLL_RANK_NONE;
+	comm = op->comm;
+	/* Backstop only: the watchdog's query round normally ends a hang first. */
+	slack = comm->timeout_ns + 2000000000LL;
+	if (!mh->xpriv) {
+		r = open_xport(mh);
+		if (r)
+			return r;
+	}
+	for (uint32_t t = 0; t < n; t++)
+		nc += (st[t].nsend + st[t].nrecv) * S;
+	nfd = 2 * mh->nhosts * S + 1;
+	cs = calloc(nc ? nc : 1, sizeof(*cs));
+	lists = calloc(nc ? nc : 1, sizeof(*lists));
+	maps = calloc(nc ? nc : 1, sizeof(*maps));
+	ev = calloc(nc ? nc : 1, sizeof(*ev));
+	pfd = calloc(nfd, sizeof(*pfd));
+	if (!cs || !pfd || !lists || !maps || !ev) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if (mh->rx_size < mh->piece) {
+		for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++) {
+			free(mh->rx[i]);
+			mh->rx[i] = NULL;
+		}
+		mh->rx_size = mh->piece;
+	}
+	for (uint32_t t = 0; t < n; t++) {
+		for (uint32_t i = 0; i < st[t].nsend + st[t].nrecv; i++) {
+			bool send = i < st[t].nsend;
+			const struct kd_xfer *xf = send ? &st[t].send[i] : &st[t].recv[i - st[t].nsend];
+			uint32_t np = 0;
+
+			lists[nl] = kd_xfer_cut(xf, mh->piece, &np);
+			smap_of(mh, xf->host, &maps[nl]);
+			if (np > S)
+				spin = false;	/* more than one piece per stream: large */
+			if (!lists[nl]) {
+				r = -ENOMEM;
+				goto out;
+			}
+			for (uint32_t s = 0; s < S; s++, k++) {
+				struct cursor *c = &cs[k];
+				uint32_t idx = UINT32_MAX;	/* a stream this transfer leaves unused */
+
+				c->host = xf->host;
+				c->send = send;
+				c->base = xf->base ? xf->base : mh->acc;
+				c->dst = xf->dst ? xf->dst : mh->acc;
+				c->src = xf->src ? xf->src : mh->acc;
+				c->pieces = lists[nl];
+				c->npieces = np;
+				for (uint32_t u = 0; u < maps[nl].nu; u++)
+					if (maps[nl].u[u] == s)
+						idx = u;
+				c->next = idx == UINT32_MAX ? np : idx;
+				c->stride = maps[nl].nu;
+				c->step = first + t;
+				c->stream = s;
+				c->done = c->next >= np;
+				if (t && chain) {
+					/* cursors of a chained step: send s, recv s (2S each) */
+					c->prev = &cs[k - 2 * S];
+					if (send) {
+						c->dep = &cs[k - s - 2 * S + S];
+						c->dmap = &maps[nl - 1];
+					}
+				}
+				if (!send && st[t].reduce) {
+					uint32_t slot = xf->host * KD_MAX_STREAMS + s;
+
+					if (!mh->rx[slot])
+						mh->rx[slot] = malloc(mh->rx_size);
+					if (!mh->rx[slot]) {
+						r = -ENOMEM;
+						goto out;
+					}
+					c->rx = mh->rx[slot];
+				}
+			}
+			nl++;
+		}
+	}
+	for (;;) {
+		bool progress = false;
+		uint32_t pending = 0, np;
+		int ne;
+
+		for (uint32_t i = 0; i < nc; i++) {
+			struct cursor *c = &cs[i];
+
+			if (c->done)
+				continue;
+			pending++;
+			if (c->posted || gated(c) || (c->send && dep_wait(c)))
+				continue;
+			r = post(mh, op, c, i);
+			if (r) {
+				*bad_host = c->host;
+				goto out;
+			}
+		}
+		if (!pending)
+			break;
+		ne = x->poll(mh->xpriv, ev, nc, &progress);
+		if (ne < 0) {
+			r = ne;
+			goto out;
+		}
+		for (int e = 0; e < ne; e++) {
+			struct cursor *c = &cs[ev[e].cookie];
+
+			r = complete(mh, op, c, &ev[e]);
+			if (r) {
+				*bad_host = c->host;
+				/* the transport hands over no piece of the rest: drop them */
+				for (int f = e + 1; f < ne; f++)
+					if (ev[f].rx)
+						x->release(mh->xpriv, ev[f].rx);
+				goto out;
+			}
+		}
+		if (op->seq >= __atomic_load_n(&comm->limit_seq, __ATOMIC_RELAXED)) {
+			r = -ECANCELED;	/* the comm was aborted: its error is the op's */
+			goto out;
+		}
+		if (progress || ne) {
+			idle_since = 0;
+			atomic_store(&mh->last_progress, kd_now_ns());
+			continue;
+		}
+		/* Small transfers: poll a little before sleeping, yielding the CPU
+		 * to whoever has work (KCOLL_SPIN_US, as the ring threads do). Large
+		 * ones keep the pipes full anyway, and polling would only take CPU
+		 * from the peers' copies on a shared machine. */
+		if (!idle_since)
+			idle_since = kd_now_ns();
+		if (spin && kd_now_ns() - idle_since < kd.spin_ns) {
+			sched_yield();
+			continue;
+		}
+		for (uint32_t i = 0; i < nc; i++) {
+			const struct cursor *c = &cs[i];
+
+			/* The watchdog names the host we wait for. */
+			if (!c->done && !c->send && c->posted) {
+				mh->wait_host = c->host;
+				mh->wait_stream = c->stream;
+			}
+		}
+		np = x->wait_fds(mh->xpriv, pfd, nfd - 1);
+		pfd[np++] = (struct pollfd){ .fd = mh->abort_fd, .events = POLLIN };
+		int64_t left = (atomic_load(&mh->last_progress) + slack - kd_now_ns()) / 1000000;
+
+		if (left <= 0) {
+			*bad_host = mh->wait_host;
+			r = -ETIMEDOUT;
+			goto out;
+		}
+		if (poll(pfd, np, left < 100 ? (int)left : 100) > 0 && (pfd[np - 1].revents & POLLIN)) {
+			uint64_t v;
+
+			if (read(mh->abort_fd, &v, sizeof(v)) < 0)
+				v = 0;
+		}
+	}
+out:
+	for (uint32_t i = 0; lists && i < nl; i++)
+		free(lists[i]);
+	free(lists);
+	free(maps);
+	free(cs);
+	free(ev);
+	free(pfd);
+	if (r && mh->xpriv && x->close) {
+		/* Pieces of the failed op may be in flight: a fresh context for
+		 * the next op (the streams themselves belong to net.c). */
+		x->close(mh->xpriv);
+		mh->xpriv = NULL;
+	}
+	return r;
+}
+
+void kd_step_close(struct kd_mh *mh)
+{
+	const struct kd_xport_ops *x = mh->xport;
+
+	if (x->run_steps) {
+		if (x->legacy_close)
+			x->legacy_close(mh);
+		return;
+	}
+	if (mh->xpriv && x->close)
+		x->close(mh->xpriv);
+	mh->xpriv = NULL;
+}
+
+size_t kd_step_render(struct kd_mh *mh, char *buf, size_t cap, int json)
+{
+	const struct kd_xport_ops *x = mh->xport;
+
+	if (x->run_steps)
+		return x->legacy_render ? x->legacy_render(mh, buf, cap, json) : 0;
+	return x->render && mh->xpriv ? x->render(mh->xpriv, buf, cap, json) : 0;
+}
