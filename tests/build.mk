@@ -13,6 +13,8 @@ CHECK_TARGETS += $(TEST_BINS)
 
 # The daemon's schedules over an in-process loopback transport.
 $(OBJ)/tests/test_sched.o: CPPFLAGS += -Iuser/daemon
+# The step engine over the in-process loopback transport.
+$(OBJ)/tests/test_step.o: CPPFLAGS += -Iuser/daemon
 
 # exec.c's jobs on the worker pool.
 $(OBJ)/tests/test_exec_job.o: CPPFLAGS += -Iuser/daemon

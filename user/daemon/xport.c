@@ -14,6 +14,7 @@
 #include "log.h"
 #include "xport.h"
 
+/* kd_xport_loop (xport_loop.c) is for tests: its hosts live in one process. */
 static const struct kd_xport_ops *const xports[] = { &kd_xport_rdma, &kd_xport_tcp };
 #define NXPORTS (sizeof(xports) / sizeof(xports[0]))
 

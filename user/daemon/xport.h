@@ -7,7 +7,8 @@
  * an inter-host algorithm's steps over it: cursors, chaining, receive-side
  * reduction, cancellation, the watchdog's fields and the C4 observation.
  *
- * Transports: TCP (xport_tcp.c) implements this interface. RDMA (xport_rdma.c) still runs its
+ * Transports: TCP (xport_tcp.c) and the in-process loopback (xport_loop.c,
+ * for tests) implement this interface. RDMA (xport_rdma.c) still runs its
  * own step loop through the legacy entry run_steps (it reads the kd_mh and
  * the op itself); porting it onto send/recv/poll, its slots becoming rx
  * pieces that release() reposts, is the next step. xport.c picks one for new
@@ -115,6 +116,18 @@ struct kd_xport_ops {
 
 extern const struct kd_xport_ops kd_xport_tcp;	/* xport_tcp.c */
 extern const struct kd_xport_ops kd_xport_rdma;	/* xport_rdma.c (legacy entry) */
+extern const struct kd_xport_ops kd_xport_loop;	/* xport_loop.c (tests) */
+
+/* xport_loop.c: the hosts of one in-process "network" (env->fabric of
+ * kd_xport_loop). NULL when out of memory. */
+struct kd_loop_fabric;
+struct kd_loop_fabric *kd_loop_fabric_new(uint32_t nhosts, uint32_t nstreams);
+void kd_loop_fabric_free(struct kd_loop_fabric *f);
+/* Pieces sent and not yet received, over all queues. */
+uint32_t kd_loop_fabric_pending(struct kd_loop_fabric *f);
+/* Tests: corrupt the n-th piece sent from now on (counting from 1) once:
+ * payload: flip a byte of it; else bump its header's step. */
+void kd_loop_fabric_corrupt(struct kd_loop_fabric *f, uint32_t nth, bool payload);
 
 /* xport.c: the transport new communicators use (KCOLL_NET_XPORT; auto: the
  * best whose init succeeds, RDMA before TCP, logging why once). */

@@ -1,0 +1,515 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The step engine (user/daemon/step.c) over the loopback transport
+ * (xport_loop.c): every host of a communicator is a thread of this process,
+ * and the schedules of schedule.c run through the engine exactly as in
+ * kcolld, over 1..3 streams and small pieces (so transfers are cut, spread
+ * over streams and chained piece by piece). For 1..9 hosts, every result
+ * byte is checked against a reference computed here:
+ *   - all-reduce with every algorithm (auto, ring, recursive doubling,
+ *     Rabenseifner, direct): i32, f32, f64, i64, u8 (sum wraps), max; sizes
+ *     0, 1, 7, 1001 and 65537 elements (not divisible by the host count);
+ *     the input read in place (in0); a C4 plan leaving a stream unused
+ *   - reduce-scatter and all-gather, ranks one per host, two per host and
+ *     dealt round-robin; broadcast from several roots, direct and
+ *     scatter + ring; barrier
+ * and the engine's failure paths:
+ *   - a piece whose payload is damaged on the way: the byte check sees it
+ *     (the proof that this test can fail)
+ *   - a damaged header (another step): the receiver fails with -EPROTO
+ *     naming the sender; a host running another op (signature): -EBADMSG
+ *   - the comm aborted while hosts wait for a silent one: -ECANCELED
+ *   - a host that never answers: -ETIMEDOUT naming it
+ * Every sent piece must have been received when an op succeeds.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <kcoll/kcoll.h>
+
+#include "kcoll/tap.h"
+
+#include "kcolld.h"
+#include "mh.h"
+#include "reduce.h"
+#include "schedule.h"
+#include "step.h"
+#include "xport.h"
+
+#define MAXH	9
+
+/* How one run is set up, beyond the op. */
+struct cfg {
+	uint32_t nstreams;
+	size_t piece;
+	uint32_t avoid;		/* streams every host pair leaves unused (C4 plan) */
+	int silent;		/* this host never runs (-1: none) */
+	int64_t timeout_ns;
+	uint32_t corrupt_nth;	/* kd_loop_fabric_corrupt (0: none) */
+	bool corrupt_payload;
+	int other_sig;		/* this host runs another op (-1: none) */
+	bool cancel;		/* abort the comm once the others wait */
+};
+
+static const struct cfg CFG = { .nstreams = 2, .piece = 4096, .silent = -1, .timeout_ns = 10000000000LL,
+				.other_sig = -1 };
+
+struct host {
+	struct kd_mh mh;
+	struct kd_sched_op sop;
+	struct kd_op *op;
+	int r;
+	uint32_t bad;
+	pthread_t t;
+};
+
+static struct kd_comm comm;
+static struct host hs[MAXH];
+static uint32_t nh;
+
+/* A failed host aborts the comm, as kcolld does: the others stop waiting. */
+static void abort_all(void)
+{
+	uint64_t one = 1;
+
+	__atomic_store_n(&comm.limit_seq, 0, __ATOMIC_RELAXED);
+	for (uint32_t h = 0; h < nh; h++)
+		if (write(hs[h].mh.abort_fd, &one, sizeof(one)) < 0)
+			abort();
+}
+
+static bool abort_on_fail;
+
+static void *host_main(void *arg)
+{
+	struct host *h = arg;
+
+	h->r = kd_sched_run(&h->mh, h->op, &h->sop, &h->bad);
+	if (h->r && abort_on_fail)
+		abort_all();
+	return NULL;
+}
+
+/* Runs sop (per host: acc[h], in0[h] or NULL) on H hosts. Returns 0 when
+ * every running host returned 0 and every piece sent was received, else -1
+ * with *why set; r[h] and bad[h] what each host returned. */
+static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_dtype dt, enum kcoll_redop redop,
+	       const struct kd_sched_op *sop, uint8_t **acc, const uint8_t **in0, uint16_t *rank_host, int *r,
+	       uint32_t *bad, char *why, size_t cap)
+{
+	static struct kd_op op;
+	struct kd_loop_fabric *f = kd_loop_fabric_new(H, cf->nstreams);
+	int rc = 0;
+
+	if (!f)
+		abort();
+	memset(hs, 0, sizeof(hs));
+	nh = H;
+	snprintf(comm.name, sizeof(comm.name), "test");
+	comm.timeout_ns = cf->timeout_ns;
+	comm.limit_seq = UINT64_MAX;
+	op.comm = &comm;
+	op.seq = 1;
+	abort_on_fail = !cf->cancel && cf->silent < 0;
+	if (cf->corrupt_nth)
+		kd_loop_fabric_corrupt(f, cf->corrupt_nth, cf->corrupt_payload);
+	for (uint32_t h = 0; h < H; h++) {
+		struct kd_mh *mh = &hs[h].mh;
+
+		mh->nhosts = H;
+		mh->self = h;
+		mh->nstreams = cf->nstreams;
+		mh->algo = algo;
+		mh->hosts = calloc(H, sizeof(*mh->hosts));
+		if (!mh->hosts)
+			abort();
+		for (uint32_t g = 0; g < H; g++) {
+			for (uint32_t s = 0; s < KD_MAX_STREAMS; s++)
+				mh->hosts[g].data[s] = -1;
+			mh->hosts[g].avoid = cf->avoid;
+		}
+		pthread_mutex_init(&mh->plan_lock, NULL);
+		mh->abort_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (mh->abort_fd < 0)
+			abort();
+		mh->xport = &kd_xport_loop;
+		mh->xfabric = f;
+		mh->acc = acc[h];
+		mh->piece = cf->piece;
+		mh->sig = (int)h == cf->other_sig ? 0x5eed : 0xc0ffee;
+		mh->dtype = dt;
+		mh->redop = redop;
+		mh->esz = kcoll_dtype_size(dt);
+		mh->rank_host = rank_host;
+		atomic_store(&mh->last_progress, kd_now_ns());
+		hs[h].op = &op;
+		hs[h].sop = *sop;
+		hs[h].sop.in0 = in0 ? in0[h] : NULL;
+	}
+	for (uint32_t h = 0; h < H; h++)
+		if ((int)h != cf->silent && pthread_create(&hs[h].t, NULL, host_main, &hs[h]))
+			abort();
+	if (cf->cancel) {
+		struct timespec ts = { 0, 200000000 };
+
+		nanosleep(&ts, NULL);	/* the others are waiting for the silent host */
+		abort_all();
+	}
+	*why = 0;
+	for (uint32_t h = 0; h < H; h++)
+		if ((int)h != cf->silent)
+			pthread_join(hs[h].t, NULL);
+	/* All joined first: a failing host writes every host's abort_fd. */
+	for (uint32_t h = 0; h < H; h++) {
+		struct kd_mh *mh = &hs[h].mh;
+
+		r[h] = hs[h].r;
+		bad[h] = hs[h].bad;
+		if (hs[h].r && !rc) {
+			snprintf(why, cap, "host %u: %s (host at fault %d)", h, strerror(-hs[h].r), (int)hs[h].bad);
+			rc = -1;
+		}
+		kd_step_close(mh);
+		for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++)
+			free(mh->rx[i]);
+		free(mh->snap);
+		free(mh->hosts);
+		close(mh->abort_fd);
+		pthread_mutex_destroy(&mh->plan_lock);
+	}
+	if (!rc && kd_loop_fabric_pending(f)) {
+		snprintf(why, cap, "%u piece(s) sent were never received", kd_loop_fabric_pending(f));
+		rc = -1;
+	}
+	kd_loop_fabric_free(f);
+	return rc;
+}
+
+/* ---- values and their reference results ------------------------------------ */
+
+static const char *const algo_name[] = { "auto", "ring", "rd", "rabenseifner", "direct" };
+
+/* Small integers, exact in every type (u8: 0..200). */
+static int64_t val(uint32_t h, size_t i, enum kcoll_dtype dt)
+{
+	int64_t v = (int64_t)((h * 7919u + i * 104729u + 13) % 201u);
+
+	return dt == KCOLL_U8 ? v : v - 100;
+}
+
+static void put(enum kcoll_dtype dt, uint8_t *p, size_t i, int64_t v)
+{
+	switch (dt) {
+	case KCOLL_F32: ((float *)p)[i] = (float)v; break;
+	case KCOLL_F64: ((double *)p)[i] = (double)v; break;
+	case KCOLL_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+	case KCOLL_I64: ((int64_t *)p)[i] = v; break;
+	case KCOLL_U8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+	default: abort();
+	}
+}
+
+static int64_t want(uint32_t H, size_t i, enum kcoll_dtype dt, enum kcoll_redop redop)
+{
+	int64_t w = val(0, i, dt);
+
+	for (uint32_t h = 1; h < H; h++)
+		w = redop == KCOLL_MAX ? (val(h, i, dt) > w ? val(h, i, dt) : w) : w + val(h, i, dt);
+	return w;
+}
+
+/* Bytes of acc that differ from the encoded reference. */
+static size_t wrong_bytes(const uint8_t *acc, const uint8_t *ref, size_t bytes)
+{
+	size_t n = 0;
+
+	for (size_t b = 0; b < bytes; b++)
+		n += acc[b] != ref[b];
+	return n;
+}
+
+struct ar {
+	uint32_t H;
+	enum kd_algo algo;
+	enum kcoll_dtype dt;
+	enum kcoll_redop redop;
+	size_t count;
+	bool fused;
+};
+
+/* All-reduce; returns the wrong bytes over all hosts (SIZE_MAX: failed). */
+static size_t allreduce(const struct ar *a, const struct cfg *cf, int *r, uint32_t *bad, char *why, size_t cap)
+{
+	size_t esz = kcoll_dtype_size(a->dt), bytes = a->count * esz, wrong = 0;
+	uint8_t *acc[MAXH], *in[MAXH], *ref = malloc(bytes + 1);
+	const uint8_t *in0[MAXH];
+	struct kd_sched_op sop = { .opcode = KCOLL_OP_ALLREDUCE, .bytes = bytes, .esz = esz };
+
+	for (size_t i = 0; i < a->count; i++)
+		put(a->dt, ref, i, want(a->H, i, a->dt, a->redop));
+	for (uint32_t h = 0; h < a->H; h++) {
+		acc[h] = malloc(bytes + 1);
+		in[h] = malloc(bytes + 1);
+		for (size_t i = 0; i < a->count; i++)
+			put(a->dt, in[h], i, val(h, i, a->dt));
+		if (a->fused)
+			memset(acc[h], 0xa5, bytes);	/* garbage: only in0 may be read */
+		else
+			memcpy(acc[h], in[h], bytes);
+		in0[h] = in[h];
+	}
+	int rc = run(a->H, cf, a->algo, a->dt, a->redop, &sop, acc, a->fused ? in0 : NULL, NULL, r, bad, why,
+		     cap);
+
+	for (uint32_t h = 0; h < a->H; h++) {
+		if (!rc)
+			wrong += wrong_bytes(acc[h], ref, bytes);
+		free(acc[h]);
+		free(in[h]);
+	}
+	free(ref);
+	return rc ? SIZE_MAX : wrong;
+}
+
+static void case_allreduce(const struct ar *a, const struct cfg *cf, const char *note)
+{
+	int r[MAXH];
+	uint32_t bad[MAXH];
+	char why[300];
+	size_t wrong = allreduce(a, cf, r, bad, why, sizeof(why));
+
+	tap_ok(!wrong, "all-reduce %s, %u host(s), %zu %s %s, %u stream(s), %zu B pieces%s%s: %s%s (wrong bytes %zu)",
+	       algo_name[a->algo], a->H, a->count, kcoll_dtype_name(a->dt), kcoll_redop_name(a->redop),
+	       cf->nstreams, cf->piece, a->fused ? ", input in place" : "", note,
+	       wrong == SIZE_MAX ? "failed: " : "every byte right on every host", wrong == SIZE_MAX ? why : "",
+	       wrong == SIZE_MAX ? 0 : wrong);
+}
+
+enum layout { ONE_PER_HOST, TWO_CONTIGUOUS, ROUND_ROBIN };
+static const char *const layout_name[] = { "one rank per host", "two contiguous ranks per host",
+					   "ranks dealt round-robin" };
+
+static void case_rsag(uint32_t H, bool rs, enum layout l, size_t count, const struct cfg *cf)
+{
+	uint16_t rank_host[2 * MAXH + 1];
+	uint32_t nranks, bad[MAXH];
+	int r[MAXH];
+	size_t block = count * 4, bytes, wrong = 0;
+	uint8_t *acc[MAXH];
+	char why[300];
+
+	nranks = l == ONE_PER_HOST ? H : 2 * H + (l == ROUND_ROBIN);
+	for (uint32_t k = 0; k < nranks; k++)
+		rank_host[k] = l == ONE_PER_HOST ? k : l == TWO_CONTIGUOUS ? k / 2 : k % H;
+	bytes = block * nranks;
+	struct kd_sched_op sop = { .opcode = rs ? KCOLL_OP_REDUCE_SCATTER : KCOLL_OP_ALLGATHER, .bytes = bytes,
+				   .block = block, .esz = 4, .nranks = nranks };
+
+	for (uint32_t h = 0; h < H; h++) {
+		acc[h] = malloc(bytes + 1);
+		memset(acc[h], 0xa5, bytes);
+		for (uint32_t k = 0; k < nranks; k++)
+			for (size_t i = 0; i < count; i++)
+				if (rs || rank_host[k] == h)	/* all-gather: only our ranks' blocks */
+					put(KCOLL_I32, acc[h], k * count + i, val(h, k * count + i, KCOLL_I32));
+	}
+	int rc = run(H, cf, KD_ALGO_AUTO, KCOLL_I32, KCOLL_SUM, &sop, acc, NULL, rank_host, r, bad, why,
+		     sizeof(why));
+
+	for (uint32_t h = 0; !rc && h < H; h++)
+		for (uint32_t k = 0; k < nranks; k++) {
+			if (rs && rank_host[k] != h)
+				continue;	/* reduce-scatter: host h holds its ranks' blocks */
+			for (size_t i = 0; i < count; i++) {
+				size_t e = k * count + i;
+				int64_t w = rs ? want(H, e, KCOLL_I32, KCOLL_SUM) : val(rank_host[k], e, KCOLL_I32);
+
+				wrong += ((int32_t *)acc[h])[e] != (int32_t)w;
+			}
+		}
+	tap_ok(!rc && !wrong, "%s, %u host(s), %s (%u ranks), %zu i32 per rank, %u stream(s): %s%s (wrong %zu)",
+	       rs ? "reduce-scatter" : "all-gather", H, layout_name[l], nranks, count, cf->nstreams,
+	       rc ? "failed: " : "every byte right", rc ? why : "", wrong);
+	for (uint32_t h = 0; h < H; h++)
+		free(acc[h]);
+}
+
+static void case_broadcast(uint32_t H, uint32_t root, size_t count, const struct cfg *cf)
+{
+	size_t bytes = count * 4, wrong = 0;
+	uint8_t *acc[MAXH];
+	uint32_t bad[MAXH];
+	int r[MAXH];
+	char why[300];
+	struct kd_sched_op sop = { .opcode = KCOLL_OP_BROADCAST, .bytes = bytes, .esz = 4, .root_host = root };
+
+	for (uint32_t h = 0; h < H; h++) {
+		acc[h] = malloc(bytes + 1);
+		for (size_t i = 0; i < count; i++)
+			((int32_t *)acc[h])[i] = h == root ? (int32_t)val(root, i, KCOLL_I32) : -7;
+	}
+	int rc = run(H, cf, KD_ALGO_AUTO, KCOLL_I32, KCOLL_SUM, &sop, acc, NULL, NULL, r, bad, why, sizeof(why));
+
+	for (uint32_t h = 0; !rc && h < H; h++)
+		for (size_t i = 0; i < count; i++)
+			wrong += ((int32_t *)acc[h])[i] != (int32_t)val(root, i, KCOLL_I32);
+	tap_ok(!rc && !wrong, "broadcast, %u host(s), root host %u, %zu i32, %u stream(s): %s%s (wrong %zu)", H, root,
+	       count, cf->nstreams, rc ? "failed: " : "every byte right", rc ? why : "", wrong);
+	for (uint32_t h = 0; h < H; h++)
+		free(acc[h]);
+}
+
+static void case_barrier(uint32_t H, const struct cfg *cf)
+{
+	uint8_t *acc[MAXH] = { 0 };
+	uint16_t rank_host[MAXH];
+	uint32_t bad[MAXH];
+	int r[MAXH];
+	char why[300];
+	struct kd_sched_op sop = { .opcode = KCOLL_OP_BARRIER, .esz = 4, .nranks = H };
+
+	for (uint32_t h = 0; h < H; h++)
+		rank_host[h] = (uint16_t)h;
+	int rc = run(H, cf, KD_ALGO_AUTO, KCOLL_I32, KCOLL_SUM, &sop, acc, NULL, rank_host, r, bad, why,
+		     sizeof(why));
+
+	tap_ok(!rc, "barrier, %u host(s): %s%s", H, rc ? "failed: " : "completes, every piece received",
+	       rc ? why : "");
+}
+
+/* ---- failures --------------------------------------------------------------- */
+
+static void case_corrupt_payload(void)
+{
+	struct ar a = { .H = 4, .algo = KD_ALGO_RING, .dt = KCOLL_I32, .redop = KCOLL_SUM, .count = 65537 };
+	struct cfg cf = CFG;
+	int r[MAXH];
+	uint32_t bad[MAXH];
+	char why[300];
+	size_t wrong;
+
+	cf.corrupt_nth = 5;
+	cf.corrupt_payload = true;
+	wrong = allreduce(&a, &cf, r, bad, why, sizeof(why));
+	tap_ok(wrong && wrong != SIZE_MAX, "a piece damaged on the way (one payload bit) is caught by the byte "
+	       "check: %zu wrong byte(s)%s%s", wrong == SIZE_MAX ? 0 : wrong, wrong == SIZE_MAX ? "; failed: " : "",
+	       wrong == SIZE_MAX ? why : "");
+}
+
+static void case_bad_header(bool sig)
+{
+	struct ar a = { .H = 3, .algo = KD_ALGO_DIRECT, .dt = KCOLL_I32, .redop = KCOLL_SUM, .count = 1001 };
+	struct cfg cf = CFG;
+	int r[MAXH], want_err = sig ? -EBADMSG : -EPROTO, hit = -1;
+	uint32_t bad[MAXH];
+	char why[300];
+	bool named = false;
+
+	if (sig)
+		cf.other_sig = 2;
+	else
+		cf.corrupt_nth = 1;
+	allreduce(&a, &cf, r, bad, why, sizeof(why));
+	for (uint32_t h = 0; h < a.H; h++)
+		if (r[h] == want_err) {
+			hit = (int)h;
+			/* Another op: its receivers name host 2 (or host 2 names one of them). */
+			named = bad[h] < a.H && bad[h] != h && (!sig || h == 2 || bad[h] == 2);
+			break;
+		}
+	tap_ok(hit >= 0 && named, "%s: a receiver fails with %s naming the sender (host %d, blamed %d)",
+	       sig ? "a host running another op (its signature differs)" : "a piece's header damaged (another step)",
+	       sig ? "-EBADMSG" : "-EPROTO", hit, hit >= 0 ? (int)bad[hit] : -1);
+}
+
+/* Host 2 of 3 never runs: the others wait for it (direct: each receives
+ * from both) until the comm is aborted, or their timeout names it. */
+static void case_silent(bool cancel)
+{
+	struct ar a = { .H = 3, .algo = KD_ALGO_DIRECT, .dt = KCOLL_I32, .redop = KCOLL_SUM, .count = 1001 };
+	struct cfg cf = CFG;
+	int r[MAXH];
+	uint32_t bad[MAXH];
+	char why[300];
+	int want_err = cancel ? -ECANCELED : -ETIMEDOUT;
+	bool ok = true;
+
+	cf.silent = 2;
+	cf.cancel = cancel;
+	if (!cancel)
+		cf.timeout_ns = 100000000;	/* + the engine's 2 s backstop */
+	allreduce(&a, &cf, r, bad, why, sizeof(why));
+	for (uint32_t h = 0; h < 2; h++)
+		ok &= r[h] == want_err && (cancel || bad[h] == 2);
+	tap_ok(ok, "%s: hosts 0 and 1 return %s%s (got %d %d, blamed %d %d)",
+	       cancel ? "the comm aborted while hosts wait for a silent one" : "a host that never answers",
+	       cancel ? "-ECANCELED" : "-ETIMEDOUT", cancel ? "" : " naming host 2", r[0], r[1], (int)bad[0],
+	       (int)bad[1]);
+}
+
+int main(void)
+{
+	static const size_t counts[] = { 0, 1, 7, 1001, 65537 };
+	static const struct { enum kcoll_dtype dt; enum kcoll_redop op; size_t count; } more[] = {
+		{ KCOLL_F32, KCOLL_SUM, 4099 }, { KCOLL_F64, KCOLL_MAX, 1001 },
+		{ KCOLL_I64, KCOLL_SUM, 777 }, { KCOLL_U8, KCOLL_SUM, 1003 },
+	};
+
+	for (uint32_t H = 1; H <= MAXH; H++) {
+		struct cfg cf = CFG;
+
+		for (int a = KD_ALGO_AUTO; a <= KD_ALGO_DIRECT; a++) {
+			cf.nstreams = 1 + (H + (uint32_t)a) % 3;
+			for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+				struct ar x = { H, (enum kd_algo)a, KCOLL_I32, KCOLL_SUM, counts[c], false };
+
+				case_allreduce(&x, &cf, "");
+			}
+			for (size_t m = 0; m < sizeof(more) / sizeof(more[0]); m++) {
+				struct ar x = { H, (enum kd_algo)a, more[m].dt, more[m].op, more[m].count, false };
+
+				case_allreduce(&x, &cf, "");
+			}
+		}
+		cf.nstreams = 3;
+		{
+			struct ar x = { H, KD_ALGO_RING, KCOLL_I32, KCOLL_SUM, 65537, true };
+
+			case_allreduce(&x, &cf, "");
+			x.algo = KD_ALGO_DIRECT;
+			x.count = 4099;
+			case_allreduce(&x, &cf, "");
+			x.algo = KD_ALGO_RING;
+			x.fused = false;
+			x.count = 100003;
+			cf.avoid = 1u << 1;
+			case_allreduce(&x, &cf, ", stream 1 left unused by the C4 plan");
+			cf.avoid = 0;
+			cf.piece = 1 << 20;
+			case_allreduce(&x, &cf, "");
+			cf.piece = 4096;
+		}
+		for (int l = ONE_PER_HOST; l <= ROUND_ROBIN; l++) {
+			cf.nstreams = 1 + (uint32_t)l;
+			case_rsag(H, true, (enum layout)l, 1031, &cf);
+			case_rsag(H, false, (enum layout)l, 1031, &cf);
+		}
+		cf.nstreams = 2;
+		for (uint32_t root = 0; root < H; root += (H > 3 ? H / 3 : 1))
+			case_broadcast(H, root, 333, &cf);
+		case_broadcast(H, H - 1, 70001, &cf);
+		case_barrier(H, &cf);
+	}
+	case_corrupt_payload();
+	case_bad_header(false);
+	case_bad_header(true);
+	case_silent(true);
+	case_silent(false);
+	return tap_done();
+}
