@@ -204,7 +204,10 @@ static int lb_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_step
 	return 0;
 }
 
-static const struct kd_xport_ops lb_ops = { .name = "loopback", .run_steps = lb_run_steps };
+/* The legacy entry (xport.h): it sees whole steps, which it records;
+ * tests/test_step.c runs the same schedules through step.c instead. */
+static const struct kd_xport_ops lb_ops = { .size = sizeof(struct kd_xport_ops), .version = KD_XPORT_VERSION,
+					    .name = "loopback", .run_steps = lb_run_steps };
 
 /* ---- running one op on H hosts ----------------------------------------- */
 
