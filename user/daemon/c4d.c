@@ -8,8 +8,9 @@
  *   - the other hosts' rank summaries, sent every tick over the control
  *     connections (KD_P_C4);
  *   - the bytes and busy time of large pieces on each data stream
- *     (xport_tcp.c adds them to relaxed atomics; the tick turns deltas into
- *     struct kcoll_c4_linkobs, the same struct BPF flow statistics can fill);
+ *     (step.c and xport_rdma.c add them to relaxed atomics; the tick turns
+ *     deltas into struct kcoll_c4_linkobs, the same struct BPF flow
+ *     statistics can fill);
  *   - what the net thread waits for and since when.
  *
  * The control thread evaluates every KD_C4_TICK, logs events (warn when

@@ -367,7 +367,7 @@ struct cursor {
 };
 
 /*
- * C4 link observation, as xport_tcp.c's observe() does it (c4d.c reads
+ * C4 link observation, as step.c's observe() does it (c4d.c reads
  * hh->obs_* every tick). The QPs to a peer use the address of its first
  * data stream (peer_prepare), so their traffic counts for stream 0's link.
  * Only pieces of KD_C4_OBS_MIN bytes or more count: smaller ones measure
