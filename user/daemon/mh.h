@@ -5,7 +5,9 @@
  * of (schedule.c builds them, step.c runs them over a transport: xport.h),
  * and the per-stream observations and plan fields the C4 detector keeps
  * (c4d.c).
- * net.c creates it when the communicator forms and tears it down.
+ * net_boot.c creates it when the communicator forms (from the root's
+ * table), net_conn.c starts its thread once every connection is up and
+ * net_ctrl.c tears it down.
  */
 #ifndef KCOLLD_MH_H
 #define KCOLLD_MH_H
@@ -141,7 +143,8 @@ struct kd_mh {
 	_Atomic uint64_t bytes_sent, bytes_recv;
 };
 
-/* mh.c: the net thread (started and stopped by net.c) and the ops it runs */
+/* mh.c: the net thread (started by net_conn.c, stopped by net_ctrl.c) and
+ * the ops it runs */
 int kd_mh_start(struct kd_mh *mh);
 void kd_mh_stop(struct kd_mh *mh);
 /* A ready op of mh's comm: run it inline if small and the thread is idle,

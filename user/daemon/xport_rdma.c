@@ -22,6 +22,12 @@
  * The loop polls the CQs; when nothing moves it arms them and sleeps in
  * poll() on their completion channels, the abort eventfd and the TCP
  * streams (a peer that dies closes them).
+ *
+ * Why one file of over 1000 lines: it still holds its own step loop (the
+ * legacy entry of xport.h) beside the verbs connection setup and the slot
+ * and credit protocol. Porting it onto the narrow interface moves the loop
+ * into step.c, which the TCP and loopback transports already use, and
+ * leaves the byte mover here well under 1000 lines.
  */
 #include <arpa/inet.h>
 #include <errno.h>
