@@ -117,16 +117,22 @@ ok $? "status --json: 4 hosts, every kcolld alive"
 "$C" up -H $H >/dev/null 2>&1; [ $? -ne 0 ]; ok $? "a second up refuses while the cluster is up"
 
 # ---- degrade / heal, measured on h0 -> h1 over eth1 --------------------------------
-healthy=$(rate 0 10.20.0.2 1)
-lt 0.05 "$healthy" 1; ok $? "healthy h0->h1 on eth1: $healthy GB/s"
+# Rates on this shared 2-core machine swing by 2x and more with load: a
+# healthy link gets three 1 s tries to pass 0.05 GB/s (twice the shaped
+# rate); a degraded one is judged against the rate it was shaped to (load
+# only ever slows it further), not against one healthy sample; "untouched"
+# and "healed" against the degraded rate (200 Mbit/s = 0.025 GB/s), an order
+# of magnitude away.
+for _ in 1 2 3; do
+	healthy=$(rate 0 10.20.0.2 1)
+	lt 0.05 "$healthy" 1 && break
+done
+lt 0.05 "$healthy" 1; ok $? "healthy h0->h1 on eth1: $healthy GB/s > 0.05"
 "$C" degrade 0 eth1 200mbit >/dev/null; ok $? "degrade h0 eth1 200mbit"
 slow=$(rate 0 10.20.0.2 1)
-lt "$slow" "$healthy" 0.5; ok $? "degraded h0->h1 on eth1: $slow GB/s < 50% of $healthy"
+lt "$slow" 0.025 1.5; ok $? "degraded h0->h1 on eth1: $slow GB/s < 1.5 x 200 Mbit/s (healthy $healthy)"
 back=$(rate 1 10.20.0.1 0)
-lt "$back" "$healthy" 0.5; ok $? "degraded both ways: h1->h0 on eth1 $back GB/s < 50% of $healthy"
-# Rates on this shared 2-core machine swing by 2x with load, so "untouched"
-# and "healed" are judged against the degraded rate (200 Mbit/s = 0.025 GB/s),
-# an order of magnitude away, not as a fraction of one healthy sample.
+lt "$back" 0.025 1.5; ok $? "degraded both ways: h1->h0 on eth1 $back GB/s < 1.5 x 200 Mbit/s"
 other=$(rate 0 10.10.0.2 1)
 lt "$(awk -v s="$slow" 'BEGIN { print s * 5 }')" "$other" 1
 ok $? "the eth0 path is untouched: h0->h1 on eth0 $other GB/s > 5x the degraded $slow (healthy eth1 $healthy)"
