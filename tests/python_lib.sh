@@ -40,10 +40,13 @@ torch_checks() {
 	local specs spec kt kpid mode
 	specs=("2 env" "3 file" "4 tcp")
 	# ASan slows every rank: the sanitizer pass keeps to 2 ranks (~40 s).
+	# 120 s per pass leaves room for a loaded machine
+	# (4 ranks importing torch on 2 busy cores passed 60 s) and still
+	# ends a hang.
 	[ -n "${KCOLL_TEST_SAN:-}" ] && specs=("2 env")
 	for spec in "${specs[@]}"; do
 		set -- $spec
-		launch 75 "$TOP/tests/python/torch_rank.py" "$1" "torch $1 $2://" 60 "$2"
+		launch 150 "$TOP/tests/python/torch_rank.py" "$1" "torch $1 $2://" 120 "$2"
 	done
 	# kcolld killed mid-training: a private kcolld, SIGKILLed by launch.py
 	# once both ranks trained 3 steps; every rank must raise, not hang.
