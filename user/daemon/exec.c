@@ -15,7 +15,8 @@
  * the struct kd_comm_exec_ops that kd_pool_start installs; multi-host ops
  * go to their net thread (mh.c) instead, which runs its node-local phases
  * as jobs (struct kd_job) on the same pool: it waits for them, so the pool
- * takes jobs before ops.
+ * takes jobs before ops. Where kd_exec_gpu_dev finds the local ranks'
+ * buffers on one GPU, mh.c runs those phases on the GPU instead.
  */
 #include <errno.h>
 #include <sched.h>
@@ -212,6 +213,25 @@ static void run_task(struct kd_op *op, uint32_t task)
 	}
 }
 
+int kd_exec_gpu_dev(const struct kd_op *op)
+{
+	int dev = -1;
+
+	for (uint32_t k = 0; k < op->comm->nranks; k++) {
+		const struct kd_contrib *ct = &op->c[k];
+
+		if (!ct->present)
+			continue;
+		if (dev < 0)
+			dev = ct->sbuf.gpu_dev;
+		if (ct->sbuf.ops != &kd_mem_dev || ct->rbuf.ops != &kd_mem_dev ||
+		    ct->sbuf.gpu_dev != dev || ct->rbuf.gpu_dev != dev ||
+		    ((uintptr_t)ct->sbuf.dptr | (uintptr_t)ct->rbuf.dptr) % op->esz)
+			return -1;
+	}
+	return dev;
+}
+
 /* Resolve every rank's buffers and cut the op into tasks. */
 static void op_prepare(struct kd_op *op)
 {
@@ -232,18 +252,10 @@ static void op_prepare(struct kd_op *op)
 		kd_buf_resolve_kind(ct->client, ct->send, ct->sbuf.len, ct->send_mem, &ct->sbuf);
 		kd_buf_resolve_kind(ct->client, ct->recv, ct->rbuf.len, ct->recv_mem, &ct->rbuf);
 	}
-	/* Every buffer on one GPU, element-aligned (the kernels' rule): stay there.
-	 * Otherwise kd_mem_dev stages device buffers through host memory. */
-	op->on_gpu = true;
-	op->gpu_dev = op->c[0].sbuf.gpu_dev;
-	for (uint32_t k = 0; k < nr; k++) {
-		const struct kd_contrib *ct = &op->c[k];
-
-		if (ct->sbuf.ops != &kd_mem_dev || ct->rbuf.ops != &kd_mem_dev ||
-		    ct->sbuf.gpu_dev != op->gpu_dev || ct->rbuf.gpu_dev != op->gpu_dev ||
-		    ((uintptr_t)ct->sbuf.dptr | (uintptr_t)ct->rbuf.dptr) % op->esz)
-			op->on_gpu = false;
-	}
+	/* Every buffer on one GPU: stay there. Otherwise kd_mem_dev stages
+	 * device buffers through host memory. */
+	op->gpu_dev = kd_exec_gpu_dev(op);
+	op->on_gpu = op->gpu_dev >= 0;
 	if (op->on_gpu)
 		kc_dbg("comm %s: op %llu runs on GPU %d", op->comm->name, (unsigned long long)op->seq,
 		       op->gpu_dev);

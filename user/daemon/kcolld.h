@@ -409,6 +409,13 @@ struct kd_job {
 	struct kd_job *next;	/* the pool's job queue */
 };
 void kd_exec_job(struct kd_job *job);
+/*
+ * The GPU that holds every buffer of op's present ranks, element-aligned (the
+ * kernels' rule), with buffers resolved and op->esz set; -1 when any buffer
+ * is host memory, on another device or misaligned. Single-host ops then run
+ * on the GPU (run_task_gpu), multi-host ops their local phases (mh.c).
+ */
+int kd_exec_gpu_dev(const struct kd_op *op);
 
 /* tune.c: chunk_bytes and timeout_ms from environment, sysfs, default */
 void kd_tunables_init(void);
