@@ -14,8 +14,8 @@ $(BIN)/kcolld: $(KCOLLD_OBJS) $(LIB)/libkcoll.a $(COMMON_LIB)
 
 ALL_TARGETS += $(BIN)/kcolld
 
-# Device buffers (mem.c, exec.c) use the GPU loader (gpu/kcoll_gpu.h).
-$(OBJ)/user/daemon/mem.o $(OBJ)/user/daemon/exec.o: CPPFLAGS += $(GPU_CPPFLAGS)
+# Device buffers (mem.c, exec.c, mh.c) use the GPU loader (gpu/kcoll_gpu.h).
+$(OBJ)/user/daemon/mem.o $(OBJ)/user/daemon/exec.o $(OBJ)/user/daemon/mh.o: CPPFLAGS += $(GPU_CPPFLAGS)
 
 # The KV engine's files share kv_int.h, which includes kv_rdma.h (rdma/rdma.h).
 $(filter $(OBJ)/user/daemon/kv_%.o,$(KCOLLD_OBJS)): CPPFLAGS += -Irdma

@@ -16,7 +16,8 @@
  *
  * mh.c sits above comm.c and exec.c and below net.c, which starts and stops
  * the net thread and hands it ops (struct kd_comm_net_ops.run); phases 1
- * and 3 run as jobs on exec.c's worker pool (kd_exec_job); it tells
+ * and 3 run as jobs on exec.c's worker pool (kd_exec_job), or on the GPU
+ * when every local buffer lies on one (kd_exec_gpu_dev); it tells
  * peers of a failure through comm.c (kd_comm_abort_peers) and the C4
  * planner through its hooks (c4d.h).
  */
@@ -30,6 +31,7 @@
 #include <kcoll/kcoll.h>
 
 #include "c4d.h"
+#include "kcoll_gpu.h"
 #include "kcolld.h"
 #include "log.h"
 #include "mh.h"
@@ -268,6 +270,159 @@ static void local_out(struct kd_mh *mh, struct kd_op *op, uint64_t bytes, uint64
 		lj_run(&lj, out_task, lj.n * lj.per_rank, &none);
 }
 
+/* ---- local phases on the GPU ------------------------------------------- */
+
+/*
+ * When every local rank's buffers lie on one GPU (kd_exec_gpu_dev), phase 1
+ * reduces them there (kcoll_gpu_reduce_n on kcolld's stream, as exec.c's
+ * run_task_gpu) into mh->dacc and copies that once to the accumulator, and
+ * phase 3 copies the result once to one rank's buffer and device-to-device
+ * to the others: no per-rank staging through host memory, no CPU reduction.
+ */
+
+/* A GPU step of op failed: name the comm and the step, make sure nothing of
+ * it still runs on the stream, return its error. */
+static int gpu_fail(struct kd_op *op, int dev, const struct kcoll_gpu_kernels *k, void *st,
+		    const char *phase, const char *step, int r)
+{
+	kc_warn("comm %s: op %llu: GPU %d %s %s failed: %s", op->comm->name,
+		(unsigned long long)op->seq, dev, phase, step, k ? k->last_error() : kcoll_strerror(r));
+	if (k && st)
+		k->stream_sync(st);
+	return r;
+}
+
+static void gpu_scratch_free(struct kd_mh *mh)
+{
+	const struct kcoll_gpu_kernels *k;
+
+	if (!mh->dacc)
+		return;
+	if (kd_gpu_enter(mh->dacc_dev, &k) || k->mem_free(mh->dacc))
+		kc_warn("GPU %d: freeing a multi-host comm's reduction buffer failed",
+			mh->dacc_dev);
+	mh->dacc = NULL;
+	mh->dacc_size = 0;
+}
+
+/* mh->dacc: at least bytes of device memory on dev. */
+static int gpu_scratch(struct kd_mh *mh, int dev, size_t bytes)
+{
+	const struct kcoll_gpu_kernels *k;
+	int r;
+
+	if (mh->dacc && mh->dacc_dev == dev && mh->dacc_size >= bytes)
+		return 0;
+	gpu_scratch_free(mh);
+	r = kd_gpu_enter(dev, &k);
+	if (!r)
+		r = k->mem_alloc(&mh->dacc, bytes);
+	if (r) {
+		mh->dacc = NULL;
+		return r;
+	}
+	mh->dacc_size = bytes;
+	mh->dacc_dev = dev;
+	return 0;
+}
+
+/* Phase 1 on GPU dev: the local ranks' inputs -> the accumulator. */
+static int gpu_local_in(struct kd_mh *mh, struct kd_op *op, int dev, uint64_t bytes,
+			uint64_t block, uint32_t root_host)
+{
+	const struct kcoll_gpu_kernels *k = NULL;
+	const void *ins[KD_MAX_RANKS];
+	const char *step = "kcolld's stream";
+	uint32_t n = 0;
+	void *st = NULL;
+	int r = 0;
+
+	if (!bytes)
+		return 0;
+	for (uint32_t rk = 0; rk < op->comm->nranks; rk++)
+		if (op->c[rk].present)
+			ins[n++] = op->c[rk].sbuf.dptr;
+	if (n > 1 && (op->opcode == KCOLL_OP_ALLREDUCE || op->opcode == KCOLL_OP_REDUCE_SCATTER)) {
+		step = "reduction buffer";
+		r = gpu_scratch(mh, dev, bytes);
+	}
+	if (!r)
+		r = kd_gpu_stream(dev, &k, &st);
+	if (r)
+		return gpu_fail(op, dev, k, st, "phase 1", step, r);
+	switch (op->opcode) {
+	case KCOLL_OP_ALLREDUCE:
+	case KCOLL_OP_REDUCE_SCATTER:
+		if (n == 1) {
+			step = "copy to the host";
+			r = k->copy_async(mh->acc, ins[0], bytes, st);
+			break;
+		}
+		step = "reduction";
+		r = k->reduce_n(op->dtype, mh->redop, mh->dacc, ins, n, bytes / op->esz, st);
+		if (!r) {
+			step = "copy to the host";
+			r = k->copy_async(mh->acc, mh->dacc, bytes, st);
+		}
+		break;
+	case KCOLL_OP_ALLGATHER:
+		step = "copy to the host";
+		for (uint32_t rk = 0; !r && rk < op->comm->nranks; rk++)
+			if (op->c[rk].present)
+				r = k->copy_async(mh->acc + rk * block, op->c[rk].sbuf.dptr, block, st);
+		break;
+	case KCOLL_OP_BROADCAST:
+		step = "copy to the host";
+		if (root_host == mh->self)
+			r = k->copy_async(mh->acc, op->c[op->root].sbuf.dptr, bytes, st);
+		break;
+	}
+	if (!r) {
+		step = "stream synchronization";
+		r = k->stream_sync(st);	/* the accumulator is complete before phase 2 */
+	}
+	if (r)
+		return gpu_fail(op, dev, k, st, "phase 1", step, r);
+	return 0;
+}
+
+/* Phase 3 on GPU dev: the accumulator -> the local ranks' receive buffers. */
+static void gpu_local_out(struct kd_mh *mh, struct kd_op *op, int dev, uint64_t bytes,
+			  uint64_t block)
+{
+	const struct kcoll_gpu_kernels *k = NULL;
+	const char *step = "kcolld's stream";
+	uint8_t *first = NULL;
+	void *st = NULL;
+	int r = kd_gpu_stream(dev, &k, &st);
+
+	for (uint32_t rk = 0; !r && rk < op->comm->nranks; rk++) {
+		uint8_t *to = op->c[rk].rbuf.dptr;
+
+		/* Broadcast leaves the root's receive buffer alone. */
+		if (!op->c[rk].present || (op->opcode == KCOLL_OP_BROADCAST && rk == op->root))
+			continue;
+		if (op->opcode == KCOLL_OP_REDUCE_SCATTER) {
+			/* every rank its own block */
+			step = "copy to the device";
+			r = block ? k->copy_async(to, mh->acc + rk * block, block, st) : 0;
+		} else if (!first) {
+			step = "copy to the device";
+			first = to;
+			r = bytes ? k->copy_async(to, mh->acc, bytes, st) : 0;
+		} else if (to != first) {
+			step = "device-to-device copy";
+			r = bytes ? k->copy_async(to, first, bytes, st) : 0;
+		}
+	}
+	if (!r) {
+		step = "stream synchronization";
+		r = k->stream_sync(st);	/* in the buffers before the op completes */
+	}
+	if (r)
+		kd_op_fail(op, gpu_fail(op, dev, k, st, "phase 3", step, r), KCOLL_RANK_NONE, 0);
+}
+
 /*
  * A local rank's receive buffer that kcolld maps (shared memory, or pinned
  * through kcoll.ko) can be the accumulator itself: the rank does not look at
@@ -352,7 +507,7 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 	uint32_t bad = KCOLL_RANK_NONE, bad_host = KCOLL_RANK_NONE, root_host = 0;
 	int64_t t0, t1, t2;
 	bool wide, avg;
-	int r = 0;
+	int gpu, r = 0;
 
 	if (kd_c4)
 		kd_c4->op_start(mh, op);
@@ -416,9 +571,19 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		mh->acc = mh->own;
 	}
 
-	/* 1. local inputs */
+	/* 1. local inputs: on the GPU where all the local buffers are, except
+	 * integer avg's widening sum (64-bit, the CPU's kcoll_avg_widen_add) */
 	t0 = kd_now_ns();
-	switch (op->opcode) {
+	gpu = kd_exec_gpu_dev(op);
+	if (gpu >= 0)
+		kc_dbg("comm %s: op %llu: local phases on GPU %d%s", comm->name,
+		       (unsigned long long)op->seq, gpu,
+		       wide ? " (phase 1 on the CPU: integer avg sums in 64 bits)" : "");
+	if (op->opcode == KCOLL_OP_BROADCAST)
+		root_host = mh->rank_host[op->root];
+	if (gpu >= 0 && !wide)
+		r = gpu_local_in(mh, op, gpu, bytes, block, root_host);
+	else switch (op->opcode) {
 	case KCOLL_OP_ALLREDUCE:
 	case KCOLL_OP_REDUCE_SCATTER:
 		if (wide)
@@ -430,7 +595,6 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 		r = local_place(mh, op, KCOLL_RANK_NONE, block, block, &bad);
 		break;
 	case KCOLL_OP_BROADCAST:
-		root_host = mh->rank_host[op->root];
 		if (root_host == mh->self)
 			r = local_place(mh, op, op->root, 0, bytes, &bad);
 		break;
@@ -461,7 +625,10 @@ static void run_op(struct kd_mh *mh, struct kd_op *op)
 
 	/* 3. local outputs */
 	t2 = kd_now_ns();
-	local_out(mh, op, bytes, block);
+	if (gpu >= 0)
+		gpu_local_out(mh, op, gpu, bytes, block);
+	else
+		local_out(mh, op, bytes, block);
 	/* Where a multi-host op's time goes (docs/perf.md, section 10). */
 	kc_dbg("comm %s: op %llu %llu bytes: local in %lld us, hosts %lld us, local out %lld us",
 	       comm->name, (unsigned long long)op->seq, (unsigned long long)bytes,
@@ -646,6 +813,7 @@ void kd_mh_stop(struct kd_mh *mh)
 		kd_unmap_notify(mh->own, mh->acc_size);
 	if (mh->snap)
 		kd_unmap_notify(mh->snap, mh->snap_size);
+	gpu_scratch_free(mh);
 	free(mh->own);
 	free(mh->snap);
 	for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++)

@@ -119,6 +119,9 @@ struct kd_mh {
 	uint8_t *acc;			/* the op's accumulator: own, or a local rank's buffer */
 	uint8_t *own;			/* ours, kept between ops */
 	size_t acc_size;
+	void *dacc;			/* device buffers: the local reduction on the GPU ... */
+	size_t dacc_size;
+	int dacc_dev;			/* ... of this device, kept between ops */
 	uint8_t *snap;			/* recursive doubling: what we send this step */
 	size_t snap_size;
 	uint8_t *rx[KD_MAX_HOSTS * KD_MAX_STREAMS];	/* reduce staging per receive stream */
