@@ -271,7 +271,7 @@ static void note(int i, int rank, int rc, const char *fmt, const char *detail)
 	snprintf(sh->why[i][rank], sizeof(sh->why[i][rank]), fmt, detail);
 }
 
-/* The subset run across two kcollds (multi-host path, host staging). */
+/* The subset run across two kcollds (multi-host path). */
 static int cross_case(const struct tcase *t)
 {
 	return t->count >= 250001 || (t->count <= 100003 && (t->dtype == KCOLL_F32 ||
@@ -871,7 +871,9 @@ static void run_all(void)
 
 /*
  * Across two kcollds on loopback (each rank on its own daemon): the multi-host
- * path reads and writes device buffers through kd_mem_dev, host staging.
+ * path. A host whose rank is all on the GPU copies to and from the device
+ * directly (mh.c's GPU path, tests/test_gpu_mh.c); the mixed cases' other
+ * host reads and writes device buffers through kd_mem_dev, host staging.
  */
 static void run_cross(void)
 {
@@ -920,7 +922,7 @@ static void run_cross(void)
 		}
 	}
 	tap_ok(ok && n && !bad, "%s: across two kcollds (one rank each, TCP on loopback): %d cases "
-	       "of every collective on device buffers, staged through host memory, bit-exact "
+	       "of every collective on device buffers, bit-exact "
 	       "(%d wrong)", run_name, n, bad);
 	st[0] = kcolld_stop(kd[0]);
 	st[1] = kcolld_stop(kd[1]);
