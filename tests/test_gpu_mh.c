@@ -12,7 +12,8 @@
  * multiple of a piece), bit-exact against the CPU reference; one rank with
  * host buffers (the CPU path on its host, the GPU path on the other); and
  * that the GPU path ran, from kcolld's debug log ("local phases on GPU"):
- * exactly once per device op on each host whose ranks are all on the GPU.
+ * exactly once per device op on each host whose ranks are all on the GPU;
+ * and an injected copy failure in phase 1 and in phase 3 (fake only).
  *
  * Two runs, as tests/test_gpu_ring.c: the real driver when this machine has
  * a usable GPU (else SKIP), then the fake driver (gpu/fake_cuda.c), whose
@@ -42,7 +43,7 @@
 #define MAX_CASES	128
 #define BUF_BYTES	(2u << 20)
 #define MIXED_RANK	1	/* host 1: its K_MIXED buffers are host memory */
-#define RUN_CHECKS	11
+#define RUN_CHECKS	13
 
 enum { K_DEV, K_INPLACE, K_MIXED };
 
@@ -419,15 +420,17 @@ static void run_cases(void)
 }
 
 /*
- * Host 0's first asynchronous copy fails (the fake's injection): phase 1's
- * copy of the reduction to the host. The op must fail on all six ranks, on
- * both hosts (no hang), and kcolld must name the comm and the step.
+ * Host 0's Nth asynchronous copy fails (the fake's injection) in the first
+ * case, an all-reduce: the 1st is phase 1's copy of the reduction to the
+ * host, and then the op must fail on all six ranks, on both hosts (no hang);
+ * the 2nd is phase 3's copy to the device, and then it fails on host 0's
+ * three ranks only. kcolld must name the comm, op, phase and step.
  */
-static void run_fault(void)
+static void run_fault(const char *nth, int phase)
 {
-	char lg[NHOSTS][PATH_MAX + 16];
+	char lg[NHOSTS][PATH_MAX + 16], needle[96];
 	pid_t kd[NHOSTS];
-	int ok, failed = 0, n, st[NHOSTS];
+	int ok, right = 0, n, st[NHOSTS];
 
 	if (strcmp(run_name, "fake")) {
 		for (int i = 0; i < 2; i++)
@@ -435,24 +438,30 @@ static void run_fault(void)
 		return;
 	}
 	nrun = 1;
-	fail_copy = "1";
-	ok = run_ranks("fault", kd, lg);
+	fail_copy = nth;
+	ok = run_ranks(phase == 1 ? "fault1-" : "fault3-", kd, lg);
+	/* Phase 3: host 1's ranks complete, bit-exact (sh->bad 0). */
 	for (int r = 0; r < NR; r++)
-		failed += sh->bad[0][r] < 0;
-	tap_ok(ok && failed == NR, "%s: a failed device-to-host copy in phase 1 on host 0 fails "
-	       "the op on all %d ranks of both hosts (%d did)", run_name, NR, failed);
+		right += phase == 1 || r % NHOSTS == 0 ? sh->bad[0][r] < 0 : !sh->bad[0][r];
+	tap_ok(ok && right == NR, "%s: a failed copy in phase %d on host 0 fails the op on %s "
+	       "(%d of %d ranks as expected)", run_name, phase,
+	       phase == 1 ? "all ranks of both hosts" : "host 0's ranks, host 1's complete", right,
+	       NR);
 	st[0] = kcolld_stop(kd[0]);
 	st[1] = kcolld_stop(kd[1]);
-	n = count_in_file(lg[0], "GPU 0 phase 1 copy to the host failed: CUDA_ERROR_UNKNOWN");
+	snprintf(needle, sizeof(needle), "GPU 0 phase %d copy to the %s failed: CUDA_ERROR_UNKNOWN",
+		 phase, phase == 1 ? "host" : "device");
+	n = count_in_file(lg[0], needle);
 	tap_ok(n > 0 && st[0] == 0 && st[1] == 0, "%s: kcolld names the comm, op and step of "
-	       "the failed GPU copy (%d lines) and both exited 0 (%d %d)", run_name, n, st[0],
-	       st[1]);
+	       "the failed GPU copy in phase %d (%d lines) and both exited 0 (%d %d)", run_name,
+	       phase, n, st[0], st[1]);
 }
 
 static void run_all(void)
 {
 	run_cases();
-	run_fault();
+	run_fault("1", 1);
+	run_fault("2", 3);
 }
 
 /* Does this machine have a usable GPU? Probed in a child: never fork after cuInit. */
