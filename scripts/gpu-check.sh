@@ -24,7 +24,7 @@
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-} build=${KCOLL_BUILD:-} parts_sel= budget=450 mode=auto bench_max=()
-ALL_PARTS=(test_gpu test_gpudirect ipc test_gpu_ring bench_reduce bench_allreduce_2
+ALL_PARTS=(test_gpu test_gpudirect ipc test_gpu_ring test_gpu_mh bench_reduce bench_allreduce_2
 	bench_allreduce_4 bench_staging bench_kv bench_nccl)
 
 usage() { sed -n '6,21p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -294,6 +294,7 @@ for p in "${parts[@]}"; do
 	test_gpu) run_test test_gpu 150 ;;
 	test_gpudirect) run_test test_gpudirect 60 ;;
 	test_gpu_ring) run_test test_gpu_ring 200 ;;
+	test_gpu_mh) run_test test_gpu_mh 120 ;;
 	ipc)
 		t0=$SECONDS
 		limited "$out/ipc.log" 60 "$B/bin/kcoll-gpu-bench" -j "$out/ipc.json" ipc

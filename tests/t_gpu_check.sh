@@ -14,7 +14,7 @@ n=0 failed=0
 ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
 skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
 trap 'rm -rf "$T"' EXIT
-PARTS="test_gpu test_gpudirect ipc test_gpu_ring bench_reduce bench_allreduce_2 bench_allreduce_4 bench_staging bench_kv bench_nccl"
+PARTS="test_gpu test_gpudirect ipc test_gpu_ring test_gpu_mh bench_reduce bench_allreduce_2 bench_allreduce_4 bench_staging bench_kv bench_nccl"
 
 if ! "$PY" -c 'import json' 2>/dev/null; then
 	echo "1..0 # SKIP no python3 to check the JSON with"
@@ -49,8 +49,8 @@ for p in d["parts"]:
         assert verdict.endswith(p["reason"][len("no GPU: "):]), (verdict, p["reason"])
 PYEOF
 ok $? "JSON: gpu null, every part present in order, each skipped with the doctor's reason"
-grep -c '# SKIP no GPU: ' "$T/stdout" | grep -qx 10 && grep -qx '1..10' "$T/stdout"
-ok $? "TAP: 10 parts, each a SKIP with 'no GPU: <reason>', plan 1..10"
+grep -c '# SKIP no GPU: ' "$T/stdout" | grep -qx 11 && grep -qx "1..11" "$T/stdout"
+ok $? "TAP: 11 parts, each a SKIP with 'no GPU: <reason>', plan 1..11"
 grep -E '^(ok|not ok|1\.\.)' "$T/stdout" | cmp -s - <(grep -E '^(ok|not ok|1\.\.)' "$T/o/gpu-check.tap")
 ok $? "gpu-check.tap holds the TAP lines printed"
 OUT=$T/env-out "$S" --build "$B" --parts bench_kv,test_gpu "${force[@]}" >"$T/stdout2" 2>&1 &&
