@@ -283,11 +283,37 @@ static bool work_on(struct kd_op *op)
 
 static void op_finish_chain(struct kd_op *op);
 
+/* Drop the caller's use and wait until no other thread is inside the
+ * task loop (each finishes the task it claimed and finds no more). */
+static void drain_users(atomic_uint *users)
+{
+	atomic_fetch_sub(users, 1);
+	while (atomic_load(users))
+		sched_yield();
+}
+
+/*
+ * Take an op or a job (both queues link through ->next and count ->users)
+ * off its pool queue, so no new thread can join it, then drain it: after
+ * this nobody touches it, and it may be completed, freed or go out of
+ * scope. A macro because the two queues hold different types.
+ */
+#define pool_unlink_drain(head, item) do {				\
+	pthread_mutex_lock(&pool.lock);					\
+	for (__typeof__(item) *pp_ = &(head); *pp_; pp_ = &(*pp_)->next) { \
+		if (*pp_ == (item)) {					\
+			*pp_ = (item)->next;				\
+			break;						\
+		}							\
+	}								\
+	pthread_mutex_unlock(&pool.lock);				\
+	drain_users(&(item)->users);					\
+} while (0)
+
 /*
  * A thread is done with an op it worked on. The one that ran the last task
- * takes the op off the pool queue (no new thread can join), waits for the
- * others still inside work_on() to leave (they find no task and return at
- * once), then completes it: nobody touches a freed op.
+ * unlinks and drains it (the others find no task and return at once), then
+ * completes it: nobody touches a freed op.
  */
 static void op_leave(struct kd_op *op, bool last)
 {
@@ -295,17 +321,7 @@ static void op_leave(struct kd_op *op, bool last)
 		atomic_fetch_sub(&op->users, 1);
 		return;
 	}
-	pthread_mutex_lock(&pool.lock);
-	for (struct kd_op **pp = &pool.queue; *pp; pp = &(*pp)->next) {
-		if (*pp == op) {
-			*pp = op->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&pool.lock);
-	atomic_fetch_sub(&op->users, 1);
-	while (atomic_load(&op->users))
-		sched_yield();
+	pool_unlink_drain(pool.queue, op);
 	op_finish_chain(op);
 }
 
@@ -379,19 +395,7 @@ void kd_exec_job(struct kd_job *job)
 	pthread_cond_broadcast(&pool.cond);
 	pthread_mutex_unlock(&pool.lock);
 	job_work_on(job);
-	/* As op_leave: off the queue, then wait for the workers still in it
-	 * (each finishes the task it claimed): the job may live on our stack. */
-	pthread_mutex_lock(&pool.lock);
-	for (struct kd_job **pp = &pool.jobs; *pp; pp = &(*pp)->next) {
-		if (*pp == job) {
-			*pp = job->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&pool.lock);
-	atomic_fetch_sub(&job->users, 1);
-	while (atomic_load(&job->users))
-		sched_yield();
+	pool_unlink_drain(pool.jobs, job);	/* the job may live on our stack */
 }
 
 /* A worker takes a job (its caller waits) before an op. Called with
