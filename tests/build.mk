@@ -18,6 +18,8 @@ $(OBJ)/tests/test_step.o: CPPFLAGS += -Iuser/daemon
 
 # exec.c's jobs on the worker pool.
 $(OBJ)/tests/test_exec_job.o: CPPFLAGS += -Iuser/daemon
+# kv_send.c's cutting of a batch into posts.
+$(OBJ)/tests/test_kv_batch.o: CPPFLAGS += -Iuser/daemon -Irdma
 
 # One rank of the multi-host tests (tests/t_multihost.sh starts one per rank in
 # each host's namespace): not a test_* program, run.sh does not run it alone.

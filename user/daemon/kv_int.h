@@ -77,6 +77,12 @@ struct kv_piece {
 	uint64_t src, dst, len;
 };
 
+/* One post of a batch (kv_send.c): n sub-pieces from the first, bytes in all. */
+struct kv_frame {
+	uint32_t first, n;
+	uint64_t bytes;
+};
+
 struct kv_side {
 	struct kd_seg *seg;
 	struct kd_buf buf;	/* whole segment: direct when mapped */
@@ -191,6 +197,11 @@ int kv_remote_connect(struct kv_remote *rm);
 /* kv_send.c */
 int kv_remote_import(const struct kcoll_seg_wire *w, struct kd_seg **out);
 void kv_remote_free(struct kv_remote *rm);
+/* Cut p[0..n) into sub-pieces (*psp) and posts of xo's size over nchan
+ * channels (*pfr, *pnfr); both arrays malloc'ed, freed by the caller.
+ * Extern for tests/test_kv_batch.c. */
+int kv_batch_cut(const struct kv_xport_ops *xo, int nchan, const struct kv_piece *p, uint32_t n,
+		 struct kv_piece **psp, struct kv_frame **pfr, uint32_t *pnfr);
 int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece *p, uint32_t n,
 		  bool write, struct kv_side *local, struct kd_seg *rs, uint32_t notify_id,
 		  const struct kv_msgout *msg, int64_t t0, uint64_t *moved);

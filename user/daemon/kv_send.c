@@ -96,11 +96,6 @@ void kv_remote_free(struct kv_remote *rm)
 	free(rm);
 }
 
-struct kv_frame {
-	uint32_t first, n;	/* sub-pieces */
-	uint64_t bytes;
-};
-
 /* A batch handed to the stream threads (kv_run_remote), until its last answer. */
 struct kv_batch {
 	struct kd_client *c;		/* held */
@@ -375,8 +370,8 @@ static int stream_threads(struct kv_remote *rm, const struct kv_xport_ops *xo)
  * transport's bounds; what exceeds a post is split, then posts are filled
  * in order with up to max_pieces pieces.
  */
-static int batch_cut(const struct kv_xport_ops *xo, int nchan, const struct kv_piece *p, uint32_t n,
-		     struct kv_piece **psp, struct kv_frame **pfr, uint32_t *pnfr)
+int kv_batch_cut(const struct kv_xport_ops *xo, int nchan, const struct kv_piece *p, uint32_t n,
+		 struct kv_piece **psp, struct kv_frame **pfr, uint32_t *pnfr)
 {
 	struct kv_piece *sp;
 	struct kv_frame *fr;
@@ -542,7 +537,7 @@ int kv_run_remote(struct kd_client *c, uint64_t user_data, const struct kv_piece
 	if (!busy && r)
 		goto out_unlock;
 	xo = rm->xo;
-	r = batch_cut(xo, xo->nchan(rm), p, n, &sp, &fr, &nfr);
+	r = kv_batch_cut(xo, xo->nchan(rm), p, n, &sp, &fr, &nfr);
 	if (r)
 		goto out_unlock;
 	/* A one-frame TCP batch with no batch in flight and no request behind
