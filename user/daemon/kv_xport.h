@@ -40,6 +40,27 @@
  *   stops what is still posted and returns the error to report.
  * - why translates a broken channel's error into the reason the client
  *   sees (the local segment unregistered: -EIDRM; the owner's last word).
+ *
+ * The owner's side has no such interface, on purpose (looked at for issue
+ * 22): what would sit behind it is already transport-neutral or is not
+ * one job done two ways.
+ * - Every session starts on a TCP stream, whatever moves its bytes later:
+ *   accepting a peer (kd_kv_accept: token check, KV_ACK, serving thread)
+ *   and tearing down (kv_serve's unlink, close, put) are the same code for
+ *   both transports already.
+ * - The two owner sides do different work. TCP's serves frames: the owner
+ *   moves every byte (range checks, receive in place, copies, read
+ *   answers). RDMA's moves none: it registers the segment, holds its lock
+ *   for the session, counts WRITE_WITH_IMM notifies, revokes the rkey on
+ *   seg_kill. A shared "serve" op would have one thing in common, its
+ *   signature; all it would replace is kv_serve's one KV_OP_RDMA branch.
+ * - The RDMA session is asked for in-band on a stream kv_serve serves, and
+ *   nests in it: refused, the same stream goes on with frames; during it,
+ *   MSG frames still come on the stream. Peers behind a table would need
+ *   their own handshake, a protocol change for nothing kcolld needs.
+ * A new transport adds its kv_xport_ops, one KV_OP_* case in kv_serve and
+ * its owner session, as RDMA did. Worth revisiting when an owner side has
+ * to accept peers without a TCP stream (say RDMA CM).
  */
 #ifndef KCOLLD_KV_XPORT_H
 #define KCOLLD_KV_XPORT_H
