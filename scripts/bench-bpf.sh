@@ -16,6 +16,7 @@
 # KCOLL_CLUSTER_PREFIX defaults to "bb$$"; the cluster is torn down at exit.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/bench-lib.sh"	# bench_help
 BUILD_DIR=${KCOLL_BUILD:-$top/build}
 C="$top/scripts/netns-cluster.sh"
 KB="$BUILD_DIR/bin/kcoll-bpf"
@@ -26,8 +27,8 @@ while [ $# -gt 0 ]; do
 	-s) sizes=$2; shift 2 ;;
 	-n) iters=$2; shift 2 ;;
 	--json) json=$2; shift 2 ;;
-	-h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-	*) echo "bench-bpf: unknown option '$1' (try --help)" >&2; exit 2 ;;
+	-h|--help) bench_help ;;
+	*) echo "bench-bpf: unknown option or argument '$1' (the build is \$KCOLL_BUILD; try --help)" >&2; exit 2 ;;
 	esac
 done
 [ "$(id -u)" -eq 0 ] || { echo "bench-bpf: needs root (netns cluster, BPF)" >&2; exit 1; }

@@ -8,4 +8,8 @@
 # median per point) and .md (busbw per library, kcoll / best anchor, kcoll /
 # ring bound), draws docs/perf/allreduce-cluster.png. It is
 # scripts/cluster-anchors.sh --kcoll: the environment knobs are listed there.
-exec "$(dirname "$0")/cluster-anchors.sh" --kcoll "$@"
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/bench-lib.sh"
+bench_opts "$@"
+bench_build_dir "$top/${1:-build}" "${1:-build}"
+exec "$top/scripts/cluster-anchors.sh" --kcoll "$@"

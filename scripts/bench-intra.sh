@@ -27,8 +27,11 @@
 # command also under a 120 s timeout).
 set -euo pipefail
 
-BUILD=${1:-build}
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/bench-lib.sh"
+bench_opts "$@"
+BUILD=${1:-build}
+bench_build_dir "$top/$BUILD" "$BUILD"
 cd "$top"
 bin="$top/$BUILD/bin"
 rounds=${BENCH_ROUNDS:-4}
@@ -58,7 +61,6 @@ to_bytes() {	# 64M -> 67108864
 	echo $((v * m))
 }
 
-. "$top/scripts/bench-lib.sh"
 tmp=$(mktemp -d /tmp/kcoll-bench-intra.XXXXXX)
 daemon_pid=
 cleanup() {

@@ -16,6 +16,7 @@
 #   scripts/bench-kv-rdma-vm.sh --parse F   the table from a saved guest output
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/bench-lib.sh"	# bench_opts, bench_build_dir
 . "$top/scripts/vm-rxe-setup.sh"
 dur=${BENCH_KV_SECONDS:-3}
 sizes="4096 65536 262144 1048576 4194304"
@@ -64,7 +65,9 @@ out=$top/docs/perf/kv-rdma-vm-$(date +%Y-%m-%d-%H%M).json
 if [ "${1:-}" = --parse ]; then	# the guest's output, saved from another run
 	raw=${2:?--parse needs a file}
 else
+	bench_opts "$@"
 	B=$top/${1:-build}
+	bench_build_dir "$B" "${1:-build}"
 	raw=$(mktemp)
 	trap 'rm -f "$raw"' EXIT
 	"$top/scripts/vmtest.sh" --mem 2048 --timeout 900 -- "$top/scripts/bench-kv-rdma-vm.sh" --guest "$B" |

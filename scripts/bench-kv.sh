@@ -31,12 +31,16 @@
 # others get a table of their own (rawtcp_<kind>_rounds in the JSON).
 # Prints the tables and writes docs/perf/kv-<date>.json.
 set -u
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/bench-lib.sh"
+bench_opts "$@"
 B=${1:-build}
 BASE=${2:-}
 ROUNDS=${KV_BENCH_ROUNDS:-1}
 PARTS=${KV_BENCH_PARTS:-local,net}
-top=$(cd "$(dirname "$0")/.." && pwd)
 bdir() { case $1 in /*) echo "$1" ;; *) echo "$top/$1" ;; esac; }
+bench_build_dir "$(bdir "$B")" "$B"
+[ -z "$BASE" ] || bench_build_dir "$(bdir "$BASE")" "$BASE"
 BIN="$(bdir "$B")/bin"
 C="$top/scripts/netns-cluster.sh"
 DUR=${KV_BENCH_DURATION:-2}

@@ -17,18 +17,21 @@
 # ls<pid>: it makes and deletes its own namespaces only.
 set -euo pipefail
 
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/bench-lib.sh"
 secs=6
-if [ "${1:-}" = -s ]; then secs=$2; shift 2; fi
+if [ "${1:-}" = -s ]; then secs=${2:?-s needs SECONDS}; shift 2; fi
+bench_opts "$@"
 if ! [[ "$secs" =~ ^[0-9]+$ ]] || [ "$secs" -lt 4 ]; then
 	echo "bench-lanes-scale: -s $secs: 4 seconds at least (the counts are taken halfway)" >&2
 	exit 2
 fi
-top=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 shift || true
 hosts=("$@")
 [ ${#hosts[@]} -gt 0 ] || hosts=(4 8 16)
 B=$top/$build
+bench_build_dir "$B" "$build"
 C=$top/scripts/netns-cluster.sh
 export KCOLL_BUILD=$B KCOLL_CLUSTER_PREFIX=ls$$
 P=$KCOLL_CLUSTER_PREFIX

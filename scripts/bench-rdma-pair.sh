@@ -12,6 +12,7 @@
 #   scripts/bench-rdma-pair.sh --guest BUILD ROLE DIR   in each guest
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/bench-lib.sh"	# bench_opts, bench_build_dir
 iters=${BENCH_RDMA_ITERS:-10}
 sizes="65536 262144 1048576 4194304"
 
@@ -85,7 +86,9 @@ if [ "${1:-}" = "--guest" ]; then
 	exit 0
 fi
 
+bench_opts "$@"
 B=$top/${1:-build}
+bench_build_dir "$B" "${1:-build}"
 out=$top/docs/perf/rdma-pair-$(date +%Y-%m-%d-%H%M).json
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT

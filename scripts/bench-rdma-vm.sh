@@ -14,6 +14,7 @@
 #   scripts/bench-rdma-vm.sh --guest B    inside the guest
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/bench-lib.sh"	# bench_opts, bench_build_dir
 . "$top/scripts/vm-rxe-setup.sh"
 iters=${BENCH_RDMA_ITERS:-20}
 sizes="65536 262144 1048576 4194304"
@@ -83,7 +84,9 @@ if [ "${1:-}" = "--guest" ]; then
 	exit 0
 fi
 
+bench_opts "$@"
 B=$top/${1:-build}
+bench_build_dir "$B" "${1:-build}"
 out=$top/docs/perf/rdma-vm-$(date +%Y-%m-%d-%H%M).json
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT

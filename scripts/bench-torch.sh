@@ -57,8 +57,11 @@ if [ "${1:-}" = --cluster ]; then
 	hosts=${2:?--cluster needs the number of hosts}
 	shift 2
 fi
-BUILD=${1:-build}
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/bench-lib.sh"
+bench_opts "$@"
+BUILD=${1:-build}
+bench_build_dir "$top/$BUILD" "$BUILD"
 cd "$top"
 bin="$top/$BUILD/bin"
 rounds=${BENCH_ROUNDS:-3}
@@ -100,7 +103,6 @@ export PYTHONPATH=${PYTHONPATH:-$top/user/python}
 export KCOLL_LIB=${KCOLL_LIB:-$top/$BUILD/lib/libkcoll.so.1}
 "$py" -c 'import torch, numpy, kcoll' || die "$py cannot import torch, numpy and kcoll"
 
-. "$top/scripts/bench-lib.sh"
 tmp=$(mktemp -d /tmp/kcoll-bench-torch.XXXXXX)
 daemon_pid=
 rank_pids=()

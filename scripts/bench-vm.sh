@@ -9,6 +9,7 @@
 #   scripts/bench-vm.sh --guest B   what runs inside the guest
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/scripts/bench-lib.sh"	# bench_opts, bench_build_dir
 iters=${BENCH_VM_ITERS:-5}
 size=${BENCH_VM_SIZE:-64M}
 
@@ -42,8 +43,10 @@ if [ "${1:-}" = "--guest" ]; then
 	exit 0
 fi
 
+bench_opts "$@"
 BUILD=${1:-build}
 B=$top/$BUILD
+bench_build_dir "$B" "$BUILD"
 [ -f "$top/build/kmod/kmod/kcoll.ko" ] || { echo "bench-vm.sh: build the module first (make vmtest)"; exit 1; }
 out=$top/docs/perf/vm-$(date +%Y-%m-%d-%H%M).json
 raw=$(mktemp)

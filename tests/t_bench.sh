@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # kcoll-bench against the shared test daemon: every collective at N=1,2,3 with
 # checking on (exit 0, every #wrong 0, one row per size), the JSON output, the
-# memcpy reference, and usage errors. Run by tests/run.sh, which exports
-# KCOLL_BUILD and KCOLL_SOCKET. Prints TAP.
+# memcpy reference, and usage errors; the benchmark scripts' --help and usage
+# errors. Run by tests/run.sh, which exports KCOLL_BUILD, KCOLL_SOCKET and
+# KCOLL_TOP. Prints TAP.
 set -u
 bench="${KCOLL_BUILD:?run me from tests/run.sh}/bin/kcoll-bench"
 tmp=$(mktemp -d /tmp/kcoll-t-bench.XXXXXX)
@@ -14,9 +15,31 @@ ok() {	# status description
 	if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fi
 }
 
+# The benchmark scripts' command line (scripts/bench-lib.sh): --help is the
+# usage and exit 0, an unknown option and a build dir that is not one are
+# usage errors (exit 2) that say so; nothing here starts a benchmark.
+top=${KCOLL_TOP:?run me from tests/run.sh}
+for s in "$top"/scripts/bench-*.sh; do
+	name=$(basename "$s")
+	[ "$name" != bench-lib.sh ] || continue	# sourced, not run
+	bash "$s" --help >"$tmp/out" 2>&1
+	rc=$?
+	[ $rc -eq 0 ] && grep -q "^usage:" "$tmp/out" && [ "$(wc -l <"$tmp/out")" -gt 2 ]
+	ok $? "$name --help prints the usage and exits 0 (exit $rc)"
+	bash "$s" --no-such-option >"$tmp/out" 2>&1
+	rc=$?
+	[ $rc -eq 2 ] && grep -q "unknown option.*--no-such-option" "$tmp/out"
+	ok $? "$name: an unknown option is a usage error (exit $rc)"
+	[ "$name" != bench-bpf.sh ] || continue	# its build is $KCOLL_BUILD, not an argument
+	bash "$s" "$tmp/no-such-build" >"$tmp/out" 2>&1
+	rc=$?
+	[ $rc -eq 2 ] && grep -q "no-such-build' is not a build directory" "$tmp/out"
+	ok $? "$name: a missing build dir is a usage error (exit $rc)"
+done
+
 if [ ! -x "$bench" ]; then
-	echo "ok 1 # SKIP $bench not built"
-	echo "1..1"
+	ok 0 "# SKIP $bench not built"
+	echo "1..$n"
 	exit 0
 fi
 
