@@ -208,19 +208,26 @@ static int post(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, uint
 	return r;
 }
 
+/* Piece 'next' of c is through (sent or taken in): count its bytes on the
+ * mh's tx or rx counter, observe the link, move on. */
+static void piece_done(struct kd_mh *mh, struct cursor *c, const struct kd_xev *ev, _Atomic uint64_t *bytes)
+{
+	const struct kd_piece *p = &c->pieces[c->next];
+
+	atomic_fetch_add(bytes, p->len + sizeof(struct kd_p_data));
+	observe(mh, c, ev->t0, p->len);
+	advance(c);
+}
+
 /* One completion: advance its cursor. */
 static int complete(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, const struct kd_xev *ev)
 {
-	const struct kd_piece *p = &c->pieces[c->next];
 	int r = ev->err;
 
 	if (ev->kind == KD_XEV_TX) {
-		if (r)
-			return r;
-		atomic_fetch_add(&mh->bytes_sent, p->len + sizeof(struct kd_p_data));
-		observe(mh, c, ev->t0, p->len);
-		advance(c);
-		return 0;
+		if (!r)
+			piece_done(mh, c, ev, &mh->bytes_sent);
+		return r;
 	}
 	if (ev->hdr && (!r || r == -EPROTO)) {
 		int h = check_hdr(mh, op, c, ev->hdr);
@@ -231,12 +238,9 @@ static int complete(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, 
 		r = piece_in(mh, c, ev->data);
 	if (ev->rx)
 		mh->xport->release(mh->xpriv, ev->rx);
-	if (r)
-		return r;
-	atomic_fetch_add(&mh->bytes_recv, p->len + sizeof(struct kd_p_data));
-	observe(mh, c, ev->t0, p->len);
-	advance(c);
-	return 0;
+	if (!r)
+		piece_done(mh, c, ev, &mh->bytes_recv);
+	return r;
 }
 
 static int open_xport(struct kd_mh *mh)
