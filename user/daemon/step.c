@@ -95,6 +95,8 @@ struct cursor {
 	uint32_t step;
 	uint8_t *rx;		/* receive with reduction: staging */
 	struct kd_p_data hdr;	/* send: piece 'next''s header */
+	struct kd_xmem mem;	/* send, KD_XPORT_F_MEM: the buffer base lies in */
+	int8_t mem_known;	/* 0: not looked up yet, 1: mem, -1: none */
 	struct cursor *prev;	/* same stream, previous step: finishes first */
 	struct cursor *dep;	/* chained send: piece j waits for piece j of the previous
 				 * step's receive, whose cursors start at dep */
@@ -186,6 +188,56 @@ static void advance(struct cursor *c)
 	c->done = c->next >= c->npieces;
 }
 
+/*
+ * The buffer a send cursor reads from, as a whole, for a transport that
+ * sends from registered memory: the comm's accumulator or snapshot, or a
+ * client region one of the op's buffers lies in (a kcoll.ko region with its
+ * dma-buf, when kcoll.ko exports one). None: the transport copies.
+ */
+static const struct kd_xmem *mem_of(struct kd_mh *mh, const struct kd_op *op, struct cursor *c)
+{
+	const uint8_t *b = c->base;
+
+	if (c->mem_known)
+		return c->mem_known > 0 ? &c->mem : NULL;
+	c->mem_known = 1;
+	c->mem.dmabuf_fd = -1;
+	if (mh->own && b >= mh->own && b < mh->own + mh->acc_size) {
+		c->mem.lo = mh->own;
+		c->mem.len = mh->acc_size;
+		return &c->mem;
+	}
+	if (mh->snap && b >= mh->snap && b < mh->snap + mh->snap_size) {
+		c->mem.lo = mh->snap;
+		c->mem.len = mh->snap_size;
+		return &c->mem;
+	}
+	for (uint32_t rk = 0; rk < op->comm->nranks; rk++) {
+		const struct kd_contrib *ct = &op->c[rk];
+		struct kd_region *rg[2] = { ct->sbuf.rg, ct->rbuf.rg };
+
+		for (int i = 0; ct->present && i < 2; i++) {
+			if (!rg[i] || b < rg[i]->map || b >= rg[i]->map + rg[i]->size)
+				continue;
+			if (!rg[i]->pinned) {
+				c->mem.lo = rg[i]->map;
+				c->mem.len = rg[i]->size;
+				return &c->mem;
+			}
+			/* kcoll.ko pages: a NIC reaches them through the dma-buf only. */
+			c->mem.dmabuf_fd = kd_region_dmabuf(rg[i]);
+			if (c->mem.dmabuf_fd < 0)
+				goto none;
+			c->mem.lo = rg[i]->kmap.map_base;
+			c->mem.len = rg[i]->kmap.map_len;
+			return &c->mem;
+		}
+	}
+none:
+	c->mem_known = -1;
+	return NULL;
+}
+
 /* Hand piece 'next' of c to the transport. */
 static int post(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, uint32_t idx)
 {
@@ -199,7 +251,8 @@ static int post(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, uint
 				 .len = (uint32_t)(sizeof(c->hdr) + p->len), .reserved = mh->sig },
 			.seq = op->seq, .step = c->step, .piece = c->next,
 		};
-		r = x->send(mh->xpriv, c->host, c->stream, &c->hdr, c->base + p->off, p->len, idx);
+		r = x->send(mh->xpriv, c->host, c->stream, &c->hdr, c->base + p->off, p->len,
+			    x->flags & KD_XPORT_F_MEM ? mem_of(mh, op, c) : NULL, idx);
 	} else {
 		r = x->recv(mh->xpriv, c->host, c->stream, c->rx ? c->rx : c->dst + p->off, p->len, idx);
 	}

@@ -23,7 +23,9 @@
  *     order on the peer's (self, stream). Different streams are independent.
  *   - send() queues one piece: the header is copied, the payload (len bytes
  *     at buf) must stay untouched until the piece's KD_XEV_TX event. A
- *     stream holds one send at a time: -EBUSY while one is in flight.
+ *     stream holds one send at a time: -EBUSY while one is in flight. With
+ *     KD_XPORT_F_MEM, mem (NULL: none known) names the buffer buf lies in,
+ *     for a zero-copy send; a transport may always copy instead.
  *   - recv() posts the receive of the next piece on (host, stream), of len
  *     bytes payload; one at a time per stream (-EBUSY). A streamed transport
  *     (TCP) receives straight into buf; one with buffers of its own
@@ -54,7 +56,7 @@ struct kd_step;
 struct kd_mh;
 struct pollfd;
 
-#define KD_XPORT_VERSION	2	/* 1: run_steps only (the whole mh) */
+#define KD_XPORT_VERSION	3	/* 1: run_steps only (the whole mh); 2: no kd_xmem */
 
 /* What open() gets: nothing of the communicator beyond hosts and streams. */
 struct kd_xport_env {
@@ -64,6 +66,24 @@ struct kd_xport_env {
 				 * streams (-1: none), owned by the caller */
 	void *fabric;		/* in-process transports: what the hosts share */
 };
+
+/*
+ * Where a send's payload lies, for a transport that sends from registered
+ * memory (zero-copy, KD_XPORT_F_MEM): the whole buffer the piece is part of,
+ * so that one registration serves all its pieces. Valid while the piece is
+ * in flight; the engine's caller keeps the buffer (and the dma-buf) until
+ * the op ends and invalidates registrations before it unmaps or reallocates
+ * one (kcoll_rdma_mr_invalidate). The transport registers, never maps.
+ */
+struct kd_xmem {
+	const uint8_t *lo;	/* the buffer: [lo, lo + len) holds the payload */
+	size_t len;
+	int dmabuf_fd;		/* >= 0: pages only this dma-buf reaches (a kcoll.ko
+				 * region; its iova is lo), else -1 */
+};
+
+/* kd_xport_ops.flags */
+#define KD_XPORT_F_MEM		1u	/* send() wants a kd_xmem where the engine has one */
 
 enum kd_xev_kind { KD_XEV_TX = 1, KD_XEV_RX = 2 };
 
@@ -90,8 +110,9 @@ struct kd_xport_ops {
 
 	/* The narrow interface (see the contract above). */
 	int (*open)(const struct kd_xport_env *env, void **ctx);
+	uint32_t flags;		/* KD_XPORT_F_* */
 	int (*send)(void *ctx, uint32_t host, uint32_t stream, const struct kd_p_data *hdr,
-		    const void *buf, size_t len, uint64_t cookie);
+		    const void *buf, size_t len, const struct kd_xmem *mem, uint64_t cookie);
 	int (*recv)(void *ctx, uint32_t host, uint32_t stream, void *buf, size_t len, uint64_t cookie);
 	int (*poll)(void *ctx, struct kd_xev *ev, uint32_t max, bool *moved);
 	void (*release)(void *ctx, void *rx);	/* NULL: never hands over its own */

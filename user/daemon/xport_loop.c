@@ -166,7 +166,7 @@ static struct loop_io *io_of(struct loop_ctx *x, struct loop_io *a, uint32_t hos
 }
 
 static int loop_send(void *ctx, uint32_t host, uint32_t stream, const struct kd_p_data *hdr, const void *buf,
-		     size_t len, uint64_t cookie)
+		     size_t len, const struct kd_xmem *mem, uint64_t cookie)
 {
 	struct loop_ctx *x = ctx;
 	struct kd_loop_fabric *f = x->f;
@@ -179,6 +179,10 @@ static int loop_send(void *ctx, uint32_t host, uint32_t stream, const struct kd_
 		return -EINVAL;
 	if (io->active)
 		return -EBUSY;
+	/* It copies, but checks what a zero-copy transport would rely on. */
+	if (mem && (mem->dmabuf_fd < -1 || (const uint8_t *)buf < mem->lo ||
+		    (const uint8_t *)buf + len > mem->lo + mem->len))
+		return -EINVAL;
 	m = malloc(sizeof(*m) + len);
 	if (!m)
 		return -ENOMEM;
@@ -288,6 +292,7 @@ const struct kd_xport_ops kd_xport_loop = {
 	.version = KD_XPORT_VERSION,
 	.name = "loopback",
 	.open = loop_open,
+	.flags = KD_XPORT_F_MEM,
 	.send = loop_send,
 	.recv = loop_recv,
 	.poll = loop_poll,

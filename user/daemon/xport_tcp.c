@@ -105,7 +105,7 @@ static int start(struct tcp_ctx *x, struct tcp_io *io, void *buf, size_t len, ui
 }
 
 static int tcp_send(void *ctx, uint32_t host, uint32_t stream, const struct kd_p_data *hdr, const void *buf,
-		    size_t len, uint64_t cookie)
+		    size_t len, const struct kd_xmem *mem, uint64_t cookie)
 {
 	struct tcp_ctx *x = ctx;
 	struct tcp_io *io = io_of(x, host, stream, true);
