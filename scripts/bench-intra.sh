@@ -23,6 +23,10 @@
 # Environment: KCOLL_SOCKET  use that daemon (else a private kcolld is started
 #              and stopped); BENCH_ROUNDS (4), BENCH_MIN (1K), BENCH_MAX (64M),
 #              BENCH_FACTOR (4), BENCH_NS ("2 4"), BENCH_OUT (docs/perf).
+# BENCH_BASE=DIR (a second build dir, e.g. an older commit's build): an A/B
+# in one run. DIR's own kcolld (private, beside BUILD's) and kcoll-bench are
+# measured as system "base" at every point, right after BUILD's kcoll and
+# before Open MPI; the table gains a base column and kcoll / base per N.
 # Bounded: about 1-2 minutes on the 2-core VM with the defaults (each
 # command also under a 120 s timeout).
 set -euo pipefail
@@ -49,6 +53,13 @@ die() { echo "bench-intra: $*" >&2; exit 1; }
 note() { echo "bench-intra: $*" >&2; }
 
 [ -x "$bin/kcoll-bench" ] || die "$bin/kcoll-bench missing: run make"
+base_bin=
+if [ -n "${BENCH_BASE:-}" ]; then
+	base_bin=$(cd "$BENCH_BASE" && pwd)/bin
+	for b in kcoll-bench kcolld; do
+		[ -x "$base_bin/$b" ] || die "$base_bin/$b missing: build BENCH_BASE"
+	done
+fi
 command -v python3 >/dev/null || die "python3 is needed to merge the JSON results"
 
 to_bytes() {	# 64M -> 67108864
@@ -63,14 +74,26 @@ to_bytes() {	# 64M -> 67108864
 
 tmp=$(mktemp -d /tmp/kcoll-bench-intra.XXXXXX)
 daemon_pid=
+base_pid=
 cleanup() {
 	bench_kcolld_stop
+	if [ -n "$base_pid" ]; then
+		kill -TERM "$base_pid" 2>/dev/null || true
+		wait "$base_pid" 2>/dev/null || true
+	fi
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 bench_kcolld
+if [ -n "$base_bin" ]; then
+	base_sock="$tmp/base.sock"
+	"$base_bin/kcolld" -f -s "$base_sock" -l "$tmp/base.log" &
+	base_pid=$!
+	for _ in $(seq 100); do [ -S "$base_sock" ] && break; sleep 0.05; done
+	[ -S "$base_sock" ] || { cat "$tmp/base.log" >&2; die "BENCH_BASE's kcolld did not create $base_sock"; }
+fi
 
 mpi=()
 if [ -x "$bin/mpi-coll-bench" ] && command -v mpirun >/dev/null; then
@@ -104,6 +127,9 @@ point() {	# round system N size iters warmup
 	if [ "$2" = kcoll ]; then
 		timeout 120 "$bin/kcoll-bench" "${args[@]}" -N "$3" -s "$sock" >"$out" ||
 			die "kcoll-bench -N $3 at $4 bytes failed"
+	elif [ "$2" = base ]; then
+		timeout 120 "$base_bin/kcoll-bench" "${args[@]}" -N "$3" -s "$base_sock" >"$out" ||
+			die "BENCH_BASE's kcoll-bench -N $3 at $4 bytes failed"
 	else
 		local extra=()
 		[ "$3" -gt "$ncpu" ] && extra=(--mca mpi_yield_when_idle 1)
@@ -124,11 +150,13 @@ for r in $(seq "$rounds"); do
 	record "$r" memcpy 1 "$tmp/point.json"
 	# latency: 8 bytes at N=2, both systems back to back
 	point "$r" kcoll 2 8 2000 200
+	if [ -n "$base_bin" ]; then point "$r" base 2 8 2000 200; fi
 	if [ ${#mpi[@]} -gt 0 ]; then point "$r" openmpi 2 8 2000 200; fi
 	for ((size = lo; size <= hi; size *= factor)); do
 		n=$(iters_for "$size")
 		for N in $ns; do
 			point "$r" kcoll "$N" "$size" "$n" $((n / 5 + 1))
+			if [ -n "$base_bin" ]; then point "$r" base "$N" "$size" "$n" $((n / 5 + 1)); fi
 			if [ ${#mpi[@]} -gt 0 ]; then
 				point "$r" openmpi "$N" "$size" "$n" $((n / 5 + 1))
 			fi
@@ -139,10 +167,10 @@ note "measured in $((SECONDS - start)) s"
 
 mkdir -p "$outdir"
 mpirun_line="${mpi[*]:-none}"
-python3 - "$tmp" "$json" "$rounds" "$mpirun_line" <<'EOF'
+python3 - "$tmp" "$json" "$rounds" "$mpirun_line" "${BENCH_BASE:-}" <<'EOF'
 import glob, json, os, platform, statistics, sys, time
 
-tmp, out, rounds, mpirun = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+tmp, out, rounds, mpirun, base = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 runs = []
 for f in sorted(glob.glob(os.path.join(tmp, "run-*.json")),
                 key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0])):
@@ -174,6 +202,8 @@ doc = {
     "note": "summary: best round (and median) per point; systems alternate point by point",
     "summary": summary, "runs": runs,
 }
+if base:
+    doc["base"] = base	# system "base": this build's kcolld and kcoll-bench
 with open(out, "w") as fh:
     json.dump(doc, fh, indent=1)
     fh.write("\n")
@@ -208,9 +238,12 @@ def ratio(a, b):
         return "%.2fx" % (pt[a]["busbw"] / pt[b]["busbw"])
     return "-"
 
+base = "base" in doc
 head = ["size"]
 for n in ns:
     head += ["kcoll N=%d" % n, "Open MPI N=%d" % n, "ratio"]
+    if base:
+        head += ["base N=%d" % n, "base ratio", "kcoll / base"]
 head.append("memcpy")
 print("All-reduce f32 sum, busbw in GB/s (best of %d rounds), %s, %d CPUs, %s"
       % (doc["rounds"], doc["host"], doc["cpus"], doc["date"]))
@@ -222,6 +255,9 @@ for size in sizes:
     for n in ns:
         k, m = ("kcoll", n, size), ("openmpi", n, size)
         cells += [bw(k), bw(m), ratio(k, m)]
+        if base:
+            b = ("base", n, size)
+            cells += [bw(b), ratio(b, m), ratio(k, b)]
     mc = ("memcpy", 1, size)
     cells.append("%.2f" % pt[mc]["algbw"] if mc in pt else "-")
     print("| " + " | ".join(cells) + " |")
@@ -232,5 +268,11 @@ if k:
     if m:
         line += ", Open MPI %.2f us (kcoll/Open MPI time %.2fx)" % (m["time_us"],
                                                                     k["time_us"] / m["time_us"])
+    print(line)
+b = pt.get(("base", 2, 8))
+if b:
+    line = "base (%s): %.2f us" % (doc["base"], b["time_us"])
+    if m:
+        line += " (base/Open MPI time %.2fx)" % (b["time_us"] / m["time_us"])
     print(line)
 EOF
