@@ -53,7 +53,11 @@
 # KCOLL_NETS (eth0; all: kcolld's default, every interface: eth0 and eth1,
 # which the ring bound does not cover) and KCOLL_BENCH_EXTRA (more kcoll-bench
 # options; "-s /run/kcoll-kca/h0/kcolld.sock" puts every rank on host 0's
-# daemon: only to test the launcher).
+# daemon: only to test the launcher) and BENCH_BASE=DIR (a second build dir,
+# e.g. an older commit's build: an A/B in one run; DIR's kcolld on every host
+# and DIR's kcoll-bench are measured as library "base" in the same rotation,
+# the daemons restarted from the other build whenever the rotation switches;
+# the table gains base busbw, base / best anchor and kcoll / base).
 # Bounded: about 2-3 minutes with the defaults (4-5 with --kcoll); every
 # command under a timeout.
 set -euo pipefail
@@ -111,6 +115,14 @@ if [ "$with_kcoll" -eq 1 ]; then
 	for b in kcoll-bench kcolld; do [ -x "$bin/$b" ] || die "$bin/$b missing: run make"; done
 	case "$kcoll_nets" in eth0 | all) ;; *) die "KCOLL_NETS is eth0 or all, not '$kcoll_nets'" ;; esac
 	command -v gnuplot >/dev/null || note "no gnuplot (scripts/deps.sh --bench): no plot"
+fi
+base_build=
+if [ -n "${BENCH_BASE:-}" ]; then
+	[ "$with_kcoll" -eq 1 ] || die "BENCH_BASE needs --kcoll"
+	base_build=$(cd "$BENCH_BASE" && pwd)
+	for b in kcoll-bench kcolld; do
+		[ -x "$base_build/bin/$b" ] || die "$base_build/bin/$b missing: build BENCH_BASE"
+	done
 fi
 
 tmp=$(mktemp -d /tmp/kcoll-cluster-anchors.XXXXXX)
@@ -197,19 +209,42 @@ gloo() {	# round part args...
 
 # kcoll-bench's parent runs here, in the root namespace: it asks host 0's
 # daemon for the id and starts each rank on its host through the launcher.
-kcoll_cmd=("$bin/kcoll-bench" --hosts "$hosts" -N 1 --mem "$kcoll_mem"
-	   --launch "$cluster exec %h" "${kcoll_extra[@]}")
+kcoll_opts=(--hosts "$hosts" -N 1 --mem "$kcoll_mem" --launch "$cluster exec %h" "${kcoll_extra[@]}")
+kcoll_cmd=("$bin/kcoll-bench" "${kcoll_opts[@]}")
+daemons_of=$KCOLL_BUILD
+daemons() {	# build dir: every host's kcolld from that build (as at start-up)
+	local i
+	[ "$daemons_of" = "$1" ] && return 0
+	for ((i = 0; i < hosts; i++)); do
+		if [ "$kcoll_nets" = eth0 ]; then
+			KCOLL_BUILD=$1 KCOLL_LOG_LEVEL=warn KCOLL_ADDRS=10.10.0.$((i + 1)) \
+				"$cluster" restart "$i" >&2
+		else
+			KCOLL_BUILD=$1 KCOLL_LOG_LEVEL=warn "$cluster" restart "$i" >&2
+		fi || die "cannot start $1's kcolld on host $i"
+	done
+	daemons_of=$1
+}
 kcoll() {	# round part args...
-	local out="$tmp/kcoll.json" i
-	if ! timeout -k 10 240 "${kcoll_cmd[@]}" "${@:3}" >"$out" 2>"$tmp/kcoll.err"; then
+	daemons "$KCOLL_BUILD"
+	kcoll_sys kcoll "$bin/kcoll-bench" "$@"
+}
+base() {	# round part args...: BENCH_BASE's daemons and kcoll-bench
+	daemons "$base_build"
+	kcoll_sys base "$base_build/bin/kcoll-bench" "$@"
+}
+kcoll_sys() {	# system kcoll-bench round part args...
+	local sys=$1 cmd=$2 out="$tmp/kcoll.json" i
+	shift 2
+	if ! timeout -k 10 240 "$cmd" "${kcoll_opts[@]}" "${@:3}" >"$out" 2>"$tmp/kcoll.err"; then
 		cat "$tmp/kcoll.err" >&2
 		for ((i = 0; i < hosts; i++)); do
 			tail -n 5 "/run/kcoll-$KCOLL_CLUSTER_PREFIX/h$i/kcolld.log" 2>/dev/null |
 				sed "s/^/kcolld h$i: /" >&2 || true
 		done
-		die "kcoll $2 sweep failed"
+		die "$sys $2 sweep failed"
 	fi
-	record "$1" kcoll "$out"
+	record "$1" "$sys" "$out"
 }
 
 kcoll_desc=
@@ -219,6 +254,7 @@ fi
 
 systems=()
 [ "$with_kcoll" -eq 1 ] && systems+=(kcoll)
+[ -n "$base_build" ] && systems+=(base)
 [ "$have_mpi" -eq 1 ] && systems+=(openmpi)
 [ "$have_gloo" -eq 1 ] && systems+=(gloo)
 [ ${#systems[@]} -gt 0 ] || note "no library to measure: capacity only"
@@ -243,11 +279,11 @@ mkdir -p "$outdir"
 python3 - "$tmp" "$json" "$rounds" "$hosts" "${mpirun_args[*]} $bin/mpi-coll-bench" \
 	"gloo-allreduce-bench allreduce -N $hosts --rank R --store DIR --host 10.10.0.(R+1)" \
 	"kcoll-tcpcap ring -r R $addr_list -t $cap_seconds" \
-	"$kcoll_desc" "$kcoll_mem" "$kcoll_nets" <<'EOF'
+	"$kcoll_desc" "$kcoll_mem" "$kcoll_nets" "$base_build" <<'EOF'
 import glob, json, os, platform, statistics, sys, time
 
 tmp, out, rounds, hosts = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-cmd_mpi, cmd_gloo, cmd_cap, cmd_kcoll, kcoll_mem, kcoll_nets = sys.argv[5:11]
+cmd_mpi, cmd_gloo, cmd_cap, cmd_kcoll, kcoll_mem, kcoll_nets, base = sys.argv[5:12]
 runs = []
 for f in sorted(glob.glob(os.path.join(tmp, "run-*.json")),
                 key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0])):
@@ -308,6 +344,8 @@ if cmd_kcoll:
                     "networks": "eth0 (KCOLL_ADDRS=10.10.0.(i+1))" if kcoll_nets == "eth0"
                                 else "every interface (eth0 and eth1)",
                     "version": sorted(v for v in versions if v)}
+    if base:
+        doc["kcoll"]["base"] = base	# library "base": this build's kcollds and kcoll-bench
 with open(out, "w") as fh:
     json.dump(doc, fh, indent=1)
     fh.write("\n")
@@ -343,8 +381,11 @@ print("All-reduce f32 sum across %d netns hosts over TCP (eth0), best of %d roun
       "%d CPUs, %s" % (doc["hosts"], doc["rounds"], doc["host"], doc["cpus"], doc["date"]))
 print()
 if "kcoll" in doc:
+    base = "base" in doc["kcoll"]
     head = ["size", "kcoll busbw", "Open MPI busbw", "Gloo busbw", "kcoll time (us)",
             "best anchor time (us)", "kcoll / best anchor", "kcoll / ring bound"]
+    if base:
+        head += ["base busbw", "base / best anchor", "kcoll / base"]
     row(head)
     print("|" + "|".join(["---:"] * len(head)) + "|")
     for size in sizes:
@@ -354,17 +395,26 @@ if "kcoll" in doc:
         ratio = "-"
         if k and best and best["busbw"] > 0:
             ratio = "%.2f (%s)" % (k["busbw"] / best["busbw"], anchors[best["system"]])
-        row([human(size), cell("kcoll", size, "busbw", "%.3f"),
-             cell("openmpi", size, "busbw", "%.3f"), cell("gloo", size, "busbw", "%.3f"),
-             cell("kcoll", size, "time_us", "%.1f"),
-             "%.1f" % best["time_us"] if best else "-", ratio,
-             "%.2f" % (k["busbw"] / bound["best"]) if k and bound else "-"])
+        cells = [human(size), cell("kcoll", size, "busbw", "%.3f"),
+                 cell("openmpi", size, "busbw", "%.3f"), cell("gloo", size, "busbw", "%.3f"),
+                 cell("kcoll", size, "time_us", "%.1f"),
+                 "%.1f" % best["time_us"] if best else "-", ratio,
+                 "%.2f" % (k["busbw"] / bound["best"]) if k and bound else "-"]
+        if base:
+            b = pt.get(("base", size))
+            cells += [cell("base", size, "busbw", "%.3f"),
+                      "%.2f" % (b["busbw"] / best["busbw"]) if b and best and best["busbw"] > 0
+                      else "-",
+                      "%.2f" % (k["busbw"] / b["busbw"]) if k and b and b["busbw"] > 0 else "-"]
+        row(cells)
     print()
     print("busbw in GB/s. kcoll: kcoll-bench --hosts %d -N 1, one kcolld per host on %s, %s "
           "buffers (%s); the anchors: malloc'ed buffers, eth0. Ratios of busbw (above 1: kcoll "
           "faster)." % (doc["hosts"], doc["kcoll"]["networks"], doc["kcoll"]["mem"],
                         "kcoll_mem_alloc, zero-copy" if doc["kcoll"]["mem"] == "shm"
                         else "one copy"))
+    if base:
+        print("base: %s, its kcolld on every host, same rotation." % doc["kcoll"]["base"])
 else:
     head = ["size", "Open MPI busbw", "Open MPI time (us)", "Gloo busbw", "Gloo time (us)",
             "raw aggregate", "ring bound"]
