@@ -23,7 +23,8 @@
 # over rounds (the load of a shared machine moves between readings). With a
 # second build dir BASE, every round also runs BASE's kcolld and kvbench
 # (daemons restarted for each), in alternating order: an A/B of two builds in
-# one run. KV_BENCH_PARTS=net skips part 1. KV_BENCH_DURATION=S (default 2,
+# one run; part 1 then runs BASE's kcolld and kvbench too, right after
+# BUILD's (tables and JSON keys "base-local-*"). KV_BENCH_PARTS=net skips part 1. KV_BENCH_DURATION=S (default 2,
 # whole seconds: iperf3 -t takes an integer and runs forever on 0).
 # KV_BENCH_RAW_MEM="KIND..." (default anon) runs the raw TCP anchor once per
 # memory kind of kcoll-kvbench --tcp-mem (anon, memfd, anon-huge,
@@ -61,16 +62,20 @@ trap cleanup EXIT
 echo "# 1. same host (kcolld with its default settings)"
 case ,$PARTS, in *,local,*) ;; *) echo "(skipped: KV_BENCH_PARTS=$PARTS)"; echo '{"rows":[]}' |
 	tee "$T/local-shm.json" "$T/local-shm-4k.json" >"$T/local-malloc.json" ;; esac
-case ,$PARTS, in *,local,*)
-"$BIN/kcolld" -f -s "$T/kcolld.sock" -l "$T/kcolld.log" &
+local_run() {	# BIN PREFIX: that build's kcolld and kvbench, same host
+"$1/kcolld" -f -s "$T/kcolld.sock" -l "$T/kcolld.log" &
 dpid=$!
 for _ in $(seq 100); do [ -S "$T/kcolld.sock" ] && break; sleep 0.05; done
 export KCOLL_SOCKET="$T/kcolld.sock"
-"$BIN/kcoll-kvbench" -d "$DUR" -b 4K,64K,256K,1M,4M -B 64 --json >"$T/local-shm.json"
-"$BIN/kcoll-kvbench" -d "$DUR" -b 4K -B 1024 --json >"$T/local-shm-4k.json"
-"$BIN/kcoll-kvbench" -d "$DUR" -b 4K,64K,256K,1M,4M -B 64 -M malloc --json >"$T/local-malloc.json"
+"$1/kcoll-kvbench" -d "$DUR" -b 4K,64K,256K,1M,4M -B 64 --json >"$T/$2local-shm.json"
+"$1/kcoll-kvbench" -d "$DUR" -b 4K -B 1024 --json >"$T/$2local-shm-4k.json"
+"$1/kcoll-kvbench" -d "$DUR" -b 4K,64K,256K,1M,4M -B 64 -M malloc --json >"$T/$2local-malloc.json"
 kill "$dpid"; wait "$dpid" 2>/dev/null; dpid=
 unset KCOLL_SOCKET
+}
+case ,$PARTS, in *,local,*)
+local_run "$BIN" ""
+[ -z "$BASE" ] || local_run "$(bdir "$BASE")/bin" base-
 ;; esac
 
 echo "# 2. across namespaces"
@@ -154,6 +159,9 @@ for m in rawmem[1:]:
     res[f"rawtcp_{m}_rounds"] = [load(f"raw{r}-{m}")["rows"] + load(f"raw{r}-{m}-4k")["rows"]
                                  for r in range(rounds)]
 res["builds"] = {"net": build, "base": base or None}
+if base and os.path.exists(f"{d}/base-local-shm.json"):
+    for n in ("local-shm", "local-shm-4k", "local-malloc"):
+        res["base-" + n] = load("base-" + n)
 for k in ("net", "base") if base else ("net",):
     res[f"{k}_rounds"] = [load(f"{k}{r}")["rows"] + load(f"{k}{r}-4k")["rows"] for r in range(rounds)]
     res[f"{k}_cache_rounds"] = [load(f"{k}{r}-c")["rows"] for r in range(rounds)]
@@ -172,6 +180,10 @@ if res["local-shm"]["rows"]:
           res["local-shm"]["rows"] + res["local-shm-4k"]["rows"])
     table("same host, malloc buffers (process_vm_readv + process_vm_writev) vs memcpy",
           res["local-malloc"]["rows"])
+if res.get("base-local-shm", {}).get("rows"):
+    table(f"same host, base build {base}, kcoll_mem_alloc buffers vs memcpy",
+          res["base-local-shm"]["rows"] + res["base-local-shm-4k"]["rows"])
+    table(f"same host, base build {base}, malloc buffers vs memcpy", res["base-local-malloc"]["rows"])
 if rounds:
     ceil = [max(ips[r], ips[r + 1]) for r in range(rounds)]
     keys = ("base", "net") if base else ("net",)
