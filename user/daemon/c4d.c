@@ -223,10 +223,14 @@ static void feed_links(struct kd_mh *mh, struct kd_c4 *c, uint64_t now)
 					.bytes = b - c->seen_bytes[h][s][d], .busy_ns = t - c->seen_busy[h][s][d],
 				};
 
+				/* Bytes and their busy time may land in different
+				 * ticks (RDMA tx: bytes when posted, busy time when
+				 * acknowledged): keep both until a tick has each, else
+				 * a slow link's busy time would be dropped. */
+				if (!o.bytes || !o.busy_ns)
+					continue;
 				c->seen_bytes[h][s][d] = b;
 				c->seen_busy[h][s][d] = t;
-				if (!o.bytes)
-					continue;
 				kcoll_c4_link_obs(&c->core, &o);
 				kd_metrics_link(c4d_hname(mh, h), o.link, d, o.bytes, o.busy_ns);
 				if (o.bytes >= c->core.p.min_obs_bytes)
