@@ -44,6 +44,7 @@
 #include "kcoll_gpu.h"
 #include "rawclient.h"
 #include "reduce.h"
+#include "gpu_kcolld.h"
 #include "test_util.h"
 
 #define NR		2
@@ -145,103 +146,14 @@ static void *dalloc(size_t n)
 /* ---- kcolld ---- */
 static const char *kcolld_fail_copy;	/* KCOLL_FAKE_CUDA_FAIL_COPY_ASYNC for the next start */
 
+/* The pinned pool holds 16 slabs (KD_DEV_SLABS): a pool that did not reuse
+ * them would run out, and exiting with any still allocated makes kcolld
+ * exit 70. */
 static pid_t kcolld_start(const char *sock, const char *log, int gpu, int loopback)
 {
-	char bin[PATH_MAX + 16];
-	pid_t pid;
+	struct gpu_kcolld o = { exe_dir, dir, gpu, loopback, "16", kcolld_fail_copy };
 
-	snprintf(bin, sizeof(bin), "%s/../bin/kcolld", exe_dir);
-	unlink(sock);
-	pid = fork();
-	if (pid < 0)
-		return -1;
-	if (pid == 0) {
-		const char *asan = getenv("ASAN_OPTIONS");
-		char opts[PATH_MAX + 1024], supp[PATH_MAX + 64];
-		FILE *f;
-
-		if (!gpu)
-			setenv("KCOLL_GPU_LIB", "/nonexistent/libkcoll_gpu.so", 1);
-		/* The fake's knobs (gpu/fake_cuda.c); the real driver ignores them.
-		 * The pinned pool holds 16 slabs (KD_DEV_SLABS): a pool that did not
-		 * reuse them would run out, and exiting with any still allocated
-		 * makes kcolld exit 70. */
-		setenv("KCOLL_FAKE_CUDA_HOST_ALLOC_MAX", "16", 1);
-		if (kcolld_fail_copy)
-			setenv("KCOLL_FAKE_CUDA_FAIL_COPY_ASYNC", kcolld_fail_copy, 1);
-		/* kcolld under ASan on a real GPU: what the test has by default. */
-		snprintf(opts, sizeof(opts), "%s%sprotect_shadow_gap=0", asan ? asan : "",
-			 asan ? ":" : "");
-		setenv("ASAN_OPTIONS", opts, 1);
-		snprintf(supp, sizeof(supp), "%s/lsan.supp", dir);
-		f = fopen(supp, "w");
-		if (f) {
-			fputs("leak:libcuda.so\nleak:libkcoll_gpu.so\n", f);
-			fclose(f);
-			snprintf(opts, sizeof(opts), "suppressions=%s", supp);
-			setenv("LSAN_OPTIONS", opts, 1);
-		}
-		if (loopback)
-			execl(bin, "kcolld", "-f", "-v", "-s", sock, "-l", log, "-P", "127.0.0.1:0",
-			      "-A", "127.0.0.1", (char *)NULL);
-		else
-			execl(bin, "kcolld", "-f", "-v", "-s", sock, "-l", log, (char *)NULL);
-		_exit(127);
-	}
-	for (int i = 0; i < 1200; i++) {	/* 60 s: a loaded machine, ASan */
-		struct stat st;
-		int status;
-
-		if (!stat(sock, &st) && S_ISSOCK(st.st_mode))
-			return pid;
-		if (waitpid(pid, &status, WNOHANG) == pid)
-			return -1;
-		usleep(50000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	return -1;
-}
-
-/* SIGTERM: the exit status (0 = drained cleanly), -1 if it had to be killed. */
-static int kcolld_stop(pid_t pid)
-{
-	int status;
-
-	if (pid <= 0)
-		return -1;
-	kill(pid, SIGTERM);
-	for (int i = 0; i < 1200; i++) {	/* 60 s */
-		if (waitpid(pid, &status, WNOHANG) == pid)
-			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-		usleep(50000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	return -1;
-}
-
-static int count_in_file(const char *path, const char *needle)
-{
-	char line[1024];
-	int n = 0;
-	FILE *f = fopen(path, "r");
-
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		n += strstr(line, needle) != NULL;
-	fclose(f);
-	return n;
-}
-
-static int wait_child(pid_t pid)
-{
-	int st;
-
-	if (pid < 0 || waitpid(pid, &st, 0) != pid)
-		return -1;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return gpu_kcolld_start(&o, sock, log);
 }
 
 /* ---- one rank of the collective groups ---- */
