@@ -44,7 +44,7 @@ msg=$("$B/bin/kcollctl" -s "$SOCK" set lane_bytes $((MAX + 1)) 2>&1); rc=$?
 # duplicate), and writes what each got to $1.lanes.
 fake_root() {
 	python3 - "$@" <<'PY'
-import socket, struct, sys
+import select, socket, struct, sys
 out, lane = sys.argv[1], int(sys.argv[2])
 dport = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 MAGIC = 0x6b63706e
@@ -111,7 +111,15 @@ try:
                 pair = [lane_hello(token, 0, ROOT_NONCE) for _ in range(2)]
                 # Which of the two the daemon takes is its business: the
                 # duplicate is answered at once, the lane taken is closed
-                # when the comm fails at our REJECT.
+                # when the comm fails at our REJECT. That REJECT must wait
+                # until the daemon has read both HELLOs (a slow daemon, as
+                # under ASan, would else see the comm end first): until a
+                # reply is there (a comm with lanes) or two (one without).
+                want = 1 if lane else 2
+                for _ in range(300):
+                    r, _, _ = select.select(pair, [], [], 0.1)
+                    if len(r) >= want:
+                        break
                 c.sendall(msg(REJECT, b"fake root: test done".ljust(128, b"\0")))
                 got["pair"] = " + ".join(sorted(lane_answer(s) for s in pair))
                 open(out + ".lanes", "w").write("".join("%s: %s\n" % kv for kv in got.items()))
