@@ -141,19 +141,18 @@ static void cut_free(struct cut *c)
 }
 
 /* Cut p, check it against the model and, where given (>= 0), the number
- * of posts and sub-pieces worked out by hand. Returns the cut's posts. */
-static uint32_t expect(const char *name, const struct kv_xport_ops *xo, int nchan,
+ * of posts and sub-pieces worked out by hand. */
+static void expect(const char *name, const struct kv_xport_ops *xo, int nchan,
 		       const struct kv_piece *p, uint32_t n, long want_nfr, long want_nsp)
 {
 	char why[256];
 	const char *bad;
 	struct cut c;
-	uint32_t nfr;
 	int r = cut(xo, nchan, p, n, &c);
 
 	if (r) {
 		tap_ok(0, "%s: kv_batch_cut failed (%d)", name, r);
-		return 0;
+		return;
 	}
 	bad = check_cut(xo, nchan, p, n, &c, why, sizeof(why));
 	if (!bad && want_nfr >= 0 && c.nfr != (uint32_t)want_nfr) {
@@ -167,9 +166,7 @@ static uint32_t expect(const char *name, const struct kv_xport_ops *xo, int ncha
 	}
 	tap_ok(!bad, "%s (%s, %u entries, %u posts)%s%s", name, xo->name, n, c.nfr,
 	       bad ? ": " : "", bad ? bad : "");
-	nfr = c.nfr;
 	cut_free(&c);
-	return nfr;
 }
 
 /* Entries of the given lengths, contiguous on both sides unless gap. */
@@ -186,123 +183,108 @@ static struct kv_piece *pieces(uint32_t n, const uint64_t *len, uint64_t one_len
 	return p;
 }
 
-static void test_small(void)
+/* One hand-worked case: n entries of lengths len[] (or each one_len),
+ * gap bytes apart, cut for nchan channels into nfr posts of nsp sub-pieces. */
+struct kcase {
+	const char *name;
+	int nchan;
+	uint32_t n;
+	const uint64_t *len;
+	uint64_t one_len, gap;
+	long nfr, nsp;
+};
+
+static void run_cases(const struct kv_xport_ops *xo, const struct kcase *t, size_t nt)
 {
-	const struct kv_xport_ops *xo = &small_xo;
-	/* One channel, under 16 KiB in all: fb is frame_min, 8 KiB. */
-	uint64_t at[] = { 8 * KIB }, over[] = { 8 * KIB + 1 };
-	uint64_t pair_at[] = { 3 * KIB, 5 * KIB }, pair_over[] = { 3 * KIB, 5 * KIB + 1 };
-	uint64_t zeros[] = { 0, 100, 0, 0, 200, 0 }, only_zero[] = { 0, 0 };
-	uint64_t three[] = { 1, 1, 1 }, four[] = { 1, 1, 1, 1 };
-	struct {
-		const char *name;
-		uint32_t n;
-		const uint64_t *len;
-		uint64_t gap;
-		long nfr, nsp;
-	} t[] = {
-		{ "an entry exactly at the post size stays whole", 1, at, 0, 1, 1 },
-		{ "an entry one byte over the post size is split", 1, over, 0, 2, 2 },
-		{ "two entries exactly filling a post share it", 2, pair_at, 0, 1, 2 },
-		{ "two entries one byte over a post take two", 2, pair_over, 0, 2, 2 },
-		{ "contiguous entries are not merged", 2, pair_at, 0, 1, 2 },
-		{ "entries with a gap share a post too", 2, pair_at, 4096, 1, 2 },
-		{ "zero-length entries give no sub-piece", 6, zeros, 0, 1, 2 },
-		{ "only zero-length entries give no post", 2, only_zero, 0, 0, 0 },
-		{ "max_pieces entries fill one post", 3, three, 0, 1, 3 },
-		{ "one entry over max_pieces opens a post", 4, four, 0, 2, 4 },
-	};
+	for (size_t i = 0; i < nt; i++) {
+		struct kv_piece *p = pieces(t[i].n, t[i].len, t[i].one_len, t[i].gap);
 
-	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-		struct kv_piece *p = pieces(t[i].n, t[i].len, 0, t[i].gap);
-
-		expect(t[i].name, xo, 1, p, t[i].n, t[i].nfr, t[i].nsp);
+		expect(t[i].name, xo, t[i].nchan, p, t[i].n, t[i].nfr, t[i].nsp);
 		free(p);
 	}
-	expect("the empty batch gives no post", xo, 1, NULL, 0, 0, 0);
+}
+
+static void test_small(void)
+{
+	/* One channel, under 16 KiB in all: fb is frame_min, 8 KiB. */
+	static const uint64_t at[] = { 8 * KIB }, over[] = { 8 * KIB + 1 };
+	static const uint64_t pair_at[] = { 3 * KIB, 5 * KIB };
+	static const uint64_t pair_over[] = { 3 * KIB, 5 * KIB + 1 };
+	static const uint64_t zeros[] = { 0, 100, 0, 0, 200, 0 }, only_zero[] = { 0, 0 };
+	static const uint64_t three[] = { 1, 1, 1 }, four[] = { 1, 1, 1, 1 };
+	static const struct kcase t[] = {
+		{ "an entry exactly at the post size stays whole", 1, 1, at, 0, 0, 1, 1 },
+		{ "an entry one byte over the post size is split", 1, 1, over, 0, 0, 2, 2 },
+		{ "two entries exactly filling a post share it", 1, 2, pair_at, 0, 0, 1, 2 },
+		{ "two entries one byte over a post take two", 1, 2, pair_over, 0, 0, 2, 2 },
+		{ "contiguous entries are not merged", 1, 2, pair_at, 0, 0, 1, 2 },
+		{ "entries with a gap share a post too", 1, 2, pair_at, 0, 4096, 1, 2 },
+		{ "zero-length entries give no sub-piece", 1, 6, zeros, 0, 0, 1, 2 },
+		{ "only zero-length entries give no post", 1, 2, only_zero, 0, 0, 0, 0 },
+		{ "max_pieces entries fill one post", 1, 3, three, 0, 0, 1, 3 },
+		{ "one entry over max_pieces opens a post", 1, 4, four, 0, 0, 2, 4 },
+		{ "the empty batch gives no post", 1, 0, NULL, 0, 0, 0, 0 },
+	};
+
+	run_cases(&small_xo, t, sizeof(t) / sizeof(t[0]));
 }
 
 /* The share of the batch per channel sets the post size between the bounds. */
 static void test_share(void)
 {
-	const struct kv_xport_ops *xo = &small_xo;
-	/* 2 channels, 44 KiB: share 11 KiB, posts of 12 KiB (rounded up). */
-	uint64_t mid[] = { 44 * KIB };
-	/* 4 channels, 40 KiB + 1: share 5 KiB, clamped to frame_min 8 KiB. */
-	uint64_t low[] = { 40 * KIB + 1 };
-	/* 1 channel, 1 MiB: share 512 KiB, clamped to frame_max 16 KiB. */
-	uint64_t high[] = { MIB };
-	/* 1 channel, 24 KiB: share exactly 12 KiB, no rounding up to 16. */
-	uint64_t exact[] = { 24 * KIB };
-	struct kv_piece *p;
+	static const struct kcase t[] = {
+		/* 44 KiB: share 11 KiB, posts of 12 KiB (rounded up). */
+		{ "posts of a channel's share, rounded up to 4 KiB", 2, 1, NULL, 44 * KIB, 0,
+		  4, 4 },
+		/* 40 KiB + 1: share 5 KiB, clamped to frame_min 8 KiB. */
+		{ "a small share is raised to frame_min", 4, 1, NULL, 40 * KIB + 1, 0, 6, 6 },
+		/* 1 MiB: share 512 KiB, clamped to frame_max 16 KiB. */
+		{ "a large share is cut to frame_max", 1, 1, NULL, MIB, 0, 64, 64 },
+		/* 24 KiB: share exactly 12 KiB, no rounding up to 16. */
+		{ "a share on a 4 KiB boundary is kept", 1, 1, NULL, 24 * KIB, 0, 2, 2 },
+	};
 
-	p = pieces(1, mid, 0, 0);
-	expect("posts of a channel's share, rounded up to 4 KiB", xo, 2, p, 1, 4, 4);
-	free(p);
-	p = pieces(1, low, 0, 0);
-	expect("a small share is raised to frame_min", xo, 4, p, 1, 6, 6);
-	free(p);
-	p = pieces(1, high, 0, 0);
-	expect("a large share is cut to frame_max", xo, 1, p, 1, 64, 64);
-	free(p);
-	p = pieces(1, exact, 0, 0);
-	expect("a share on a 4 KiB boundary is kept", xo, 1, p, 1, 2, 2);
-	free(p);
+	run_cases(&small_xo, t, sizeof(t) / sizeof(t[0]));
 }
 
 /* kv_xport_tcp: up to KV_FRAME_ENTRIES entries and 1..2 MiB per frame. */
 static void test_tcp(void)
 {
 	const struct kv_xport_ops *xo = &kv_xport_tcp;
-	uint64_t at[] = { MIB }, over[] = { MIB + 1 }, two_at[] = { 512 * KIB, 512 * KIB };
-	uint64_t two_over[] = { 512 * KIB, 512 * KIB + 1 };
-	struct kv_piece *p;
+	static const uint64_t two_at[] = { 512 * KIB, 512 * KIB };
+	static const uint64_t two_over[] = { 512 * KIB, 512 * KIB + 1 };
+	static const struct kcase t[] = {
+		{ "tcp: 4096 entries fill one frame", 1, KV_FRAME_ENTRIES, NULL, 8, 0, 1,
+		  KV_FRAME_ENTRIES },
+		{ "tcp: 4097 entries take two frames", 1, KV_FRAME_ENTRIES + 1, NULL, 8, 0, 2,
+		  KV_FRAME_ENTRIES + 1 },
+		{ "tcp: 12288 spread entries take three frames", 8, 3 * KV_FRAME_ENTRIES, NULL, 1,
+		  64, 3, 3 * KV_FRAME_ENTRIES },
+		{ "tcp: an entry exactly at the frame size", 1, 1, NULL, MIB, 0, 1, 1 },
+		{ "tcp: an entry one byte over the frame size", 1, 1, NULL, MIB + 1, 0, 2, 2 },
+		{ "tcp: two entries exactly filling a frame", 1, 2, two_at, 0, 0, 1, 2 },
+		{ "tcp: two entries one byte over a frame", 1, 2, two_over, 0, 0, 2, 2 },
+	};
 
 	tap_ok(xo->max_pieces == KV_FRAME_ENTRIES && xo->frame_min == MIB && xo->frame_max == 2 * MIB,
 	       "kv_xport_tcp's limits are the ones this test assumes (4096, 1..2 MiB)");
-	p = pieces(KV_FRAME_ENTRIES, NULL, 8, 0);
-	expect("tcp: 4096 entries fill one frame", xo, 1, p, KV_FRAME_ENTRIES, 1, KV_FRAME_ENTRIES);
-	free(p);
-	p = pieces(KV_FRAME_ENTRIES + 1, NULL, 8, 0);
-	expect("tcp: 4097 entries take two frames", xo, 1, p, KV_FRAME_ENTRIES + 1, 2,
-	       KV_FRAME_ENTRIES + 1);
-	free(p);
-	p = pieces(3 * KV_FRAME_ENTRIES, NULL, 1, 64);
-	expect("tcp: 12288 spread entries take three frames", xo, 8, p, 3 * KV_FRAME_ENTRIES, 3,
-	       3 * KV_FRAME_ENTRIES);
-	free(p);
-	p = pieces(1, at, 0, 0);
-	expect("tcp: an entry exactly at the frame size", xo, 1, p, 1, 1, 1);
-	free(p);
-	p = pieces(1, over, 0, 0);
-	expect("tcp: an entry one byte over the frame size", xo, 1, p, 1, 2, 2);
-	free(p);
-	p = pieces(2, two_at, 0, 0);
-	expect("tcp: two entries exactly filling a frame", xo, 1, p, 2, 1, 2);
-	free(p);
-	p = pieces(2, two_over, 0, 0);
-	expect("tcp: two entries one byte over a frame", xo, 1, p, 2, 2, 2);
-	free(p);
+	run_cases(xo, t, sizeof(t) / sizeof(t[0]));
 }
 
 /* kv_xport_rdma: one piece of at most 4 MiB per post. */
 static void test_rdma(void)
 {
 	const struct kv_xport_ops *xo = &kv_xport_rdma;
-	uint64_t at[] = { 4 * MIB }, over[] = { 4 * MIB + 1 }, small[] = { 1, 2, 0, 3 };
-	struct kv_piece *p;
+	static const uint64_t small[] = { 1, 2, 0, 3 };
+	static const struct kcase t[] = {
+		{ "rdma: an entry exactly at the work request size", 1, 1, NULL, 4 * MIB, 0, 1, 1 },
+		{ "rdma: an entry one byte over it", 1, 1, NULL, 4 * MIB + 1, 0, 2, 2 },
+		{ "rdma: small entries one per post, none for length 0", 1, 4, small, 0, 0, 3, 3 },
+	};
 
 	tap_ok(xo->max_pieces == 1 && xo->frame_min == 4 * MIB && xo->frame_max == 4 * MIB,
 	       "kv_xport_rdma's limits are the ones this test assumes (1, 4 MiB)");
-	p = pieces(1, at, 0, 0);
-	expect("rdma: an entry exactly at the work request size", xo, 1, p, 1, 1, 1);
-	free(p);
-	p = pieces(1, over, 0, 0);
-	expect("rdma: an entry one byte over it", xo, 1, p, 1, 2, 2);
-	free(p);
-	p = pieces(4, small, 0, 0);
-	expect("rdma: small entries one per post, none for length 0", xo, 1, p, 4, 3, 3);
-	free(p);
+	run_cases(xo, t, sizeof(t) / sizeof(t[0]));
 }
 
 /* Zero, tiny, up to 40 units, and whole units exactly or one byte off. */
