@@ -384,6 +384,76 @@ static void test_no_choice(void)
 	       pl.why[3][0] == KCOLL_C4_WHY_NO_CHOICE, "every link to a host degraded: keep spreading, say why");
 }
 
+/* Two hosts, one link, we are host 0 (the two-guest RDMA pair's 2-host
+ * communicator): one tick of rx from and tx to host 1 at rx / tx kB/s. */
+static void pair_tick(uint64_t rx, uint64_t tx, uint32_t noise)
+{
+	for (uint32_t d = 0; d < 2; d++) {
+		uint64_t r = d ? tx : rx, bytes = noisy(r * 250, noise);	/* kB/s x 0.25 s */
+		struct kcoll_c4_linkobs o = { .host = 1, .link = 0, .dir = d, .bytes = bytes, .t_ns = now };
+
+		/* busy most of the tick: bytes at the rate, noise apart */
+		o.busy_ns = noisy(bytes * 1000000 / r, noise);
+		kcoll_c4_link_obs(&c4, &o);
+	}
+	advance();
+}
+
+/* A link so slow that no tick holds min_obs_bytes (256 KiB) of it: its small
+ * observations add up to samples of min_obs_bytes or min_obs_busy_ms, so it
+ * is judged (they were dropped: the slower the link, the surer it escaped).
+ * Healthy thin traffic stays silent. */
+static void test_thin_link(void)
+{
+	uint16_t rh[2] = { 0, 1 };
+	struct kcoll_c4_params p;
+	struct kcoll_c4_event e = { 0 };
+	uint64_t t0;
+	uint32_t i;
+
+	kcoll_c4_params_default(&p);
+	now = 1000 * MS;
+	if (kcoll_c4_init(&c4, &p, 2, 2, 0, 1, rh, now) || kcoll_c4_local(&c4, 0)) {
+		printf("Bail out! kcoll_c4_init\n");
+		exit(1);
+	}
+	/* healthy, both ways 600 kB/s: 150 kB a tick, under min_obs_bytes */
+	for (i = 0; i < 800; i++)	/* 200 s */
+		pair_tick(600, 600, 30);
+	tap_ok(all_events() == 0 && c4.link[1][0][KCOLL_C4_RX].rate && c4.link[1][0][KCOLL_C4_TX].rate,
+	       "thin healthy traffic (600 kB/s both ways, 150 kB a tick, 200 s): judged (rx %llu, tx %llu B/s), "
+	       "no event (got %u)", (unsigned long long)c4.link[1][0][KCOLL_C4_RX].rate,
+	       (unsigned long long)c4.link[1][0][KCOLL_C4_TX].rate, all_events());
+	/* 3 MB/s both ways, then host 1's data to us at 400 kB/s: 100 kB a tick */
+	for (i = 0; i < 40; i++)
+		pair_tick(3000, 3000, 20);
+	t0 = now;
+	for (i = 0; i < 80 && !count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e); i++)
+		pair_tick(400, 3000, 20);
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e) == 1 && e.host == 1 && e.link == 0 &&
+	       e.via_host == 1 && e.bpf_dir == KCOLL_C4_RX,
+	       "host 1's data to us at 400 kB/s (100 kB a tick): communication slow names host 1 link 0, "
+	       "evidence rx from host 1 (got %s host %u link %u via %u dir %u) after %llu ms",
+	       count_kind(0, KCOLL_C4_COMM_SLOW, 1, NULL) ? "raised:" : "nothing raised:", e.host, e.link,
+	       e.via_host, e.bpf_dir, (unsigned long long)((now - t0) / MS));
+	t0 = now;
+	for (i = 0; i < 80 && !count_kind(0, KCOLL_C4_COMM_SLOW, 0, NULL); i++)
+		pair_tick(3000, 3000, 20);
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 0, NULL) == 1, "... cleared %llu ms after it healed",
+	       (unsigned long long)((now - t0) / MS));
+	/* 100 kB/s: 256 KiB take 2.6 s, fewer than min_samples of them in
+	 * window_ms; a tick's busy time (min_obs_busy_ms) makes a sample */
+	for (i = 0; i < 40; i++)
+		pair_tick(3000, 3000, 20);
+	t0 = now;
+	for (i = 0; i < 80 && count_kind(0, KCOLL_C4_COMM_SLOW, 1, NULL) < 2; i++)
+		pair_tick(100, 3000, 20);
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e) == 2 && e.host == 1 && e.via_host == 1 &&
+	       e.bpf_dir == KCOLL_C4_RX, "host 1's data to us at 100 kB/s (25 kB a tick): named again (host %u "
+	       "via %u dir %u) after %llu ms", e.host, e.via_host, e.bpf_dir,
+	       (unsigned long long)((now - t0) / MS));
+}
+
 /* The hang tests' start: hang_ms 2000, we are host 0, 20 healthy ops. */
 static void hang_start(void)
 {
@@ -626,6 +696,7 @@ int main(void)
 	test_comm_slow(0, false);
 	test_comm_slow(2, true);
 	test_no_choice();
+	test_thin_link();
 	test_noncomm_hang(false);
 	test_noncomm_hang(true);
 	test_comm_hang();

@@ -65,7 +65,8 @@ struct kcoll_c4_params {
 	uint32_t heal_hold_ms;		/* planner: a cleared link is used again after this */
 	uint32_t probe_ms;		/* a slow link that carries nothing keeps its verdict this
 					 * long, then clears: the planner tries it again */
-	uint32_t min_obs_bytes;		/* link observations smaller than this are ignored */
+	uint32_t min_obs_bytes;		/* link observations add up to a sample of this many */
+	uint32_t min_obs_busy_ms;	/* bytes, or of this much busy time (whichever first) */
 	uint32_t min_busy_pct;		/* a link is judged slow only if busy this % of the time
 					 * (a bottleneck; after idle gaps TCP restarts slowly) */
 	uint32_t bpf_window_ms;		/* BPF flow statistics: the rate over this much time */
@@ -175,6 +176,8 @@ struct kcoll_c4_link {
 	uint64_t rate;		/* last evaluation, B/s (0: not judged) */
 	uint64_t usual;		/* its usual rate: average while it kept up with the median */
 	uint64_t last_t;	/* its last observation */
+	/* observations added up until they make a sample (min_obs_*) */
+	uint64_t acc_bytes, acc_busy, acc_t;
 	bool slow;
 	bool covered;		/* slow while the verdict was "our own link": it does not
 				 * blame the peer when our verdict clears before it does */

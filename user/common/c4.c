@@ -32,6 +32,7 @@ void kcoll_c4_params_default(struct kcoll_c4_params *p)
 		.heal_hold_ms = 2000,
 		.probe_ms = 5000,
 		.min_obs_bytes = 256 << 10,
+		.min_obs_busy_ms = 200,
 		.min_busy_pct = 20,
 		.bpf_window_ms = 1000,
 	};
@@ -229,13 +230,28 @@ int kcoll_c4_link_obs(struct kcoll_c4 *c, const struct kcoll_c4_linkobs *o)
 		bpf_obs(c, o);
 		return 0;
 	}
-	/* Small transfers measure latency, not rate: they would skew the median. */
-	if (o->bytes < c->p.min_obs_bytes || !o->busy_ns)
+	if (!o->busy_ns)
 		return 0;
 	l = &c->link[o->host][o->link][o->dir];
-	l->bytes[l->pos] = o->bytes;
-	l->busy[l->pos] = o->busy_ns;
+	/* Small transfers measure latency, not rate: they would skew the median.
+	 * But the slower a link, the fewer bytes each observation holds: add
+	 * them up until they hold min_obs_bytes, or min_obs_busy_ms of busy
+	 * time (that long is a rate, whatever the bytes: without it a link
+	 * under min_samples x min_obs_bytes per window_ms, 256 kB/s, was never
+	 * judged; dropping them hid exactly the slow link). What was added up
+	 * longer than window_ms ago is stale. */
+	if (l->acc_bytes && o->t_ns > l->acc_t && o->t_ns - l->acc_t > (uint64_t)c->p.window_ms * MS)
+		l->acc_bytes = l->acc_busy = 0;
+	if (!l->acc_bytes)
+		l->acc_t = o->t_ns;
+	l->acc_bytes += o->bytes;
+	l->acc_busy += o->busy_ns;
+	if (l->acc_bytes < c->p.min_obs_bytes && l->acc_busy < (uint64_t)c->p.min_obs_busy_ms * MS)
+		return 0;
+	l->bytes[l->pos] = l->acc_bytes;
+	l->busy[l->pos] = l->acc_busy;
 	l->t[l->pos] = o->t_ns;
+	l->acc_bytes = l->acc_busy = 0;
 	l->pos = (l->pos + 1) % KCOLL_C4_WIN;
 	l->last_t = o->t_ns;
 	if (l->n < KCOLL_C4_WIN)

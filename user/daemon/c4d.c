@@ -233,9 +233,9 @@ static void feed_links(struct kd_mh *mh, struct kd_c4 *c, uint64_t now)
 				c->seen_busy[h][s][d] = t;
 				kcoll_c4_link_obs(&c->core, &o);
 				kd_metrics_link(c4d_hname(mh, h), o.link, d, o.bytes, o.busy_ns);
-				if (o.bytes >= c->core.p.min_obs_bytes)
-					trace(c, "obs %" PRIu64 " %u %u %u %" PRIu64 " %" PRIu64 "\n", now, h, o.link,
-					      d, o.bytes, o.busy_ns);
+				/* every one: the core adds small ones up */
+				trace(c, "obs %" PRIu64 " %u %u %u %" PRIu64 " %" PRIu64 "\n", now, h, o.link, d,
+				      o.bytes, o.busy_ns);
 			}
 		}
 	}
