@@ -164,6 +164,10 @@ size_t c4d_event_json(const struct kd_mh *mh, const struct kcoll_c4_event *e, ch
 	    e->link == KCOLL_C4_NONE ? -1 : (int)e->link, addr,
 	    e->via_host == KCOLL_C4_NONE ? -1 : (int)e->via_host, e->value, e->ref, e->spread, e->nsamples,
 	    e->seq_lo, js);
+	if (e->kind == KCOLL_C4_COMM_SLOW && e->via_host != KCOLL_C4_NONE) {
+		n--;	/* reopen the object: the direction of the evidence key */
+		PUT(",\"dir\":\"%s\"}", e->bpf_dir ? "tx" : "rx");
+	}
 	if (e->bpf_flags) {
 		n--;	/* reopen the object */
 		PUT(",\"bpf\":{\"dir\":\"%s\",\"rate\":%" PRIu64 ",\"usual\":%" PRIu64 ",\"retrans\":%u,"
