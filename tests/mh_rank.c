@@ -19,6 +19,11 @@
  *           With NEXT: after the failure destroy the communicator, wait for
  *           the file NEXT ("ID NRANKS NEWRANK_OF_RANK_0 NEWRANK_OF_RANK_1 ...",
  *           -1 for a rank that leaves) and run a short case list on the new one.
+ *   mh_rank traffic ID NRANKS RANK DIR [COUNT [MAX_S]]
+ *           checked i32 all-reduces of COUNT (2^18) until a rank finds DIR/stop
+ *           (a 1-element MAX all-reduce after each: all stop after the same op)
+ *           or MAX_S (300) s passed; DIR/ready.RANK after the first op. Alarm:
+ *           MAX_S + 120 s (the other modes' 170 s would cut a long loop).
  *
  * Every rank computes the expected result of every case itself from the
  * deterministic inputs of all ranks. The inputs are chosen so that every
@@ -30,6 +35,7 @@
  *   group cases=N bad=M name=NAME       after a case list (then "# ..." details)
  *   fault err=E name=ENAME err_rank=R t_ms=T later=E2 later_name=N2 later_err_rank=R2 iters=I
  *   init err=E name=ENAME ms=T
+ *   traffic ops=N bad=B err=E name=ENAME err_rank=R ms=T
  * Exit status: 0 all checks passed, 1 a check failed, 2 could not set up.
  */
 #include <errno.h>
@@ -823,10 +829,31 @@ static int read_next(const char *path, int rank, kcoll_unique_id_t *id, int *n, 
 	return r;
 }
 
+/* Checked i32 sum all-reduce number 'it' of count elements: its status;
+ * *bad set when an element is wrong. */
+static int checked_op(struct kcoll_comm *c, int32_t *s, int32_t *d, size_t count, int n, int rank, long it,
+		      int *err_rank, int *bad)
+{
+	uint32_t ranks = (uint32_t)(n * (n - 1) / 2) * 40503u, base = (uint32_t)it * 977u;
+	struct kcoll_req *req = NULL;
+	int r;
+
+	for (size_t i = 0; i < count; i++)
+		s[i] = (int32_t)((uint32_t)i * 2654435761u + (uint32_t)rank * 40503u + base);
+	r = wait_op(kcoll_allreduce(c, s, d, count, KCOLL_I32, KCOLL_SUM, &req), &req, err_rank);
+	for (size_t i = 0; !r && i < count; i++) {
+		if ((uint32_t)d[i] != (uint32_t)n * ((uint32_t)i * 2654435761u + base) + ranks) {
+			printf("# rank %d: op %ld: element %zu wrong\n", rank, it, i);
+			*bad = 1;
+			break;
+		}
+	}
+	return r;
+}
+
 static int mode_loop(const kcoll_unique_id_t *id, int n, int rank, const char *dir, const char *next)
 {
 	int32_t *s = malloc(LOOP_COUNT * sizeof(int32_t)), *d = malloc(LOOP_COUNT * sizeof(int32_t));
-	uint32_t ranks = (uint32_t)(n * (n - 1) / 2) * 40503u;
 	int64_t deadline = now_ms() + 90000, t_err;
 	int r = 0, er = -1, r2, er2, bad = 0, newrank, n2;
 	struct kcoll_req *req = NULL;
@@ -839,20 +866,9 @@ static int mode_loop(const kcoll_unique_id_t *id, int n, int rank, const char *d
 	if (setup(id, n, rank, &k, &c))
 		return 2;
 	for (it = 0; now_ms() < deadline; it++) {
-		uint32_t base = (uint32_t)it * 977u;
-
-		for (size_t i = 0; i < LOOP_COUNT; i++)
-			s[i] = (int32_t)((uint32_t)i * 2654435761u + (uint32_t)rank * 40503u + base);
-		r = wait_op(kcoll_allreduce(c, s, d, LOOP_COUNT, KCOLL_I32, KCOLL_SUM, &req), &req, &er);
+		r = checked_op(c, s, d, LOOP_COUNT, n, rank, it, &er, &bad);
 		if (r)
 			break;
-		for (size_t i = 0; i < LOOP_COUNT; i++) {
-			if ((uint32_t)d[i] != (uint32_t)n * ((uint32_t)i * 2654435761u + base) + ranks) {
-				printf("# rank %d: op %ld: element %zu wrong\n", rank, it, i);
-				bad = 1;
-				break;
-			}
-		}
 		if (it == 2)
 			write_pid(dir, "ready", rank);
 	}
@@ -890,6 +906,42 @@ out:
 	return bad;
 }
 
+static int mode_traffic(const kcoll_unique_id_t *id, int n, int rank, const char *dir, size_t count,
+			long max_s)
+{
+	int32_t *s = malloc(count * sizeof(int32_t)), *d = malloc(count * sizeof(int32_t));
+	int64_t t0 = now_ms(), deadline = t0 + max_s * 1000;
+	int r = 0, er = -1, bad = 0;
+	struct kcoll_req *req = NULL;
+	struct kcoll_comm *c;
+	struct kcoll *k;
+	char stop[4096];
+	long it;
+
+	snprintf(stop, sizeof(stop), "%s/stop", dir);
+	if (!s || !d || setup(id, n, rank, &k, &c))
+		return 2;
+	for (it = 0;; it++) {
+		int32_t seen = access(stop, F_OK) == 0 || now_ms() >= deadline, any = 0;
+
+		r = checked_op(c, s, d, count, n, rank, it, &er, &bad);
+		if (r)
+			break;
+		if (it == 0)
+			write_pid(dir, "ready", rank);
+		r = wait_op(kcoll_allreduce(c, &seen, &any, 1, KCOLL_I32, KCOLL_MAX, &req), &req, &er);
+		if (r || any)
+			break;
+	}
+	printf("traffic ops=%ld bad=%d err=%d name=%s err_rank=%d ms=%lld\n", it + (r ? 0 : 1), bad, r,
+	       en(r), er, (long long)(now_ms() - t0));
+	free(s);
+	free(d);
+	kcoll_comm_destroy(c);
+	kcoll_disconnect(k);
+	return r || bad;
+}
+
 static int usage(void)
 {
 	fprintf(stderr,
@@ -897,7 +949,8 @@ static int usage(void)
 		"       mh_rank coll|algo|check|init|leave ID NRANKS RANK\n"
 		"       mh_rank big|bigreg ID NRANKS RANK [COUNT]   (bigreg: malloc + kcoll_mem_register)\n"
 		"       mh_rank remap ID NRANKS RANK [ROUNDS [COUNT]]\n"
-		"       mh_rank loop ID NRANKS RANK DIR [NEXT]\n");
+		"       mh_rank loop ID NRANKS RANK DIR [NEXT]\n"
+		"       mh_rank traffic ID NRANKS RANK DIR [COUNT [MAX_S]]  (COUNT <= 2^28, MAX_S <= 3600)\n");
 	return 2;
 }
 
@@ -920,6 +973,15 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	/* A hung daemon must fail the test, not hang the script. */
+	if (!strcmp(mode, "traffic") && argc > 5) {
+		size_t count = argc > 6 ? strtoul(argv[6], NULL, 0) : 1u << 18;
+		long max_s = argc > 7 ? strtol(argv[7], NULL, 0) : 300;
+
+		if (!count || count > (1u << 28) || max_s < 1 || max_s > 3600)
+			return usage();
+		alarm((unsigned)max_s + WAIT_MS / 1000 + 60);	/* past the last op's own bound */
+		return mode_traffic(&id, n, rank, argv[5], count, max_s);
+	}
 	alarm(170);
 	if (!strcmp(mode, "coll") || !strcmp(mode, "algo") || !strcmp(mode, "check"))
 		return mode_cases(&id, n, rank, mode);
