@@ -20,6 +20,14 @@
  *     naming the sender; a host running another op (signature): -EBADMSG
  *   - the comm aborted while hosts wait for a silent one: -ECANCELED
  *   - a host that never answers: -ETIMEDOUT naming it
+ * and, over the loopback with several sends in flight per stream
+ * (kd_xport_loop_deep: TX events only once the receiver took the piece):
+ *   - the same byte checks (chained ring steps, direct, recursive doubling)
+ *   - a transport that reports two TX events of a stream swapped, or one
+ *     twice: the engine fails the op with -EPROTO instead of counting a
+ *     piece twice or taking one for another
+ *   - C4 busy time: the overlapping sends' intervals count once (the busy
+ *     time of a stream and direction is at most the op's wall time)
  * Every sent piece must have been received when an op succeeds.
  */
 #include <errno.h>
@@ -55,6 +63,8 @@ struct cfg {
 	bool corrupt_payload;
 	int other_sig;		/* this host runs another op (-1: none) */
 	bool cancel;		/* abort the comm once the others wait */
+	const struct kd_xport_ops *xp;	/* NULL: kd_xport_loop */
+	uint32_t fault;		/* kd_loop_fabric_fault (0: none) */
 };
 
 static const struct cfg CFG = { .nstreams = 2, .piece = 4096, .silent = -1, .timeout_ns = 10000000000LL,
@@ -67,7 +77,15 @@ struct host {
 	int r;
 	uint32_t bad;
 	pthread_t t;
+	int64_t t0, t1;		/* kd_sched_run's start and end */
 };
+
+/* C4 observation of the last run, over all hosts, streams and directions. */
+static struct {
+	uint64_t bytes;		/* observed */
+	uint32_t over;		/* (host, peer, stream, direction)s busy longer than the op ran */
+	char worst[160];
+} obs;
 
 static struct kd_comm comm;
 static struct host hs[MAXH];
@@ -90,7 +108,9 @@ static void *host_main(void *arg)
 {
 	struct host *h = arg;
 
+	h->t0 = kd_now_ns();
 	h->r = kd_sched_run(&h->mh, h->op, &h->sop, &h->bad);
+	h->t1 = kd_now_ns();
 	if (h->r && abort_on_fail)
 		abort_all();
 	return NULL;
@@ -119,6 +139,9 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 	abort_on_fail = !cf->cancel && cf->silent < 0;
 	if (cf->corrupt_nth)
 		kd_loop_fabric_corrupt(f, cf->corrupt_nth, cf->corrupt_payload);
+	if (cf->fault)
+		kd_loop_fabric_fault(f, (enum kd_loop_fault)cf->fault);
+	memset(&obs, 0, sizeof(obs));
 	for (uint32_t h = 0; h < H; h++) {
 		struct kd_mh *mh = &hs[h].mh;
 
@@ -138,7 +161,7 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 		mh->abort_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 		if (mh->abort_fd < 0)
 			abort();
-		mh->xport = &kd_xport_loop;
+		mh->xport = cf->xp ? cf->xp : &kd_xport_loop;
 		mh->xfabric = f;
 		mh->acc = acc[h];
 		mh->piece = cf->piece;
@@ -175,6 +198,20 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 			snprintf(why, cap, "host %u: %s (host at fault %d)", h, strerror(-hs[h].r), (int)hs[h].bad);
 			rc = -1;
 		}
+		for (uint32_t g = 0; g < H; g++)
+			for (uint32_t s = 0; s < KD_MAX_STREAMS; s++)
+				for (int d = 0; d < 2; d++) {
+					uint64_t busy = atomic_load(&mh->hosts[g].obs_busy[s][d]);
+
+					obs.bytes += atomic_load(&mh->hosts[g].obs_bytes[s][d]);
+					if (busy > (uint64_t)(hs[h].t1 - hs[h].t0)) {
+						obs.over++;
+						snprintf(obs.worst, sizeof(obs.worst), "host %u to %u stream %u %s: "
+							 "busy %llu us in an op of %llu us", h, g, s, d ? "tx" : "rx",
+							 (unsigned long long)busy / 1000,
+							 (unsigned long long)(hs[h].t1 - hs[h].t0) / 1000);
+					}
+				}
 		kd_step_close(mh);
 		for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++)
 			free(mh->rx[i]);
@@ -453,6 +490,47 @@ static void case_silent(bool cancel)
 	       (int)bad[1]);
 }
 
+/* A transport bug (TX events swapped or doubled) with sends in flight. */
+static void case_tx_fault(uint32_t fault)
+{
+	struct ar a = { .H = 2, .algo = KD_ALGO_RING, .dt = KCOLL_I32, .redop = KCOLL_SUM, .count = 65537 };
+	struct cfg cf = CFG;
+	int r[MAXH];
+	uint32_t bad[MAXH];
+	char why[300];
+	bool hit = false;
+
+	cf.xp = &kd_xport_loop_deep;
+	cf.nstreams = 1;
+	cf.fault = fault;
+	allreduce(&a, &cf, r, bad, why, sizeof(why));
+	for (uint32_t h = 0; h < a.H; h++)
+		hit |= r[h] == -EPROTO;
+	tap_ok(hit, "TX events %s by the transport: the engine fails the op with -EPROTO (got %d %d)",
+	       fault == KD_LOOP_TX_SWAP ? "of two sends swapped" : "reported twice", r[0], r[1]);
+}
+
+/* Several sends in flight: their busy time counted once. */
+static void case_busy_union(void)
+{
+	struct ar a = { .H = 2, .algo = KD_ALGO_RING, .dt = KCOLL_I32, .redop = KCOLL_SUM,
+			.count = 4u << 20 };
+	struct cfg cf = CFG;
+	int r[MAXH];
+	uint32_t bad[MAXH];
+	char why[300];
+	size_t wrong;
+
+	cf.xp = &kd_xport_loop_deep;
+	cf.nstreams = 1;
+	cf.piece = KD_C4_OBS_MIN;
+	wrong = allreduce(&a, &cf, r, bad, why, sizeof(why));
+	tap_ok(!wrong && obs.bytes && !obs.over, "%d sends in flight per stream: C4 busy time at most the op's "
+	       "wall time on every stream (%llu bytes observed, %u over%s%s)%s%s", KD_LOOP_DEPTH,
+	       (unsigned long long)obs.bytes, obs.over, obs.over ? ": " : "", obs.worst,
+	       wrong == SIZE_MAX ? "; failed: " : "", wrong == SIZE_MAX ? why : "");
+}
+
 int main(void)
 {
 	static const size_t counts[] = { 0, 1, 7, 1001, 65537 };
@@ -506,6 +584,23 @@ int main(void)
 		case_broadcast(H, H - 1, 70001, &cf);
 		case_barrier(H, &cf);
 	}
+	for (uint32_t H = 2; H <= 5; H++) {
+		struct cfg cf = CFG;
+
+		cf.xp = &kd_xport_loop_deep;
+		for (int a = KD_ALGO_RING; a <= KD_ALGO_DIRECT; a++) {
+			cf.nstreams = 1 + (H + (uint32_t)a) % 3;
+			for (size_t c = 3; c < sizeof(counts) / sizeof(counts[0]); c++) {
+				struct ar x = { H, (enum kd_algo)a, KCOLL_I32, KCOLL_SUM, counts[c], false };
+
+				case_allreduce(&x, &cf, ", 4 sends in flight per stream");
+			}
+		}
+		case_broadcast(H, 0, 70001, &cf);
+	}
+	case_tx_fault(KD_LOOP_TX_SWAP);
+	case_tx_fault(KD_LOOP_TX_DUP);
+	case_busy_union();
 	case_corrupt_payload();
 	case_bad_header(false);
 	case_bad_header(true);

@@ -74,6 +74,7 @@ struct kd_mh_host {
 	uint8_t link[KD_MAX_STREAMS];
 	_Atomic uint64_t obs_bytes[KD_MAX_STREAMS][2];	/* [stream][0 rx, 1 tx] */
 	_Atomic uint64_t obs_busy[KD_MAX_STREAMS][2];
+	int64_t obs_end[KD_MAX_STREAMS][2];	/* step.c: busy time counted up to here */
 	/* C4 plan, under mh->plan_lock: streams left unused toward this host */
 	uint32_t avoid;			/* in force for the op the net thread runs */
 	uint32_t next_avoid;		/* agreed: in force from op next_from on */
@@ -105,6 +106,7 @@ struct kd_mh {
 	uint32_t conns_needed, conns_up;
 	const struct kd_xport_ops *xport;
 	void *xpriv;			/* the transport's state (net thread) */
+	size_t xpiece;			/* the piece the open transport takes (<= piece) */
 	void *xfabric;			/* in-process transports (tests): what hosts share */
 
 	/* net thread */

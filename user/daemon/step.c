@@ -13,12 +13,15 @@
  * All sends and receives of the steps progress together, one cursor per
  * transfer and stream; a received piece is reduced as soon as it is in,
  * while the transport keeps moving the following ones: network transfer,
- * reduction and the next send overlap. Here too: chaining (a ring step's
- * piece j leaves once the previous step's piece j is in), cancellation (the
- * comm's limit_seq, woken through its abort eventfd), the watchdog's fields
- * (mh->last_progress, wait_host) and the C4 link observation (bytes and
- * busy time per stream, for c4d.c). The loop sleeps in poll(2) on what the
- * transport names and the abort eventfd.
+ * reduction and the next send overlap. A send cursor keeps up to the
+ * transport's send_depth pieces posted per stream (the next to post runs
+ * ahead of the next to complete), so a transport whose TX event comes only
+ * when the peer has the piece (RDMA) still keeps its link full. Here too:
+ * chaining (a ring step's piece j leaves once the previous step's piece j
+ * is in), cancellation (the comm's limit_seq, woken through its abort
+ * eventfd), the watchdog's fields (mh->last_progress, wait_host) and the C4
+ * link observation (bytes and busy time per stream, for c4d.c). The loop
+ * sleeps in poll(2) on what the transport names and the abort eventfd.
  *
  * Transports with the legacy entry (RDMA) still run their own loop:
  * kd_step_run hands the steps to their run_steps.
@@ -80,27 +83,36 @@ static void smap_of(const struct kd_mh *mh, uint32_t host, struct smap *m)
 			m->u[m->nu++] = (uint8_t)s;
 }
 
+/* The most sends in flight per stream the engine keeps (a larger send_depth
+ * is taken as this). */
+#define KD_STEP_MAX_DEPTH	16
+
+/* Cookies name the cursor and the piece, so that a transport completing out
+ * of order or twice is caught, not taken for the piece due. */
+#define COOKIE(idx, piece)	(((uint64_t)(idx) << 32) | (piece))
+
 struct cursor {
 	uint32_t host, stream;
 	bool send;
-	bool posted;		/* piece 'next' is with the transport */
-	bool done;
+	bool done;		/* every piece completed */
 	const uint8_t *base;	/* send: source */
 	uint8_t *dst;		/* receive without reduction: destination */
 	const uint8_t *src;	/* receive with reduction: our operand (result: acc) */
 	struct kd_piece *pieces;	/* this transfer's, all streams */
 	uint32_t npieces;
-	uint32_t next;		/* next piece index (this stream's: s, s + S, ...) */
+	uint32_t next;		/* next piece to post (this stream's: s, s + S, ...) */
+	uint32_t cnext;		/* next piece to complete; next - cnext are posted */
 	uint32_t stride;
 	uint32_t step;
 	uint8_t *rx;		/* receive with reduction: staging */
-	struct kd_p_data hdr;	/* send: piece 'next''s header */
+	struct kd_p_data hdr[KD_STEP_MAX_DEPTH];	/* send: the posted pieces' headers */
 	struct kd_xmem mem;	/* send, KD_XPORT_F_MEM: the buffer base lies in */
 	int8_t mem_known;	/* 0: not looked up yet, 1: mem, -1: none */
-	struct cursor *prev;	/* same stream, previous step: finishes first */
+	struct cursor *prev;	/* same stream, previous step: goes first (gated) */
 	struct cursor *dep;	/* chained send: piece j waits for piece j of the previous
 				 * step's receive, whose cursors start at dep */
 	const struct smap *dmap;	/* ... and whose pieces map to streams so */
+	uint8_t *inflight;	/* the stream's sends posted, over all cursors */
 };
 
 /* Chained send: does piece 'next' still wait for the previous step's? */
@@ -111,36 +123,49 @@ static bool dep_wait(const struct cursor *c)
 	if (!c->dep)
 		return false;
 	d = &c->dep[c->dmap->u[c->next % c->dmap->nu]];
-	return !d->done && d->next <= c->next;
+	return !d->done && d->cnext <= c->next;
 }
 
-/* Every earlier cursor on the same stream must be done first (a step may
- * have no piece on a stream: look past it). */
+/* Earlier cursors on the same stream go first (a step may have no piece on
+ * a stream: look past them): a receive waits until they are done; a send
+ * until they posted all their pieces, since one stream's sends complete in
+ * order. */
 static bool gated(const struct cursor *c)
 {
 	for (const struct cursor *p = c->prev; p; p = p->prev)
-		if (!p->done)
+		if (c->send ? p->next < p->npieces : !p->done)
 			return true;
 	return false;
 }
 
-/* C4 link observation: a large piece moved on its stream since t0. */
+/*
+ * C4 link observation: a large piece moved on its stream from t0 to now.
+ * The busy time is the union of the pieces' intervals per (host, stream,
+ * direction): with several sends in flight they overlap, and adding each
+ * would count the same time several times (a link looking slower than it
+ * is). Pieces complete in order, so the union grows at its end only.
+ */
 static void observe(struct kd_mh *mh, const struct cursor *c, int64_t t0, uint64_t len)
 {
 	struct kd_mh_host *hh = &mh->hosts[c->host];
+	int64_t now = kd_now_ns(), *end = &hh->obs_end[c->stream][c->send];
+	int64_t from = t0 > *end ? t0 : *end;
 
 	if (len < KD_C4_OBS_MIN)
 		return;
 	atomic_fetch_add_explicit(&hh->obs_bytes[c->stream][c->send], len, memory_order_relaxed);
-	atomic_fetch_add_explicit(&hh->obs_busy[c->stream][c->send], kd_now_ns() - t0,
-				  memory_order_relaxed);
+	if (now > from)
+		atomic_fetch_add_explicit(&hh->obs_busy[c->stream][c->send], (uint64_t)(now - from),
+					  memory_order_relaxed);
+	if (now > *end)
+		*end = now;
 }
 
-/* The header of piece 'next' that arrived on c: the one expected? */
+/* The header of piece 'cnext' that arrived on c: the one expected? */
 static int check_hdr(const struct kd_mh *mh, const struct kd_op *op, const struct cursor *c,
 		     const struct kd_p_data *h)
 {
-	uint64_t len = c->pieces[c->next].len;
+	uint64_t len = c->pieces[c->cnext].len;
 
 	if (h->hdr.magic != KD_PEER_MAGIC || h->hdr.type != KD_P_DATA) {
 		kc_warn("comm %s: host %u sent garbage on a data stream", op->comm->name, c->host);
@@ -151,19 +176,19 @@ static int check_hdr(const struct kd_mh *mh, const struct kd_op *op, const struc
 			"root differ)", op->comm->name, (unsigned long long)op->seq, c->host);
 		return -EBADMSG;
 	}
-	if (h->seq != op->seq || h->step != c->step || h->piece != c->next || h->hdr.len != sizeof(*h) + len) {
+	if (h->seq != op->seq || h->step != c->step || h->piece != c->cnext || h->hdr.len != sizeof(*h) + len) {
 		kc_warn("comm %s: host %u is out of step (op %llu step %u piece %u, expected op %llu step %u "
 			"piece %u)", op->comm->name, c->host, (unsigned long long)h->seq, h->step, h->piece,
-			(unsigned long long)op->seq, c->step, c->next);
+			(unsigned long long)op->seq, c->step, c->cnext);
 		return -EPROTO;
 	}
 	return 0;
 }
 
-/* Piece 'next' of receive cursor c is in (at data): reduce or store it. */
+/* Piece 'cnext' of receive cursor c is in (at data): reduce or store it. */
 static int piece_in(struct kd_mh *mh, const struct cursor *c, const uint8_t *data)
 {
-	const struct kd_piece *p = &c->pieces[c->next];
+	const struct kd_piece *p = &c->pieces[c->cnext];
 
 	if (!p->len)
 		return 0;
@@ -181,12 +206,6 @@ static int piece_in(struct kd_mh *mh, const struct cursor *c, const uint8_t *dat
 	return 0;
 }
 
-static void advance(struct cursor *c)
-{
-	c->posted = false;
-	c->next += c->stride;
-	c->done = c->next >= c->npieces;
-}
 
 /*
  * The buffer a send cursor reads from, as a whole, for a transport that
@@ -246,30 +265,37 @@ static int post(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, uint
 	int r;
 
 	if (c->send) {
-		c->hdr = (struct kd_p_data){
+		/* Its header lives until its TX event: at most depth are posted. */
+		struct kd_p_data *h = &c->hdr[(c->next / c->stride) % KD_STEP_MAX_DEPTH];
+
+		*h = (struct kd_p_data){
 			.hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_DATA,
-				 .len = (uint32_t)(sizeof(c->hdr) + p->len), .reserved = mh->sig },
+				 .len = (uint32_t)(sizeof(*h) + p->len), .reserved = mh->sig },
 			.seq = op->seq, .step = c->step, .piece = c->next,
 		};
-		r = x->send(mh->xpriv, c->host, c->stream, &c->hdr, c->base + p->off, p->len,
-			    x->flags & KD_XPORT_F_MEM ? mem_of(mh, op, c) : NULL, idx);
+		r = x->send(mh->xpriv, c->host, c->stream, h, c->base + p->off, p->len,
+			    x->flags & KD_XPORT_F_MEM ? mem_of(mh, op, c) : NULL, COOKIE(idx, c->next));
+		if (!r)
+			(*c->inflight)++;
 	} else {
-		r = x->recv(mh->xpriv, c->host, c->stream, c->rx ? c->rx : c->dst + p->off, p->len, idx);
+		r = x->recv(mh->xpriv, c->host, c->stream, c->rx ? c->rx : c->dst + p->off, p->len,
+			    COOKIE(idx, c->next));
 	}
 	if (!r)
-		c->posted = true;
+		c->next += c->stride;
 	return r;
 }
 
-/* Piece 'next' of c is through (sent or taken in): count its bytes on the
+/* Piece 'cnext' of c is through (sent or taken in): count its bytes on the
  * mh's tx or rx counter, observe the link, move on. */
 static void piece_done(struct kd_mh *mh, struct cursor *c, const struct kd_xev *ev, _Atomic uint64_t *bytes)
 {
-	const struct kd_piece *p = &c->pieces[c->next];
+	const struct kd_piece *p = &c->pieces[c->cnext];
 
 	atomic_fetch_add(bytes, p->len + sizeof(struct kd_p_data));
 	observe(mh, c, ev->t0, p->len);
-	advance(c);
+	c->cnext += c->stride;
+	c->done = c->cnext >= c->npieces;
 }
 
 /* One completion: advance its cursor. */
@@ -277,7 +303,18 @@ static int complete(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, 
 {
 	int r = ev->err;
 
+	if ((uint32_t)ev->cookie != c->cnext || c->cnext >= c->next) {
+		/* A transport bug: the engine would count a piece twice or
+		 * take one for another. */
+		kc_err("comm %s: transport %s completed piece %u of step %u (host %u stream %u, %s) while "
+		       "piece %u was due", op->comm->name, mh->xport->name, (uint32_t)ev->cookie, c->step, c->host,
+		       c->stream, c->send ? "send" : "receive", c->cnext);
+		if (ev->rx)
+			mh->xport->release(mh->xpriv, ev->rx);
+		return -EPROTO;
+	}
 	if (ev->kind == KD_XEV_TX) {
+		(*c->inflight)--;
 		if (!r)
 			piece_done(mh, c, ev, &mh->bytes_sent);
 		return r;
@@ -296,16 +333,23 @@ static int complete(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, 
 	return r;
 }
 
-static int open_xport(struct kd_mh *mh)
+static int open_xport(struct kd_mh *mh, const struct kd_comm *comm)
 {
 	int fds[KD_MAX_HOSTS * KD_MAX_STREAMS];	/* open copies what it needs */
 	struct kd_xport_env env = { .nhosts = mh->nhosts, .self = mh->self, .nstreams = mh->nstreams,
-				    .piece = mh->piece, .fds = fds, .fabric = mh->xfabric };
+				    .piece = mh->piece, .fds = fds, .fabric = mh->xfabric, .name = comm->name,
+				    .timeout_ns = comm->timeout_ns };
+	size_t piece = mh->piece;
+	int r;
 
 	for (uint32_t h = 0; h < mh->nhosts; h++)
 		for (uint32_t s = 0; s < KD_MAX_STREAMS; s++)
 			fds[h * KD_MAX_STREAMS + s] = mh->hosts[h].data[s];
-	return mh->xport->open(&env, &mh->xpriv);
+	r = mh->xport->open(&env, &mh->xpriv, &piece);
+	if (r)
+		return r;
+	mh->xpiece = piece && piece < mh->piece ? piece : mh->piece;
+	return 0;
 }
 
 int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
@@ -319,21 +363,28 @@ int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, ui
 	struct smap *maps = NULL;
 	struct pollfd *pfd = NULL;
 	struct kd_xev *ev = NULL;
+	uint8_t *inflight = NULL;	/* [host * S + stream] */
+	uint32_t depth = x->send_depth ? x->send_depth : 1;
 	int64_t slack, idle_since = 0;
+	size_t piece;
 	bool spin = true;
 	int r = 0;
 
 	if (x->run_steps)
 		return x->run_steps(mh, op, st, n, first, chain, bad_host);
 	*bad_host = KCOLL_RANK_NONE;
+	if (depth > KD_STEP_MAX_DEPTH)
+		depth = KD_STEP_MAX_DEPTH;
 	comm = op->comm;
 	/* Backstop only: the watchdog's query round normally ends a hang first. */
 	slack = comm->timeout_ns + 2000000000LL;
 	if (!mh->xpriv) {
-		r = open_xport(mh);
+		r = open_xport(mh, comm);
 		if (r)
 			return r;
 	}
+	/* The transport's cap, fixed while it is open; mh->piece may not grow. */
+	piece = mh->xpiece && mh->xpiece < mh->piece ? mh->xpiece : mh->piece;
 	for (uint32_t t = 0; t < n; t++)
 		nc += (st[t].nsend + st[t].nrecv) * S;
 	nfd = 2 * mh->nhosts * S + 1;
@@ -342,16 +393,17 @@ int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, ui
 	maps = calloc(nc ? nc : 1, sizeof(*maps));
 	ev = calloc(nc ? nc : 1, sizeof(*ev));
 	pfd = calloc(nfd, sizeof(*pfd));
-	if (!cs || !pfd || !lists || !maps || !ev) {
+	inflight = calloc((size_t)mh->nhosts * S, 1);
+	if (!cs || !pfd || !lists || !maps || !ev || !inflight) {
 		r = -ENOMEM;
 		goto out;
 	}
-	if (mh->rx_size < mh->piece) {
+	if (mh->rx_size < piece) {
 		for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++) {
 			free(mh->rx[i]);
 			mh->rx[i] = NULL;
 		}
-		mh->rx_size = mh->piece;
+		mh->rx_size = piece;
 	}
 	for (uint32_t t = 0; t < n; t++) {
 		for (uint32_t i = 0; i < st[t].nsend + st[t].nrecv; i++) {
@@ -359,7 +411,7 @@ int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, ui
 			const struct kd_xfer *xf = send ? &st[t].send[i] : &st[t].recv[i - st[t].nsend];
 			uint32_t np = 0;
 
-			lists[nl] = kd_xfer_cut(xf, mh->piece, &np);
+			lists[nl] = kd_xfer_cut(xf, piece, &np);
 			smap_of(mh, xf->host, &maps[nl]);
 			if (np > S)
 				spin = false;	/* more than one piece per stream: large */
@@ -381,11 +433,12 @@ int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, ui
 				for (uint32_t u = 0; u < maps[nl].nu; u++)
 					if (maps[nl].u[u] == s)
 						idx = u;
-				c->next = idx == UINT32_MAX ? np : idx;
+				c->next = c->cnext = idx == UINT32_MAX ? np : idx;
 				c->stride = maps[nl].nu;
 				c->step = first + t;
 				c->stream = s;
 				c->done = c->next >= np;
+				c->inflight = &inflight[xf->host * S + s];
 				if (t && chain) {
 					/* cursors of a chained step: send s, recv s (2S each) */
 					c->prev = &cs[k - 2 * S];
@@ -420,12 +473,14 @@ int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, ui
 			if (c->done)
 				continue;
 			pending++;
-			if (c->posted || gated(c) || (c->send && dep_wait(c)))
-				continue;
-			r = post(mh, op, c, i);
-			if (r) {
-				*bad_host = c->host;
-				goto out;
+			/* A receive: one at a time; a send: up to depth per stream. */
+			while (c->next < c->npieces && !gated(c) &&
+			       (c->send ? *c->inflight < depth && !dep_wait(c) : c->next == c->cnext)) {
+				r = post(mh, op, c, i);
+				if (r) {
+					*bad_host = c->host;
+					goto out;
+				}
 			}
 		}
 		if (!pending)
@@ -436,7 +491,7 @@ int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, ui
 			goto out;
 		}
 		for (int e = 0; e < ne; e++) {
-			struct cursor *c = &cs[ev[e].cookie];
+			struct cursor *c = &cs[ev[e].cookie >> 32 < nc ? ev[e].cookie >> 32 : 0];
 
 			r = complete(mh, op, c, &ev[e]);
 			if (r) {
@@ -471,7 +526,7 @@ int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, ui
 			const struct cursor *c = &cs[i];
 
 			/* The watchdog names the host we wait for. */
-			if (!c->done && !c->send && c->posted) {
+			if (!c->done && !c->send && c->next != c->cnext) {
 				mh->wait_host = c->host;
 				mh->wait_stream = c->stream;
 			}
@@ -500,6 +555,7 @@ out:
 	free(cs);
 	free(ev);
 	free(pfd);
+	free(inflight);
 	if (r && mh->xpriv && x->close) {
 		/* Pieces of the failed op may be in flight: a fresh context for
 		 * the next op (the streams themselves belong to net.c). */

@@ -21,9 +21,19 @@
  *     close() comes after that thread stopped.
  *   - Streams are ordered: pieces sent on (host, stream) arrive in that
  *     order on the peer's (self, stream). Different streams are independent.
+ *   - open() may lower *piece (the engine sets it to env->piece): the
+ *     engine then cuts pieces at most that large. Both ends of a pair must
+ *     come to the same size (the same knobs), or their pieces differ.
+ *     close() ends the context (the engine closes it after a failed op,
+ *     pieces of which may still be in flight); a new open() on the same
+ *     streams must work.
  *   - send() queues one piece: the header is copied, the payload (len bytes
  *     at buf) must stay untouched until the piece's KD_XEV_TX event. A
- *     stream holds one send at a time: -EBUSY while one is in flight. With
+ *     stream holds up to send_depth sends in flight (0 counts as 1): -EBUSY
+ *     beyond. The TX events of one stream come in the order of the sends;
+ *     a TX event's t0 is when its send was posted (or its first byte
+ *     moved), and the engine counts the union of a stream's busy intervals
+ *     for C4, so overlapping sends count their shared time once. With
  *     KD_XPORT_F_MEM, mem (NULL: none known) names the buffer buf lies in,
  *     for a zero-copy send; a transport may always copy instead.
  *   - recv() posts the receive of the next piece on (host, stream), of len
@@ -56,7 +66,9 @@ struct kd_step;
 struct kd_mh;
 struct pollfd;
 
-#define KD_XPORT_VERSION	3	/* 1: run_steps only (the whole mh); 2: no kd_xmem */
+/* 1: run_steps only (the whole mh); 2: no kd_xmem; 3: one send in flight per
+ * stream, the legacy run_steps beside; 4: send_depth, open() caps the piece */
+#define KD_XPORT_VERSION	4
 
 /* What open() gets: nothing of the communicator beyond hosts and streams. */
 struct kd_xport_env {
@@ -65,6 +77,9 @@ struct kd_xport_env {
 	const int *fds;		/* [host * KD_MAX_STREAMS + stream]: connected byte
 				 * streams (-1: none), owned by the caller */
 	void *fabric;		/* in-process transports: what the hosts share */
+	const char *name;	/* the communicator's, for log lines */
+	int64_t timeout_ns;	/* a connection set up in open() or on first use
+				 * gives up after this long */
 };
 
 /*
@@ -109,8 +124,9 @@ struct kd_xport_ops {
 	int (*init)(char *why, size_t cap);
 
 	/* The narrow interface (see the contract above). */
-	int (*open)(const struct kd_xport_env *env, void **ctx);
+	int (*open)(const struct kd_xport_env *env, void **ctx, size_t *piece);
 	uint32_t flags;		/* KD_XPORT_F_* */
+	uint32_t send_depth;	/* sends in flight per stream (0: 1) */
 	int (*send)(void *ctx, uint32_t host, uint32_t stream, const struct kd_p_data *hdr,
 		    const void *buf, size_t len, const struct kd_xmem *mem, uint64_t cookie);
 	int (*recv)(void *ctx, uint32_t host, uint32_t stream, void *buf, size_t len, uint64_t cookie);
@@ -133,11 +149,13 @@ struct kd_xport_ops {
 			 uint32_t first, bool chain, uint32_t *bad_host);
 	void (*legacy_close)(struct kd_mh *mh);
 	size_t (*legacy_render)(struct kd_mh *mh, char *buf, size_t cap, int json);
+
 };
 
 extern const struct kd_xport_ops kd_xport_tcp;	/* xport_tcp.c */
 extern const struct kd_xport_ops kd_xport_rdma;	/* xport_rdma.c (legacy entry) */
-extern const struct kd_xport_ops kd_xport_loop;	/* xport_loop.c (tests) */
+extern const struct kd_xport_ops kd_xport_loop;	/* xport_loop.c (tests): send_depth 1 */
+extern const struct kd_xport_ops kd_xport_loop_deep;	/* ... send_depth KD_LOOP_DEPTH */
 
 /* xport_loop.c: the hosts of one in-process "network" (env->fabric of
  * kd_xport_loop). NULL when out of memory. */
@@ -149,6 +167,11 @@ uint32_t kd_loop_fabric_pending(struct kd_loop_fabric *f);
 /* Tests: corrupt the n-th piece sent from now on (counting from 1) once:
  * payload: flip a byte of it; else bump its header's step. */
 void kd_loop_fabric_corrupt(struct kd_loop_fabric *f, uint32_t nth, bool payload);
+/* Tests: once, a transport bug the engine must catch: report the TX events
+ * of a stream's first two sends in flight swapped, or one TX event twice. */
+enum kd_loop_fault { KD_LOOP_TX_SWAP = 1, KD_LOOP_TX_DUP = 2 };
+void kd_loop_fabric_fault(struct kd_loop_fabric *f, enum kd_loop_fault fault);
+#define KD_LOOP_DEPTH	4
 
 /* xport.c: the transport new communicators use (KCOLL_NET_XPORT; auto: the
  * best whose init succeeds, RDMA before TCP, logging why once). */

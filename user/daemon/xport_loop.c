@@ -4,13 +4,16 @@
  * process, so that the step engine (step.c) and the algorithms over it
  * (schedule.c) run in one test program (tests/test_step.c). A "fabric"
  * holds one queue per (sender, receiver, stream); a send copies the piece
- * into a message on its queue and is done at once; a receive hands the
- * message itself over (the engine reads it in place and releases it), as a
- * transport with buffers of its own (RDMA slots) does. Each host has an
- * eventfd that a new message for it writes, for poll(2).
+ * into a message on its queue and completes (its TX event) once the
+ * receiver took it, as an RDMA write completes when the peer has it; a
+ * receive hands the message itself over (the engine reads it in place and
+ * releases it), as a transport with buffers of its own (RDMA slots) does.
+ * Each host has an eventfd that a new message or a taken one writes, for
+ * poll(2). kd_xport_loop holds one send per stream in flight,
+ * kd_xport_loop_deep KD_LOOP_DEPTH.
  *
  * For tests only (xport.c does not offer it): kd_loop_fabric_corrupt()
- * damages one piece on the way.
+ * damages one piece on the way, kd_loop_fabric_fault() its TX events.
  */
 #include <errno.h>
 #include <poll.h>
@@ -35,8 +38,10 @@ struct kd_loop_fabric {
 	uint32_t nhosts, nstreams;
 	struct lmsg **head, ***tail;	/* [(from * nhosts + to) * nstreams + stream] */
 	int *efd;			/* [host]: a message for it arrived */
+	uint64_t *sent, *taken;		/* [queue]: messages queued, taken out */
 	uint32_t corrupt_nth;		/* 0: none */
 	bool corrupt_payload;
+	uint32_t fault;			/* enum kd_loop_fault, once */
 };
 
 struct loop_io {
@@ -44,12 +49,21 @@ struct loop_io {
 	uint64_t cookie;
 	size_t len;
 	int64_t t0;
+	uint64_t seq;		/* tx: its message's number on the queue */
+};
+
+/* One stream's sends in flight, oldest first. */
+struct loop_tx {
+	struct loop_io io[KD_LOOP_DEPTH];
+	uint32_t n;
 };
 
 struct loop_ctx {
 	struct kd_loop_fabric *f;
-	uint32_t self, nhosts, nstreams;
-	struct loop_io *tx, *rx;	/* [host * nstreams + stream] */
+	uint32_t self, nhosts, nstreams, depth;
+	struct loop_tx *tx;		/* [host * nstreams + stream] */
+	struct loop_io *rx;
+	bool dup;			/* KD_LOOP_TX_DUP: the next TX event goes twice */
 };
 
 struct kd_loop_fabric *kd_loop_fabric_new(uint32_t nhosts, uint32_t nstreams)
@@ -65,7 +79,9 @@ struct kd_loop_fabric *kd_loop_fabric_new(uint32_t nhosts, uint32_t nstreams)
 	f->head = calloc(nq, sizeof(*f->head));
 	f->tail = calloc(nq, sizeof(*f->tail));
 	f->efd = calloc(nhosts, sizeof(*f->efd));
-	if (!f->head || !f->tail || !f->efd)
+	f->sent = calloc(nq, sizeof(*f->sent));
+	f->taken = calloc(nq, sizeof(*f->taken));
+	if (!f->head || !f->tail || !f->efd || !f->sent || !f->taken)
 		goto err;
 	for (size_t q = 0; q < nq; q++)
 		f->tail[q] = &f->head[q];
@@ -100,6 +116,8 @@ void kd_loop_fabric_free(struct kd_loop_fabric *f)
 	free(f->head);
 	free(f->tail);
 	free(f->efd);
+	free(f->sent);
+	free(f->taken);
 	free(f);
 }
 
@@ -123,7 +141,14 @@ void kd_loop_fabric_corrupt(struct kd_loop_fabric *f, uint32_t nth, bool payload
 	pthread_mutex_unlock(&f->lock);
 }
 
-static int loop_open(const struct kd_xport_env *env, void **ctxp)
+void kd_loop_fabric_fault(struct kd_loop_fabric *f, enum kd_loop_fault fault)
+{
+	pthread_mutex_lock(&f->lock);
+	f->fault = fault;
+	pthread_mutex_unlock(&f->lock);
+}
+
+static int open_depth(const struct kd_xport_env *env, void **ctxp, uint32_t depth)
 {
 	struct kd_loop_fabric *f = env->fabric;
 	struct loop_ctx *x;
@@ -137,6 +162,7 @@ static int loop_open(const struct kd_xport_env *env, void **ctxp)
 	x->self = env->self;
 	x->nhosts = env->nhosts;
 	x->nstreams = env->nstreams;
+	x->depth = depth;
 	x->tx = calloc((size_t)x->nhosts * x->nstreams, sizeof(*x->tx));
 	x->rx = calloc((size_t)x->nhosts * x->nstreams, sizeof(*x->rx));
 	if (!x->tx || !x->rx) {
@@ -149,6 +175,18 @@ static int loop_open(const struct kd_xport_env *env, void **ctxp)
 	return 0;
 }
 
+static int loop_open(const struct kd_xport_env *env, void **ctxp, size_t *piece)
+{
+	(void)piece;
+	return open_depth(env, ctxp, 1);
+}
+
+static int loop_open_deep(const struct kd_xport_env *env, void **ctxp, size_t *piece)
+{
+	(void)piece;
+	return open_depth(env, ctxp, KD_LOOP_DEPTH);
+}
+
 static void loop_close(void *ctx)
 {
 	struct loop_ctx *x = ctx;
@@ -158,11 +196,9 @@ static void loop_close(void *ctx)
 	free(x);
 }
 
-static struct loop_io *io_of(struct loop_ctx *x, struct loop_io *a, uint32_t host, uint32_t stream)
+static bool bad_peer(const struct loop_ctx *x, uint32_t host, uint32_t stream)
 {
-	if (host >= x->nhosts || host == x->self || stream >= x->nstreams)
-		return NULL;
-	return &a[host * x->nstreams + stream];
+	return host >= x->nhosts || host == x->self || stream >= x->nstreams;
 }
 
 static int loop_send(void *ctx, uint32_t host, uint32_t stream, const struct kd_p_data *hdr, const void *buf,
@@ -170,14 +206,16 @@ static int loop_send(void *ctx, uint32_t host, uint32_t stream, const struct kd_
 {
 	struct loop_ctx *x = ctx;
 	struct kd_loop_fabric *f = x->f;
-	struct loop_io *io = io_of(x, x->tx, host, stream);
+	struct loop_tx *t;
 	struct lmsg *m;
+	uint64_t seq;
 	size_t q;
 	uint64_t one = 1;
 
-	if (!io)
+	if (bad_peer(x, host, stream))
 		return -EINVAL;
-	if (io->active)
+	t = &x->tx[host * x->nstreams + stream];
+	if (t->n >= x->depth)
 		return -EBUSY;
 	/* It copies, but checks what a zero-copy transport would rely on. */
 	if (mem && (mem->dmabuf_fd < -1 || (const uint8_t *)buf < mem->lo ||
@@ -201,21 +239,35 @@ static int loop_send(void *ctx, uint32_t host, uint32_t stream, const struct kd_
 	}
 	*f->tail[q] = m;
 	f->tail[q] = &m->next;
+	seq = f->sent[q]++;
+	t->io[t->n++] = (struct loop_io){ .active = true, .cookie = cookie, .len = len, .t0 = kd_now_ns(),
+					  .seq = seq };
+	if (t->n == 2 && (f->fault & KD_LOOP_TX_SWAP)) {
+		uint64_t c = t->io[0].cookie;
+
+		t->io[0].cookie = t->io[1].cookie;
+		t->io[1].cookie = c;
+		f->fault &= ~KD_LOOP_TX_SWAP;
+	}
+	if (f->fault & KD_LOOP_TX_DUP) {
+		x->dup = true;
+		f->fault &= ~KD_LOOP_TX_DUP;
+	}
 	pthread_mutex_unlock(&f->lock);
 	if (write(f->efd[host], &one, sizeof(one)) < 0)
 		return -errno;
-	*io = (struct loop_io){ .active = true, .cookie = cookie, .len = len, .t0 = kd_now_ns() };
 	return 0;
 }
 
 static int loop_recv(void *ctx, uint32_t host, uint32_t stream, void *buf, size_t len, uint64_t cookie)
 {
 	struct loop_ctx *x = ctx;
-	struct loop_io *io = io_of(x, x->rx, host, stream);
+	struct loop_io *io;
 
 	(void)buf;	/* the message is handed over instead */
-	if (!io)
+	if (bad_peer(x, host, stream))
 		return -EINVAL;
+	io = &x->rx[host * x->nstreams + stream];
 	if (io->active)
 		return -EBUSY;
 	*io = (struct loop_io){ .active = true, .cookie = cookie, .len = len };
@@ -227,20 +279,31 @@ static int loop_poll(void *ctx, struct kd_xev *ev, uint32_t max, bool *moved)
 	struct loop_ctx *x = ctx;
 	struct kd_loop_fabric *f = x->f;
 	uint32_t ne = 0, nio = x->nhosts * x->nstreams;
-	uint64_t v;
+	uint64_t v, one = 1;
 
 	/* Drained before looking: a message queued after this writes again. */
 	if (read(f->efd[x->self], &v, sizeof(v)) < 0)
 		v = 0;
-	for (uint32_t i = 0; i < nio && ne < max; i++) {
-		struct loop_io *io = &x->tx[i];
+	pthread_mutex_lock(&f->lock);
+	for (uint32_t i = 0; i < nio; i++) {
+		struct loop_tx *t = &x->tx[i];
+		uint32_t host = i / x->nstreams, s = i % x->nstreams, k = 0;
+		size_t q = ((size_t)x->self * f->nhosts + host) * f->nstreams + s;
 
-		if (!io->active)
-			continue;
-		io->active = false;
-		ev[ne++] = (struct kd_xev){ .kind = KD_XEV_TX, .host = i / x->nstreams,
-					    .stream = i % x->nstreams, .cookie = io->cookie, .t0 = io->t0 };
+		/* Done once the receiver took it, oldest first. */
+		for (; k < t->n && ne < max && f->taken[q] > t->io[k].seq; k++) {
+			ev[ne++] = (struct kd_xev){ .kind = KD_XEV_TX, .host = host, .stream = s,
+						    .cookie = t->io[k].cookie, .t0 = t->io[k].t0 };
+			if (x->dup && ne < max) {
+				ev[ne] = ev[ne - 1];
+				ne++;
+				x->dup = false;
+			}
+		}
+		memmove(t->io, t->io + k, (t->n - k) * sizeof(t->io[0]));
+		t->n -= k;
 	}
+	pthread_mutex_unlock(&f->lock);
 	for (uint32_t i = 0; i < nio && ne < max; i++) {
 		struct loop_io *io = &x->rx[i];
 		uint32_t host = i / x->nstreams, s = i % x->nstreams;
@@ -255,10 +318,14 @@ static int loop_poll(void *ctx, struct kd_xev *ev, uint32_t max, bool *moved)
 			f->head[q] = m->next;
 			if (!m->next)
 				f->tail[q] = &f->head[q];
+			f->taken[q]++;
 		}
 		pthread_mutex_unlock(&f->lock);
 		if (!m)
 			continue;
+		/* The sender's TX event is due: wake it. */
+		if (write(f->efd[host], &one, sizeof(one)) < 0)
+			return -errno;
 		io->active = false;
 		ev[ne++] = (struct kd_xev){
 			.kind = KD_XEV_RX, .host = host, .stream = s, .cookie = io->cookie,
@@ -293,6 +360,22 @@ const struct kd_xport_ops kd_xport_loop = {
 	.name = "loopback",
 	.open = loop_open,
 	.flags = KD_XPORT_F_MEM,
+	.send_depth = 1,
+	.send = loop_send,
+	.recv = loop_recv,
+	.poll = loop_poll,
+	.release = loop_release,
+	.wait_fds = loop_wait_fds,
+	.close = loop_close,
+};
+
+const struct kd_xport_ops kd_xport_loop_deep = {
+	.size = sizeof(struct kd_xport_ops),
+	.version = KD_XPORT_VERSION,
+	.name = "loopback-deep",
+	.open = loop_open_deep,
+	.flags = KD_XPORT_F_MEM,
+	.send_depth = KD_LOOP_DEPTH,
 	.send = loop_send,
 	.recv = loop_recv,
 	.poll = loop_poll,
