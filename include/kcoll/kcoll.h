@@ -123,6 +123,25 @@ int kcoll_mem_register(struct kcoll *k, void *ptr, size_t size);
 int kcoll_mem_deregister(struct kcoll *k, void *ptr);
 
 /*
+ * Make an ordinary buffer zero-copy without kcoll.ko: the whole pages inside
+ * [ptr, ptr + size) (never a page the buffer shares with other objects) are
+ * copied into a sealed memfd that is mapped over them at the same address
+ * and registered with kcolld like kcoll_mem_alloc memory. *lo and *len get
+ * the page-aligned range that is now shared; collectives on buffers inside
+ * it are zero-copy, the bytes of the buffer outside it stay on the one-copy
+ * path. Nobody may write the range during the call (such a write would be
+ * lost). The pages stay MAP_SHARED for good: kcoll_mem_deregister(k, *lo)
+ * drops kcolld's mapping and leaves them in place with their data, but a
+ * child fork()ed afterwards shares them with its parent. The memory must
+ * stay allocated until kcoll_mem_deregister. Errors: -EINVAL (NULL, size 0),
+ * -ERANGE (no whole page inside), -EEXIST (overlaps kcoll memory already),
+ * -EFAULT (not all mapped), -EACCES (not read-write), -EOPNOTSUPP (not
+ * private anonymous memory: a file or shared mapping, huge pages); on any
+ * error nothing changed. libkcoll 1.4 (symbol version KCOLL_1.4).
+ */
+int kcoll_mem_share(struct kcoll *k, void *ptr, size_t size, void **lo, size_t *len);
+
+/*
  * KV-cache transfers (docs/kv.md, libkcoll(3) "KV-CACHE TRANSFERS").
  *
  * A segment is a buffer of this process registered with kcolld. Its

@@ -234,10 +234,12 @@ void kcoll_disconnect(struct kcoll *k)
 	munmap(k->ring, k->ring_size);
 	for (rg = k->regions; rg; rg = next) {
 		next = rg->next;
-		if (rg->pinned)
+		if (rg->kind == KC_REGION_PINNED)
 			kcoll_kdev_unregister(&k->kdev, rg->kdev_handle);
-		else
+		else if (rg->kind == KC_REGION_ALLOC)
 			munmap(rg->addr, rg->size);
+		else	/* the caller's memory: it stays where it is */
+			kc_share_drop(rg->addr);
 		free(rg);
 	}
 	kcoll_kdev_close(&k->kdev);

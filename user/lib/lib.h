@@ -41,11 +41,18 @@ struct kcoll_req {
 
 #define KCOLL_THP_SEEN	16	/* ranges kcoll_thp_collapse remembers */
 
+/* How a region of kcoll_region came to be, and so how it is let go. */
+enum kc_region_kind {
+	KC_REGION_ALLOC,	/* kcoll_mem_alloc: our mapping, unmapped on free */
+	KC_REGION_PINNED,	/* kcoll_mem_register: pinned through /dev/kcoll */
+	KC_REGION_SHARED,	/* kcoll_mem_share: the caller's pages, left mapped */
+};
+
 struct kcoll_region {
 	void *addr;
 	size_t size;
-	uint64_t kdev_handle;	/* pinned through /dev/kcoll (not ours to unmap) */
-	bool pinned;
+	uint64_t kdev_handle;	/* KC_REGION_PINNED: the /dev/kcoll handle */
+	enum kc_region_kind kind;
 	struct kcoll_region *next;
 };
 
@@ -134,6 +141,8 @@ bool kc_cuda_loaded(void);
 int kc_mem_kind(struct kcoll *k, const void *ptr, size_t bytes, uint8_t *kind);
 /* Collapse a large host buffer into huge pages once (a hint). */
 void kc_thp_collapse(struct kcoll *k, const void *ptr, size_t bytes);
+/* A range kcoll_mem_share claimed for this process is let go. */
+void kc_share_drop(const void *lo);
 
 /* ---- lane.c ---- */
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * libkcoll: memory. kcoll memory (kcoll_mem_alloc: memfd shared with
- * kcolld), buffers pinned through /dev/kcoll (kcoll_mem_register), device
+ * kcolld), buffers pinned through /dev/kcoll (kcoll_mem_register), plain
+ * pages moved into a memfd in place (kcoll_mem_share), device
  * buffers (registered with kcolld on first use), and the memory kind and
  * huge-page hint that each collective's buffers get.
  * Locking: lib.h.
@@ -288,13 +289,14 @@ err_free:
 	return r;
 }
 
-static struct kcoll_region *region_take(struct kcoll *k, void *ptr, bool pinned)
+/* Unlink the region at ptr if it is of one of the kinds in mask (1 << kind). */
+static struct kcoll_region *region_take(struct kcoll *k, void *ptr, unsigned int mask)
 {
 	struct kcoll_region **pp, *rg = NULL;
 
 	pthread_mutex_lock(&k->mem_lock);
 	for (pp = &k->regions; *pp; pp = &(*pp)->next) {
-		if ((*pp)->addr == ptr && (*pp)->pinned == pinned) {
+		if ((*pp)->addr == ptr && (mask & (1u << (*pp)->kind))) {
 			rg = *pp;
 			*pp = rg->next;
 			break;
@@ -305,7 +307,7 @@ static struct kcoll_region *region_take(struct kcoll *k, void *ptr, bool pinned)
 }
 
 /* Make kcolld forget the region at ptr, then release our side of it. */
-static int region_release(struct kcoll *k, void *ptr, bool pinned)
+static int region_release(struct kcoll *k, void *ptr, unsigned int mask)
 {
 	struct kcoll_msg_mem_unreg req = { .hdr.type = KCOLL_MSG_MEM_UNREG };
 	struct kcoll_msg_hdr rep;
@@ -314,25 +316,28 @@ static int region_release(struct kcoll *k, void *ptr, bool pinned)
 
 	if (!k || !ptr)
 		return -EINVAL;
-	rg = region_take(k, ptr, pinned);
+	rg = region_take(k, ptr, mask);
 	if (!rg)
 		return -ENOENT;
 	req.addr = (uintptr_t)ptr;
 	r = kcoll_priv_ctl(k, &req, sizeof(req), -1, &rep, sizeof(rep), NULL, 5000);
 	/* kcolld dropped its table entry first; an operation still in flight
 	 * keeps its own reference to the daemon's mapping, so releasing ours
-	 * now cannot pull pages from under it. */
-	if (rg->pinned)
+	 * now cannot pull pages from under it. A shared region's pages are the
+	 * caller's memory: they stay mapped, holding their data. */
+	if (rg->kind == KC_REGION_PINNED)
 		kcoll_kdev_unregister(&k->kdev, rg->kdev_handle);
-	else
+	else if (rg->kind == KC_REGION_ALLOC)
 		munmap(rg->addr, rg->size);
+	else
+		kc_share_drop(rg->addr);
 	free(rg);
 	return r == -ENOTCONN ? 0 : r;
 }
 
 int kcoll_mem_free(struct kcoll *k, void *ptr)
 {
-	return region_release(k, ptr, false);
+	return region_release(k, ptr, 1u << KC_REGION_ALLOC);
 }
 
 int kcoll_mem_register(struct kcoll *k, void *ptr, size_t size)
@@ -374,7 +379,7 @@ int kcoll_mem_register(struct kcoll *k, void *ptr, size_t size)
 	rg->addr = ptr;
 	rg->size = size;
 	rg->kdev_handle = handle;
-	rg->pinned = true;
+	rg->kind = KC_REGION_PINNED;
 	pthread_mutex_lock(&k->mem_lock);
 	rg->next = k->regions;
 	k->regions = rg;
@@ -385,6 +390,221 @@ err_unregister:
 	kcoll_kdev_unregister(&k->kdev, handle);
 err_free:
 	free(rg);
+	return r;
+}
+
+/*
+ * kcoll_mem_share: plain memory made kcolld-mapped without kcoll.ko. Private
+ * anonymous pages cannot be handed to another process, so the whole pages
+ * inside the buffer are copied into a sealed memfd that is then mapped
+ * over them at the same address (mremap of the copy's mapping: its page
+ * tables move along, nothing faults again) and registered like
+ * kcoll_mem_alloc memory. Pages at the buffer's ends that it shares with
+ * other objects stay as they are: a write to them during the copy would
+ * be lost.
+ */
+#define KC_SHARE_NAME	"kcoll-share"	/* the memfd; /proc/PID/maps shows it */
+
+/*
+ * The ranges shared on every handle of this process. A handle sharing again
+ * what another shared would swap the pages under the other's registration
+ * (its kcolld mapping would keep the old copy), so a range is claimed here
+ * first, process-wide.
+ */
+struct kc_share_range {
+	uintptr_t lo, hi;
+	struct kc_share_range *next;
+};
+static pthread_mutex_t share_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kc_share_range *share_ranges;
+
+static int share_claim(uintptr_t lo, uintptr_t hi)
+{
+	struct kc_share_range *s, *it;
+	int r = 0;
+
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->lo = lo;
+	s->hi = hi;
+	pthread_mutex_lock(&share_lock);
+	for (it = share_ranges; it && !r; it = it->next)
+		r = lo < it->hi && it->lo < hi ? -EEXIST : 0;
+	if (!r) {
+		s->next = share_ranges;
+		share_ranges = s;
+	}
+	pthread_mutex_unlock(&share_lock);
+	if (r)
+		free(s);
+	return r;
+}
+
+void kc_share_drop(const void *lo)
+{
+	struct kc_share_range **pp, *s = NULL;
+
+	pthread_mutex_lock(&share_lock);
+	for (pp = &share_ranges; *pp; pp = &(*pp)->next) {
+		if ((*pp)->lo == (uintptr_t)lo) {
+			s = *pp;
+			*pp = s->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&share_lock);
+	free(s);
+}
+
+/* Is a /proc/self/maps path (after the inode) one whose pages we may copy? */
+static bool share_name_ok(const char *path, bool shared)
+{
+	if (shared)	/* shared once before: our own memfd, since deregistered */
+		return !strncmp(path, "/memfd:" KC_SHARE_NAME " ", strlen("/memfd:" KC_SHARE_NAME " "));
+	return !*path || !strcmp(path, "[heap]") || !strcmp(path, "[stack]") ||
+	       !strncmp(path, "[anon:", 6);
+}
+
+/*
+ * Is [lo, hi) all readable, writable, private anonymous memory (or pages
+ * shared once before and since deregistered)? 0, -EFAULT (a hole),
+ * -EACCES (not read-write) or -EOPNOTSUPP (a file, shared memory, huge
+ * pages: copying them would cut them off from whoever else maps them).
+ */
+static int share_check_maps(uintptr_t lo, uintptr_t hi)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	uintptr_t at = lo;
+	size_t cap = 0;
+	char *line = NULL;
+	int r = 0;
+
+	if (!f)
+		return -errno;
+	while (at < hi && getline(&line, &cap, f) > 0) {
+		unsigned long start, end, inode;
+		char perms[5];
+		int path = 0;
+
+		line[strcspn(line, "\n")] = 0;
+		if (sscanf(line, "%lx-%lx %4s %*s %*s %lu %n", &start, &end, perms, &inode, &path) < 4)
+			continue;
+		if (end <= at)
+			continue;
+		if (start > at) {
+			r = -EFAULT;
+			break;
+		}
+		if (perms[0] != 'r' || perms[1] != 'w') {
+			r = -EACCES;
+			break;
+		}
+		if (perms[3] == 'p' ? inode || !share_name_ok(line + path, false) :
+				      !share_name_ok(line + path, true)) {
+			kc_dbg("kcoll_mem_share: %#lx-%#lx is not private anonymous memory: %s", start,
+			       end, line);
+			r = -EOPNOTSUPP;
+			break;
+		}
+		at = end;
+	}
+	if (!r && at < hi)
+		r = -EFAULT;
+	free(line);
+	fclose(f);
+	return r;
+}
+
+int kcoll_mem_share(struct kcoll *k, void *ptr, size_t size, void **lo, size_t *len)
+{
+	struct kcoll_msg_mem_reg req = { .hdr.type = KCOLL_MSG_MEM_REG };
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a, b;
+	struct kcoll_msg_hdr rep;
+	struct kcoll_region *rg;
+	bool overlap = false;
+	void *copy, *at;
+	size_t n;
+	int fd, r;
+
+	if (!k || !ptr || !size || !lo || !len)
+		return -EINVAL;
+	if (size > (1ULL << 40))
+		return -EOVERFLOW;
+	if ((uintptr_t)ptr + size < (uintptr_t)ptr)
+		return -EFAULT;
+	a = ((uintptr_t)ptr + page - 1) & ~(page - 1);
+	b = ((uintptr_t)ptr + size) & ~(page - 1);
+	if (b <= a)
+		return -ERANGE;	/* no whole page inside: nothing can be shared */
+	n = b - a;
+	pthread_mutex_lock(&k->mem_lock);
+	for (const struct kcoll_region *it = k->regions; it && !overlap; it = it->next)
+		overlap = a < (uintptr_t)it->addr + it->size && (uintptr_t)it->addr < b;
+	pthread_mutex_unlock(&k->mem_lock);
+	if (overlap)
+		return -EEXIST;
+	r = share_claim(a, b);
+	if (r)
+		return r;
+	r = share_check_maps(a, b);
+	if (r)
+		goto err_drop;
+	rg = calloc(1, sizeof(*rg));
+	if (!rg) {
+		r = -ENOMEM;
+		goto err_drop;
+	}
+	fd = memfd_create(KC_SHARE_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		r = -errno;
+		goto err_free;
+	}
+	if (ftruncate(fd, n) ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
+		r = -errno;
+		goto err_close;
+	}
+	copy = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+	if (copy == MAP_FAILED) {
+		r = -errno;
+		goto err_close;
+	}
+	memcpy(copy, (void *)a, n);
+	/* kcolld maps the copy and takes [a, b) as kcoll memory from now on. */
+	req.addr = a;
+	req.size = n;
+	r = kcoll_priv_ctl(k, &req, sizeof(req), fd, &rep, sizeof(rep), NULL, 5000);
+	if (r)
+		goto err_unmap;
+	at = mremap(copy, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)a);
+	if (at == MAP_FAILED) {
+		struct kcoll_msg_mem_unreg un = { .hdr.type = KCOLL_MSG_MEM_UNREG, .addr = a };
+
+		r = -errno;
+		kcoll_priv_ctl(k, &un, sizeof(un), -1, &rep, sizeof(rep), NULL, 5000);
+		goto err_unmap;
+	}
+	close(fd);	/* the two mappings keep the memfd */
+	rg->addr = (void *)a;
+	rg->size = n;
+	rg->kind = KC_REGION_SHARED;
+	pthread_mutex_lock(&k->mem_lock);
+	rg->next = k->regions;
+	k->regions = rg;
+	pthread_mutex_unlock(&k->mem_lock);
+	*lo = (void *)a;
+	*len = n;
+	return 0;
+
+err_unmap:
+	munmap(copy, n);
+err_close:
+	close(fd);
+err_free:
+	free(rg);
+err_drop:
+	kc_share_drop((void *)a);
 	return r;
 }
 
@@ -409,5 +629,5 @@ int kcoll_mem_deregister(struct kcoll *k, void *ptr)
 		return dev_unreg(k, (uintptr_t)ptr);
 	}
 	pthread_mutex_unlock(&k->dev_lock);
-	return region_release(k, ptr, true);
+	return region_release(k, ptr, 1u << KC_REGION_PINNED | 1u << KC_REGION_SHARED);
 }

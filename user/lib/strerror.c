@@ -37,10 +37,14 @@ const char *kcoll_strerror(int err)
 	case EOPNOTSUPP:
 		return "operation not supported by this kcolld (device buffers need a usable GPU: "
 		       "run kcollctl gpu for the reason)";
+	case EEXIST:
+		return "already there: the rank already joined the communicator, or the memory is kcoll "
+		       "memory already (kcoll_mem_alloc, registered or shared)";
 	case EPROTO:
 		return "protocol error talking to kcolld (corrupt ring or reply)";
 	case ERANGE:
-		return "a transfer entry lies beyond the end of its segment";
+		return "a range lies outside what must hold it: a transfer entry beyond the end of its "
+		       "segment, or a buffer given to kcoll_mem_share with no whole page inside";
 	case E2BIG:
 		return "batch longer than KCOLL_XFER_MAX_ENTRIES or moving more than 1 TiB "
 		       "(or too many notify counters): split it";

@@ -95,6 +95,7 @@ _protos = {
     "kcoll_req_err_rank": (_i, [_p]),
     "kcoll_mem_alloc": (_i, [_p, _sz, _pp]),
     "kcoll_mem_free": (_i, [_p, _p]),
+    "kcoll_mem_deregister": (_i, [_p, _p]),
     "kcoll_dtype_size": (_sz, [_i]),
     "kcoll_strerror": (ctypes.c_char_p, [_i]),
     "kcoll_seg_register": (_i, [_p, _p, _sz, ctypes.POINTER(SegOpts), _pp]),
@@ -114,10 +115,18 @@ _protos = {
     "kcoll_xfer_plan": (_i, [_p, _sz, ctypes.c_uint64, ctypes.c_uint64, _i,
                              ctypes.POINTER(_sz)]),
 }
-for _name, (_res, _args) in _protos.items():
-    _f = getattr(lib, _name)
+# Newer than libkcoll 1.0: absent from an older library (mem_share is then
+# None and kcoll.torch does without it).
+_optional = {
+    "kcoll_mem_share": (_i, [_p, _p, _sz, _pp, ctypes.POINTER(_sz)]),  # KCOLL_1.4
+}
+for _name, (_res, _args) in list(_protos.items()) + list(_optional.items()):
+    _f = getattr(lib, _name, None)
+    if _f is None and _name in _optional:
+        continue
     _f.restype = _res
     _f.argtypes = _args
+mem_share = getattr(lib, "kcoll_mem_share", None)
 
 
 def strerror(err):
