@@ -11,7 +11,8 @@
 # RuntimeError on every rank within the group's timeout; then one host's
 # kcolld killed mid-training under DDP: every rank raises within 30 s, the
 # other hosts' kcollds keep working (a new group of their ranks, kcollctl
-# status).
+# status). Then tests/python/torch_share.py (plain tensors made zero-copy,
+# t_python_share.sh) on the 4 hosts.
 # Needs root, network namespaces and /usr/bin/python3 with torch and numpy
 # (SKIP otherwise). Bounded: about 60-120 s on the 2-core VM. TAP.
 set -u
@@ -62,6 +63,16 @@ timeout -k 5 $limit "$PY" "$top/tests/python/launch.py" --hosts $H "$top/tests/p
 rc=${PIPESTATUS[0]}
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then ok 1 "launch.py finished within $limit s"; fi
 echo "# $H ranks on $H hosts: $((SECONDS - t0)) s"
+
+# Plain tensors, zero-copy across hosts (tests/python/torch_share.py, as in
+# t_python_share.sh): every dtype x op on shared tensors against the
+# reference and gloo, each host's kcolld copying only the staged ends.
+t0=$SECONDS
+KCOLL_CTL="$B/bin/kcollctl" timeout -k 5 $limit "$PY" "$top/tests/python/launch.py" --hosts $H \
+	"$top/tests/python/torch_share.py" $H "share $H hosts" $((limit - 15)) env 2>&1 | emit
+rc=${PIPESTATUS[0]}
+if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then ok 1 "launch.py (share) finished within $limit s"; fi
+echo "# zero-copy plain tensors, $H hosts: $((SECONDS - t0)) s"
 
 # One host's kcolld killed mid-training (tests/python/torch_kill.py, as on
 # one host in t_python.sh, here under DDP; torch_kill.py's "manual" mode, a

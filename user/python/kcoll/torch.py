@@ -15,9 +15,19 @@ groups written in Python. Each group has its own kcolld
 connection and communicator; a progress thread waits for the collectives in
 submission order (kcoll_wait releases the GIL) and completes the futures
 the Work objects wrap. CPU tensors only.
+
+Plain tensors, zero-copy (docs/python.md "Plain tensors, zero-copy"): an
+all_reduce or broadcast of at least $KCOLL_TORCH_SHARE_MIN_BYTES runs as two
+kcoll ops, the tensor's first and last 4 KiB (staged together in one small
+tensor) and the middle; the middle is zero-copy because the whole pages
+inside the tensor's storage are shared with kcolld in place on first use
+(kcoll_mem_share), which DDP's reused buckets pay once.
 """
 import atexit
+import collections
+import ctypes
 import inspect
+import os
 import queue
 import sys
 import threading
@@ -27,6 +37,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work, _create_work_from_future
 
 import kcoll
+from kcoll import _lib
 
 BACKEND = "kcoll"
 _UID_KEY = "kcoll/unique_id"
@@ -95,6 +106,140 @@ def _one(tensors, what):
     if len(tensors) != 1:
         raise RuntimeError(f"kcoll: {what} takes one tensor per process, got {len(tensors)}")
     return tensors[0]
+
+
+# The knobs (declared with the others in user/common/config.c, which
+# kcollctl config prints). Every rank must see the same MIN_BYTES: it
+# decides how an op is cut into kcoll ops.
+_SHARE_MIN_DEFAULT = 1 << 20
+_SHARE_MAX_DEFAULT = 1 << 30
+# The ends staged apart: a fixed size, not this rank's page offset, so that
+# every rank cuts an op the same way whatever its tensors' addresses. With
+# pages of at most this size the middle lies inside the shared pages.
+_END_BYTES = 4096
+
+
+def _knob(name, default):
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return default
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:].upper(), 1)
+    try:
+        return int(v[:-1] if mult > 1 else v) * mult
+    except ValueError:
+        raise RuntimeError(f"kcoll: {name}={v!r} is not a byte count (e.g. 1048576, 1M, 0)") from None
+
+
+def _storage(t):
+    """t's storage (an object that keeps its memory alive), its address and size."""
+    st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return st, st.data_ptr(), st.nbytes()
+
+
+class _Shared:
+    """The storages a group shared with kcolld (kcoll_mem_share), least
+    recently used first, at most max_bytes of them: each entry holds its
+    storage, so the memory cannot be freed and its address reused while
+    kcolld maps it. Storages it could not share are remembered (without
+    holding them) so that none is tried on every op."""
+
+    _REFUSED_MAX = 256
+
+    def __init__(self, conn, max_bytes):
+        self._conn = conn
+        self.max_bytes = max_bytes
+        self.entries = collections.OrderedDict()  # (ptr, nbytes) -> (storage, lo, length)
+        self.refused = collections.OrderedDict()  # (ptr, nbytes) -> errno
+        self.total = 0
+        self.busy = collections.Counter()  # (ptr, nbytes) -> this group's ops in flight on it
+        self.lock = threading.Lock()
+
+    def key(self, t):
+        _, ptr, nbytes = _storage(t)
+        return (ptr, nbytes)
+
+    def ensure(self, t):
+        """Share t's storage if it is not yet (and may be). Never raises for
+        a storage that cannot be shared: its ops stay on the copy path."""
+        st, ptr, nbytes = _storage(t)
+        key = (ptr, nbytes)
+        with self.lock:
+            self._drop_moved()
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                return True
+            if key in self.refused or nbytes > self.max_bytes or self.busy[key] or \
+                    _lib.mem_share is None:
+                # busy: an op of ours may be writing it; sharing copies the
+                # pages, and a write during the copy would be lost.
+                return False
+            lo, length = ctypes.c_void_p(), ctypes.c_size_t()
+            r = _lib.mem_share(self._conn.handle, ctypes.c_void_p(ptr), nbytes, ctypes.byref(lo),
+                               ctypes.byref(length))
+            if r:
+                self.refused[key] = -r
+                if len(self.refused) > self._REFUSED_MAX:
+                    self.refused.popitem(last=False)
+                return False
+            self.entries[key] = (st, lo.value, length.value)
+            self.total += length.value
+            while self.total > self.max_bytes and len(self.entries) > 1:
+                self._evict(next(iter(self.entries)))
+            return True
+
+    def _evict(self, key):
+        _, lo, length = self.entries.pop(key)
+        self.total -= length
+        # kcolld drops its mapping (an op of it still in flight keeps its
+        # own); the pages and their data stay where they are.
+        _lib.lib.kcoll_mem_deregister(self._conn.handle, ctypes.c_void_p(lo))
+
+    def _drop_moved(self):
+        """A storage resized since (its data elsewhere now): the old pages
+        were freed, so kcolld must stop taking that range as this storage."""
+        for key in [k for k, (st, _, _) in self.entries.items()
+                    if (st.data_ptr(), st.nbytes()) != k]:
+            self._evict(key)
+
+    def clear(self):
+        with self.lock:
+            while self.entries:
+                self._evict(next(iter(self.entries)))
+
+
+class _Reqs:
+    """The kcoll requests of one torch op: wait() waits for all of them,
+    then raises the first failure."""
+
+    def __init__(self, reqs):
+        self._reqs = reqs
+
+    def wait(self):
+        err = None
+        for rq in self._reqs:
+            try:
+                rq.wait()
+            except Exception as e:
+                err = err or e
+        if err is not None:
+            raise err
+
+
+class _Held:
+    """A request that, once over, lets go of its storages' in-flight counts."""
+
+    def __init__(self, req, keys, shared):
+        self._req, self._keys, self._shared = req, keys, shared
+
+    def wait(self):
+        try:
+            self._req.wait()
+        finally:
+            with self._shared.lock:
+                self._shared.busy.subtract(self._keys)
+                for k in self._keys:
+                    if self._shared.busy[k] <= 0:
+                        del self._shared.busy[k]
 
 
 class _Work(Work):
@@ -193,6 +338,9 @@ class ProcessGroupKcoll(ProcessGroup):
         else:
             uid = store.get(_UID_KEY)
         self._comm = kcoll.Comm.init(uid, size, rank, self._conn)
+        # Plain tensors, zero-copy: see _cut. 0 turns it off.
+        self._share_min = _knob("KCOLL_TORCH_SHARE_MIN_BYTES", _SHARE_MIN_DEFAULT)
+        self._shared = _Shared(self._conn, _knob("KCOLL_TORCH_SHARE_MAX_BYTES", _SHARE_MAX_DEFAULT))
         # What the progress thread shares with the group; not the group
         # itself, so that dropping the group ends the thread (__del__).
         self._hidden_error = [None]
@@ -227,6 +375,39 @@ class ProcessGroupKcoll(ProcessGroup):
         self._queue.put((req, src, finish, not python))
         return _Work(fut) if python else _create_work_from_future(fut)
 
+    def _held(self, req, tensors):
+        """req, counting this group's ops in flight on the tensors' storages
+        until it is over (the progress thread waits for it)."""
+        if not self._share_min:
+            return req
+        keys = [self._shared.key(t) for t in tensors if t.numel()]
+        with self._shared.lock:
+            self._shared.busy.update(keys)
+        return _Held(req, keys, self._shared)
+
+    def _cut(self, t, d):
+        """How an all_reduce or broadcast of d (t, or t's contiguous copy)
+        runs: None, as one kcoll op; or (ends, middle, put_back): d's first
+        and last _END_BYTES staged in one small tensor, its middle in place,
+        and what copies the staged ends back once both ops are done. The cut
+        depends only on the size, so every rank cuts the same way; the
+        middle is zero-copy where t's storage could be shared (a contiguous
+        copy is not worth sharing: it is new every op)."""
+        nbytes = d.numel() * d.element_size()
+        if not self._share_min or nbytes < max(self._share_min, 4 * _END_BYTES):
+            return None
+        if d is t:
+            self._shared.ensure(t)
+        h = _END_BYTES // d.element_size()
+        flat = d.view(-1)
+        n = flat.numel()
+        ends = torch.cat([flat[:h], flat[n - h:]])
+
+        def put_back():
+            flat[:h].copy_(ends[:h])
+            flat[n - h:].copy_(ends[h:])
+        return ends, flat[h:n - h], put_back
+
     def _enter(self):
         if self._hidden_error[0] is not None:
             raise RuntimeError(f"kcoll: an earlier operation of this group failed where torch "
@@ -241,8 +422,13 @@ class ProcessGroupKcoll(ProcessGroup):
         op = _op(_reduce_op(opts))
         t = _one(tensors, "allreduce")
         d = _dense(t)
-        req = self._comm.allreduce(d, op=op)
-        return self._work(req, lambda: _back(tensors, [(t, d)]))
+        cut = self._cut(t, d)
+        if cut is None:
+            req = self._comm.allreduce(d, op=op)
+            return self._work(self._held(req, [t]), lambda: _back(tensors, [(t, d)]))
+        ends, middle, put_back = cut
+        req = _Reqs([self._comm.allreduce(ends, op=op), self._comm.allreduce(middle, op=op)])
+        return self._work(self._held(req, [t]), lambda: (put_back(), _back(tensors, [(t, d)]))[1])
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         self._enter()
@@ -267,7 +453,7 @@ class ProcessGroupKcoll(ProcessGroup):
         self._enter()
         src, dst = _dense(input), _dense(output)
         req = self._comm.allgather(src, dst)
-        return self._work(req, lambda: _back([output], [(output, dst)]))
+        return self._work(self._held(req, [output]), lambda: _back([output], [(output, dst)]))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         self._enter()
@@ -280,21 +466,26 @@ class ProcessGroupKcoll(ProcessGroup):
         flat = torch.cat([i.reshape(-1) for i in ins])
         d = _dense(out)
         req = self._comm.reduce_scatter(flat, d, op=_op(_reduce_op(opts)))
-        return self._work(req, lambda: _back(output_tensors, [(out, d)]))
+        return self._work(self._held(req, [out]), lambda: _back(output_tensors, [(out, d)]))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         self._enter()
         src, dst = _dense(input), _dense(output)
         req = self._comm.reduce_scatter(src, dst, op=_op(_reduce_op(opts)))
-        return self._work(req, lambda: _back([output], [(output, dst)]))
+        return self._work(self._held(req, [output]), lambda: _back([output], [(output, dst)]))
 
     def broadcast(self, tensors, opts=None):
         self._enter()
         t = _one(tensors, "broadcast")
         root = opts.rootRank if opts is not None else 0
         d = _dense(t)
-        req = self._comm.broadcast(d, root=root)
-        return self._work(req, lambda: _back(tensors, [(t, d)]))
+        cut = self._cut(t, d)
+        if cut is None:
+            req = self._comm.broadcast(d, root=root)
+            return self._work(self._held(req, [t]), lambda: _back(tensors, [(t, d)]))
+        ends, middle, put_back = cut
+        req = _Reqs([self._comm.broadcast(ends, root=root), self._comm.broadcast(middle, root=root)])
+        return self._work(self._held(req, [t]), lambda: (put_back(), _back(tensors, [(t, d)]))[1])
 
     def barrier(self, opts=None):
         self._enter()

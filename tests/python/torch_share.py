@@ -1,0 +1,225 @@
+# SPDX-License-Identifier: MIT
+"""One rank of the zero-copy plain-tensor checks of kcoll.torch (its
+storages shared with kcolld by kcoll_mem_share). Run by launch.py, from
+t_python_share.sh (2..4 ranks, one host) and t_python_cluster.sh (4 hosts).
+
+Tensors of at least KCOLL_TORCH_SHARE_MIN_BYTES (1 MiB) are views at odd
+offsets into larger storages. Checks: sharing leaves every byte of the
+storage as it was; all_reduce for every dtype x op and broadcast against a
+reference and gloo (where gloo can); kcolld (this host's, through kcollctl
+status) copied only the staged ends of an op on a shared tensor, and the
+whole tensor with sharing off (the control); LRU eviction deregisters and
+leaves the data, a tensor freed after eviction and new tensors are fine;
+async ops; a small tensor and a strided one unchanged. KCOLL_CTL names
+kcollctl."""
+import ctypes
+import gc
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tap import Report  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import kcoll.torch  # noqa: E402
+from kcoll import _lib  # noqa: E402
+
+rep = Report()
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("kcoll", init_method="env://", rank=rank, world_size=world)
+gloo = dist.new_group(backend="gloo")
+pg = dist.distributed_c10d._get_default_group()
+R = dist.ReduceOp
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
+          torch.int32, torch.int64]
+OPS = {"SUM": R.SUM, "PRODUCT": R.PRODUCT, "MIN": R.MIN, "MAX": R.MAX, "AVG": R.AVG}
+SKEW = 37  # elements between the storage's start and the tensor's
+
+
+def name(dt):
+    return str(dt).replace("torch.", "")
+
+
+def count(dt):
+    """Elements of a tensor a little over 1 MiB, not a whole number of pages."""
+    return (1 << 20) // torch.empty((), dtype=dt).element_size() + 777
+
+
+def data(r, dt, op, n):
+    g = torch.Generator().manual_seed(1000 * r + 10 * DTYPES.index(dt) + list(OPS).index(op))
+    lo, hi = ((-1 if dt != torch.uint8 else 1), 3) if op == "PRODUCT" else \
+        ((-5 if dt != torch.uint8 else 0), 10)
+    return torch.randint(lo, hi, (n,), generator=g).to(dt)
+
+
+def reference(dt, op, n):
+    wide = torch.float64 if dt.is_floating_point else torch.int64
+    x = torch.stack([data(r, dt, op, n).to(wide) for r in range(world)])
+    if op == "AVG":
+        s = x.sum(0)
+        return (s / world if dt.is_floating_point else torch.div(s, world, rounding_mode="trunc")).to(dt)
+    return {"SUM": x.sum(0), "PRODUCT": x.prod(0), "MIN": x.min(0).values,
+            "MAX": x.max(0).values}[op].to(dt)
+
+
+def same(a, b, dt, op):
+    if op == "AVG" and dt.is_floating_point:  # kcolld rounds the sum, then the quotient
+        return torch.allclose(a.double(), b.double(), rtol=2.0 ** -7)
+    return torch.equal(a, b)
+
+
+def in_storage(x, skew=SKEW, pad=100):
+    """x copied into a view at element skew of a larger storage with a
+    pattern around it; (view, storage tensor)."""
+    big = torch.arange(x.numel() + skew + pad, dtype=torch.float64).remainder(97).to(x.dtype)
+    v = big[skew:skew + x.numel()]
+    v.copy_(x)
+    return v, big
+
+
+def copied():
+    """Bytes this host's kcolld copied with process_vm_readv/writev so far."""
+    out = subprocess.run([os.environ["KCOLL_CTL"], "status", "--json"], check=True,
+                         stdout=subprocess.PIPE, timeout=20).stdout
+    return int(re.search(rb'"bytes_copied":(\d+)', out).group(1))
+
+
+def quiet_copied(fn):
+    """The bytes this host's kcolld copied while every rank ran fn: the
+    ranks line up (gloo barriers) so that nothing else lands in the window."""
+    dist.barrier(group=gloo)
+    c0 = copied()
+    dist.barrier(group=gloo)
+    fn()
+    dist.barrier(group=gloo)
+    c1 = copied()
+    dist.barrier(group=gloo)
+    return c1 - c0
+
+
+# ---- sharing leaves the bytes alone ------------------------------------------------
+x = data(rank, torch.float32, "SUM", count(torch.float32))
+v, big = in_storage(x)
+before = big.clone()
+shared = pg._shared.ensure(v)
+key = pg._shared.key(v)
+st, lo, length = pg._shared.entries.get(key, (None, 0, 0))
+inner = lo and lo >= big.data_ptr() and lo + length <= big.data_ptr() + big.numel() * 4
+rep.check(shared and inner and torch.equal(big, before),
+          "sharing a storage: only pages inside it, every byte of it unchanged",
+          f"shared {shared} range {lo:#x}+{length} storage {big.data_ptr():#x}+{big.numel() * 4}")
+with open("/proc/self/maps") as f:
+    maps = [ln for ln in f if "kcoll-share" in ln]
+rep.check(any(int(ln.split("-")[0], 16) == lo for ln in maps),
+          "the shared pages are a kcoll-share memfd mapping at the same address", f"{len(maps)} lines")
+
+# ---- all_reduce: dtype x op on shared tensors, against the reference and gloo ----------
+for dt in DTYPES:
+    bad = []
+    n = count(dt)
+    for op, rop in OPS.items():
+        k, kbig = in_storage(data(rank, dt, op, n))
+        around = torch.cat([kbig[:SKEW], kbig[SKEW + n:]]).clone()
+        dist.all_reduce(k, op=rop)
+        if not same(k, reference(dt, op, n), dt, op):
+            bad.append(f"{op} vs reference")
+        if not torch.equal(torch.cat([kbig[:SKEW], kbig[SKEW + n:]]), around):
+            bad.append(f"{op}: bytes around the tensor changed")
+        if pg._shared.key(k) not in pg._shared.entries:
+            bad.append(f"{op}: storage not shared")
+        if dt != torch.bfloat16 and op != "AVG":
+            g = data(rank, dt, op, n)
+            dist.all_reduce(g, op=rop, group=gloo)
+            if not torch.equal(k, g):
+                bad.append(f"{op} vs gloo")
+    rep.check(not bad, f"all_reduce {name(dt)} {n} elements, shared: SUM PRODUCT MIN MAX AVG vs reference"
+              + ("" if dt == torch.bfloat16 else " and gloo (not AVG)"), f"wrong: {bad}")
+
+# ---- broadcast ---------------------------------------------------------------------
+bad = []
+for root in range(world):
+    for dt in (torch.float32, torch.int8, torch.bfloat16):
+        n = count(dt)
+        b, _ = in_storage(data(rank, dt, "MAX", n))
+        dist.broadcast(b, src=root)
+        if not torch.equal(b, data(root, dt, "MAX", n)):
+            bad.append(f"{name(dt)} from {root}")
+rep.check(not bad, "broadcast f32, i8, bf16 from every root, shared", f"wrong: {bad}")
+
+# ---- zero-copy: kcolld copies the staged ends only -----------------------------------
+n = count(torch.float32)
+z, _ = in_storage(torch.ones(n))
+dist.all_reduce(z)  # shares it
+nbytes = n * 4
+got = quiet_copied(lambda: dist.all_reduce(z))
+ends = 2 * kcoll.torch._END_BYTES
+# Each rank's ends are read and the result written: a few times the ends,
+# far below the tensor (one host: every rank's copies count here; across
+# hosts the ends may run over the lanes, and 0 is copied).
+rep.check(got <= 8 * ends * world and torch.equal(z, torch.full((n,), float(world * world))),
+          f"all_reduce of a shared {nbytes}-byte tensor: kcolld copied {got} bytes (the ends, "
+          f"at most {8 * ends * world})")
+pg._share_min = 0  # every rank at once: they cut ops alike
+y, _ = in_storage(torch.ones(n))
+got = quiet_copied(lambda: dist.all_reduce(y))
+pg._share_min = kcoll.torch._SHARE_MIN_DEFAULT
+rep.check(got >= nbytes, f"control, sharing off: kcolld copied {got} bytes (at least {nbytes})")
+
+# ---- async ops, a small tensor, a strided one ------------------------------------------
+works, want = [], []
+for i in range(3):
+    t, _ = in_storage(torch.full((n,), float(rank + i)))
+    works.append((t, dist.all_reduce(t, async_op=True)))
+    want.append(float(sum(range(world)) + world * i))
+for w in works:
+    w[1].wait()
+rep.check(all(torch.equal(t, torch.full((n,), v)) for (t, _), v in zip(works, want)),
+          "three async all_reduces of shared tensors in flight together")
+entries = len(pg._shared.entries)
+small = torch.full((1000,), float(rank))
+dist.all_reduce(small)
+m = torch.arange(2 * n, dtype=torch.float32).view(n, 2)
+col = m[:, 1]
+dist.all_reduce(col)
+rep.check(torch.equal(small, torch.full((1000,), float(sum(range(world)))))
+          and len(pg._shared.entries) == entries
+          and torch.equal(m[:, 1], torch.arange(1, 2 * n, 2, dtype=torch.float32) * world)
+          and torch.equal(m[:, 0], torch.arange(0, 2 * n, 2, dtype=torch.float32)),
+          "a small tensor and a strided column: exact, nothing new shared")
+
+# ---- eviction: LRU, deregistered, data stays; a freed tensor's address reused -----------
+pg._shared.clear()
+pg._shared.max_bytes = 5 << 19  # room for two
+ts = []
+for i in range(3):
+    t, _ = in_storage(torch.full((count(torch.float32),), float(i)))
+    dist.all_reduce(t)
+    ts.append(t)
+keys = [pg._shared.key(t) for t in ts]
+evicted = keys[0] not in pg._shared.entries and keys[1] in pg._shared.entries \
+    and keys[2] in pg._shared.entries and pg._shared.total <= pg._shared.max_bytes
+lo0 = (keys[0][0] + 4095) & ~4095
+again = _lib.lib.kcoll_mem_deregister(pg._conn.handle, ctypes.c_void_p(lo0))
+rep.check(evicted and again == -2 and torch.equal(ts[0], torch.full_like(ts[0], 0.0 * world)),
+          "LRU eviction past KCOLL_TORCH_SHARE_MAX_BYTES: the oldest storage deregistered "
+          "(a second deregister: ENOENT), its data in place", f"evicted {evicted} again {again}")
+ts[0].fill_(5)
+dist.all_reduce(ts[0])  # shared again, evicting the next
+ok = torch.equal(ts[0], torch.full_like(ts[0], 5.0 * world)) and keys[1] not in pg._shared.entries
+del ts[1]
+gc.collect()
+fresh = []
+for i in range(4):  # may land where the freed storage was
+    t, _ = in_storage(torch.full((count(torch.float32),), float(rank + i)))
+    dist.all_reduce(t)
+    fresh.append(torch.equal(t, torch.full_like(t, float(sum(range(world)) + world * i))))
+rep.check(ok and all(fresh), "an evicted storage shared again; after one is freed, new tensors "
+          "(maybe at its address) exact", f"ok {ok} fresh {fresh}")
+pg._shared.max_bytes = kcoll.torch._SHARE_MAX_DEFAULT
+
+dist.barrier()
+dist.destroy_process_group()
