@@ -3,7 +3,10 @@
 # docs/perf/torch.md):
 #   sweep    torch.distributed all_reduce f32 SUM, the kcoll backend and gloo
 #            in the same processes (scripts/bench_torch_rank.py), N=2 and 4
-#            ranks, BENCH_MIN..BENCH_MAX; beside it kcoll-bench allreduce
+#            ranks, BENCH_MIN..BENCH_MAX; the kcoll backend on plain tensors
+#            as it is (large ones shared with kcolld in place) and with
+#            sharing off (kcoll_copy), and on kcolld-mapped tensors
+#            (kcoll_shm); beside it kcoll-bench allreduce
 #            --mem host and --mem shm (C, the same sizes) as the ceiling of
 #            the Python path
 #   latency  8 bytes at N=2: the torch path of both backends, the kcoll
@@ -302,7 +305,9 @@ doc = {
     "collective": "allreduce", "dtype": "f32", "op": "sum", "rounds": rounds,
     "loadavg_start": load0, "loadavg_end": load1, "cluster_hosts": hosts,
     "note": "summary: best round (and median) per point; busbw = 2(n-1)/n x bytes / time, GB = 1e9 B; "
-            "systems: kcoll, gloo = torch.distributed on plain tensors; kcoll_shm = kcoll backend on "
+            "systems: kcoll, gloo = torch.distributed on plain tensors (kcoll: large ones shared with "
+            "kcolld in place, kcoll_mem_share); kcoll_copy = kcoll on plain tensors with "
+            "KCOLL_TORCH_SHARE_MIN_BYTES=0 (copied by kcolld); kcoll_shm = kcoll backend on "
             "tensors in kcolld-mapped memory; kcoll_np, kcoll_np_shm = the kcoll package, numpy buffers; "
             "c_host, c_shm = kcoll-bench --mem host / shm; ddp local = the step without DDP; "
             "kv c = kcoll-kvbench -m local, kv python = scripts/bench_kv_agent.py, kv python_base = "
@@ -369,11 +374,12 @@ for n in ns:
                      f(k("kcoll", "time_us"), "%.1f"), f(k("kcoll", "busbw"), "%.3f"),
                      f(k("gloo", "time_us"), "%.1f"), f(k("gloo", "busbw"), "%.3f"),
                      ratio(k("kcoll", "busbw"), k("gloo", "busbw")),
+                     f(k("kcoll_copy", "busbw"), "%.3f"), ratio(k("kcoll_copy", "busbw"), k("gloo", "busbw")),
                      f(k("kcoll_shm", "busbw"), "%.3f"), ratio(k("kcoll_shm", "busbw"), k("gloo", "busbw")),
                      f(k("c_host", "busbw"), "%.3f"), ratio(k("kcoll", "busbw"), k("c_host", "busbw")),
                      f(k("c_shm", "busbw"), "%.3f"), ratio(k("kcoll_shm", "busbw"), k("c_shm", "busbw"))])
     table(["size", "count", "kcoll us", "kcoll busbw", "gloo us", "gloo busbw", "kcoll/gloo",
-           "kcoll shm busbw", "shm/gloo", "C host busbw", "kcoll/C host", "C shm busbw",
+           "copy busbw", "copy/gloo", "kcoll shm busbw", "shm/gloo", "C host busbw", "kcoll/C host", "C shm busbw",
            "kcoll shm/C shm"], rows)
 
 lat = [("torch, kcoll backend", "kcoll"), ("torch, gloo", "gloo"),

@@ -14,9 +14,12 @@ iterations; the slowest rank's time counts (an all-reduce MAX over gloo).
 Rank 0 appends one JSON object a line to OUT.jsonl. PARTs:
 
   sweep    all_reduce f32 SUM, BENCH_MIN..BENCH_MAX by BENCH_FACTOR, one
-           blocking call after another, on plain torch tensors ("kcoll",
-           "gloo") and on tensors in kcolld-mapped memory ("kcoll_shm",
-           zero-copy); the result of the first call is checked
+           blocking call after another, on plain torch tensors ("kcoll":
+           the backend as it is, large tensors shared with kcolld in place;
+           "kcoll_copy": the same with KCOLL_TORCH_SHARE_MIN_BYTES=0, every
+           tensor copied by kcolld; "gloo") and on tensors in
+           kcolld-mapped memory ("kcoll_shm", zero-copy); the result of
+           the first call is checked
   latency  8 bytes (2 floats): the torch path of both backends, and the
            kcoll package without torch (numpy buffers, plain and mapped:
            "kcoll_np", "kcoll_np_shm") on the group's own communicator
@@ -110,18 +113,22 @@ class Bench:
             s *= factor
         calls = {"kcoll": lambda t: dist.all_reduce(t),
                  "gloo": lambda t: dist.all_reduce(t, group=self.gloo),
-                 "kcoll_shm": lambda t: dist.all_reduce(t)}
+                 "kcoll_shm": lambda t: dist.all_reduce(t),
+                 "kcoll_copy": lambda t: dist.all_reduce(t)}
         systems = list(calls)
         bus = 2 * (self.world - 1) / self.world
         r = self.round - 1
-        order = systems[r % 3:] + systems[:r % 3]
+        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        share_min = self.kpg._share_min
         for size in sizes:
             iters = iters_for(size)
-            # One size's tensors at a time: 256 MiB x 3 per rank at most.
+            # One size's tensors at a time: 256 MiB x 4 per rank at most.
             n = size // 4
             tensors = {"kcoll": torch.ones(n), "gloo": torch.ones(n),
-                       "kcoll_shm": self.shm_tensor(n).fill_(1)}
+                       "kcoll_shm": self.shm_tensor(n).fill_(1), "kcoll_copy": torch.ones(n)}
             for system in order:
+                # Every rank runs the same system at a time: they cut ops alike.
+                self.kpg._share_min = 0 if system == "kcoll_copy" else share_min
                 t = tensors[system]
                 calls[system](t)
                 self.check(f"{system} {size} bytes", t)

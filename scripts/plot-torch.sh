@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Draw torch.distributed all_reduce busbw vs size (log x) from a
 # scripts/bench-torch.sh result: the kcoll backend and gloo, one line per N,
-# and the kcoll backend on tensors in kcolld-mapped memory dashed; a
+# and dashed the kcoll backend on tensors in kcolld-mapped memory and on
+# plain tensors with sharing off (copied by kcolld); a
 # --cluster result says so in the title.
 #   scripts/plot-torch.sh [IN.json [OUT.png]]
 # IN defaults to the newest docs/perf/torch-*.json, OUT to
@@ -23,16 +24,17 @@ doc = json.load(open(sys.argv[1]))
 tmp = sys.argv[2]
 series = {}
 for s in doc["summary"]:
-    if s["part"] == "sweep" and s["system"] in ("kcoll", "gloo", "kcoll_shm"):
+    if s["part"] == "sweep" and s["system"] in ("kcoll", "gloo", "kcoll_shm", "kcoll_copy"):
         series.setdefault((s["system"], s["N"]), []).append((s["size"], s["busbw"]))
 if not series:
     sys.exit("plot-torch: no sweep in %s" % sys.argv[1])
 
 names = {"kcoll": "torch, kcoll backend", "gloo": "torch, gloo",
-         "kcoll_shm": "torch, kcoll backend, kcolld-mapped tensors"}
+         "kcoll_shm": "torch, kcoll backend, kcolld-mapped tensors",
+         "kcoll_copy": "torch, kcoll backend, plain tensors copied (sharing off)"}
 colors = {"kcoll": ["#1f77b4", "#0b3d91"], "gloo": ["#d62728", "#8c1c13"],
-          "kcoll_shm": ["#6baed6", "#3182bd"]}
-order = {"kcoll": 0, "gloo": 1, "kcoll_shm": 2}
+          "kcoll_shm": ["#6baed6", "#3182bd"], "kcoll_copy": ["#2ca02c", "#176117"]}
+order = {"kcoll": 0, "gloo": 1, "kcoll_shm": 2, "kcoll_copy": 3}
 clauses = []
 for (system, n) in sorted(series, key=lambda k: (order[k[0]], k[1])):
     path = os.path.join(tmp, "%s-%d.dat" % (system, n))
@@ -40,7 +42,7 @@ for (system, n) in sorted(series, key=lambda k: (order[k[0]], k[1])):
         for size, bw in sorted(series[(system, n)]):
             fh.write("%d %g\n" % (size, bw))
     idx = sum(1 for c in clauses if c[0] == system)
-    dash = "dt 2" if system == "kcoll_shm" else "dt 1"
+    dash = "dt 2" if system in ("kcoll_shm", "kcoll_copy") else "dt 1"
     clauses.append((system, "'%s' using 1:2 with linespoints lw 2 pt 7 ps 0.6 %s lc rgb '%s' "
                     "title '%s N=%d'" % (path, dash, colors[system][idx % 2], names[system], n)))
 ymax = max(bw for pts in series.values() for _, bw in pts) * 1.15
