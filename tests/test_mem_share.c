@@ -304,10 +304,12 @@ static void share_in_place(struct kcoll *k)
 		tap_ok(lo[0] == 0x77, "fork caveat: a child's write to shared pages is seen by the parent");
 		lo[0] = want[lo - raw];
 	}
+	/* Deregistered, the block goes back to malloc like any other. */
+	r = kcoll_mem_deregister(k, lo);
+	tap_ok(r == 0, "deregister before free: %s", kcoll_strerror(r));
 out:
 	free(want);
-	/* raw stays allocated: it is still shared through k until disconnect. */
-	(void)raw;
+	free(raw);
 }
 
 int main(void)
@@ -344,6 +346,7 @@ int main(void)
 		kcoll_disconnect(k);
 		tap_ok(r == 0 && in[0] == 0x3c && in[2 * page - 1] == 0x3c,
 		       "disconnect leaves shared pages mapped with their data");
+		free(p);
 	}
 	return tap_done();
 }
