@@ -10,8 +10,8 @@ reference and gloo (where gloo can); kcolld (this host's, through kcollctl
 status) copied only the staged ends of an op on a shared tensor, and the
 whole tensor with sharing off (the control); LRU eviction deregisters and
 leaves the data, a tensor freed after eviction and new tensors are fine;
-async ops; a small tensor and a strided one unchanged. KCOLL_CTL names
-kcollctl."""
+async ops; a small tensor and a strided one unchanged; DDP shares its
+bucket once and matches gloo. KCOLL_CTL names kcollctl."""
 import ctypes
 import gc
 import os
@@ -220,6 +220,67 @@ for i in range(4):  # may land where the freed storage was
 rep.check(ok and all(fresh), "an evicted storage shared again; after one is freed, new tensors "
           "(maybe at its address) exact", f"ok {ok} fresh {fresh}")
 pg._shared.max_bytes = kcoll.torch._SHARE_MAX_DEFAULT
+
+# ---- DDP: its bucket shared once, the same parameters as with gloo ------------------------
+WIDE = 16384  # 2 x 5 x WIDE doubles of gradients: a 1.3 MB bucket
+
+
+class Net(torch.nn.Module):
+    """As torch_rank.py's: two linear branches added, so with integer data
+    and start, lr 2^-8 and 4 steps every value stays a short dyadic
+    rational and every sum is exact in any order."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, WIDE)
+        self.b = torch.nn.Linear(4, WIDE)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+shares = []
+real_share = _lib.mem_share
+
+
+def counting_share(*a):
+    shares.append(len(steps))
+    return real_share(*a)
+
+
+def train(group):
+    torch.manual_seed(0)
+    model = Net().double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randint(-2, 3, p.shape))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    opt = torch.optim.SGD(ddp.parameters(), lr=2.0 ** -8)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(4):
+        x = torch.randint(-3, 4, (8, 4), generator=g).double()
+        y = torch.randint(-3, 4, (8, WIDE), generator=g).double()
+        opt.zero_grad()
+        (torch.nn.functional.mse_loss(ddp(x), y, reduction="sum") * world).backward()
+        opt.step()
+        steps.append(1)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+steps = []
+_lib.mem_share = counting_share
+pk = train(None)
+_lib.mem_share = real_share
+steps = []
+pgl = train(gloo)
+rep.check(all(torch.equal(a, b) for a, b in zip(pk, pgl)),
+          "DDP, a 1.3 MB gradient bucket: 4 SGD steps with kcoll and gloo give identical parameters",
+          f"largest difference {max((a - b).abs().max().item() for a, b in zip(pk, pgl))}")
+# The first step's bucket, and the one DDP rebuilds after it (torch
+# reorders its buckets once): shared then, never again.
+rep.check(shares and all(s <= 1 for s in shares),
+          "DDP: its gradient buckets shared in the first steps only, reused after",
+          f"shares at steps {shares}")
 
 dist.barrier()
 dist.destroy_process_group()
