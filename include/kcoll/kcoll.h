@@ -116,8 +116,9 @@ int kcoll_mem_free(struct kcoll *k, void *ptr);
  * Make an ordinary buffer (malloc, stack, mmap) zero-copy for the daemon:
  * with the kernel module loaded its pages are pinned through /dev/kcoll and
  * kcolld maps them. Returns -ENODEV when kcoll.ko is not loaded (the buffer
- * then simply stays on the one-copy path: ignoring the error is fine). The
- * buffer must stay allocated until kcoll_mem_deregister.
+ * then simply stays on the one-copy path: ignoring the error is fine;
+ * kcoll_mem_share below works without the module). The buffer must stay
+ * allocated until kcoll_mem_deregister.
  */
 int kcoll_mem_register(struct kcoll *k, void *ptr, size_t size);
 int kcoll_mem_deregister(struct kcoll *k, void *ptr);
