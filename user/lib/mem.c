@@ -232,6 +232,15 @@ void kc_thp_collapse(struct kcoll *k, const void *ptr, size_t bytes)
 		       (unsigned long long)lo, (unsigned long long)(hi - lo), strerror(errno));
 }
 
+/* A region kcolld now maps: into the handle's list. */
+static void region_add(struct kcoll *k, struct kcoll_region *rg)
+{
+	pthread_mutex_lock(&k->mem_lock);
+	rg->next = k->regions;
+	k->regions = rg;
+	pthread_mutex_unlock(&k->mem_lock);
+}
+
 int kcoll_mem_alloc(struct kcoll *k, size_t size, void **ptr)
 {
 	struct kcoll_msg_mem_reg req = { .hdr.type = KCOLL_MSG_MEM_REG };
@@ -273,10 +282,7 @@ int kcoll_mem_alloc(struct kcoll *k, size_t size, void **ptr)
 	close(fd);
 	rg->addr = p;
 	rg->size = len;
-	pthread_mutex_lock(&k->mem_lock);
-	rg->next = k->regions;
-	k->regions = rg;
-	pthread_mutex_unlock(&k->mem_lock);
+	region_add(k, rg);
 	*ptr = p;
 	return 0;
 
@@ -380,10 +386,7 @@ int kcoll_mem_register(struct kcoll *k, void *ptr, size_t size)
 	rg->size = size;
 	rg->kdev_handle = handle;
 	rg->kind = KC_REGION_PINNED;
-	pthread_mutex_lock(&k->mem_lock);
-	rg->next = k->regions;
-	k->regions = rg;
-	pthread_mutex_unlock(&k->mem_lock);
+	region_add(k, rg);
 	return 0;
 
 err_unregister:
@@ -589,10 +592,7 @@ int kcoll_mem_share(struct kcoll *k, void *ptr, size_t size, void **lo, size_t *
 	rg->addr = (void *)a;
 	rg->size = n;
 	rg->kind = KC_REGION_SHARED;
-	pthread_mutex_lock(&k->mem_lock);
-	rg->next = k->regions;
-	k->regions = rg;
-	pthread_mutex_unlock(&k->mem_lock);
+	region_add(k, rg);
 	*lo = (void *)a;
 	*len = n;
 	return 0;
