@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -299,6 +300,32 @@ static inline int kcoll_raw_status(struct kcoll_raw *rc, int json, char *buf, si
 	}
 	free(rep);
 	return r;
+}
+
+/* The daemon at $KCOLL_SOCKET (else the default socket). */
+static inline const char *kcoll_raw_sock(void)
+{
+	const char *s = getenv("KCOLL_SOCKET");
+
+	return s ? s : KCOLL_DEFAULT_SOCKET;
+}
+
+/* A number of that daemon's STATUS JSON ("key":N); 0 when it is not there. */
+static inline unsigned long long kcoll_raw_status_num(const char *key)
+{
+	static char buf[KCOLL_MSG_BYTES];
+	struct kcoll_raw rc;
+	char pat[64];
+	const char *p;
+
+	if (kcoll_raw_connect(&rc, kcoll_raw_sock()))
+		return 0;
+	if (kcoll_raw_status(&rc, 1, buf, sizeof(buf)))
+		buf[0] = 0;
+	kcoll_raw_close(&rc);
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = strstr(buf, pat);
+	return p ? strtoull(p + strlen(pat), NULL, 10) : 0;
 }
 
 /* Write an SQE into free slot i (0 = next); publish separately. */

@@ -23,30 +23,6 @@
 
 #define COUNT	(1u << 20)	/* 4 MiB of f32: small enough for TCG */
 
-static const char *sock(void)
-{
-	const char *s = getenv("KCOLL_SOCKET");
-
-	return s ? s : KCOLL_DEFAULT_SOCKET;
-}
-
-static unsigned long long status_num(const char *key)
-{
-	static char buf[KCOLL_MSG_BYTES];
-	struct kcoll_raw rc;
-	char pat[64];
-	const char *p;
-
-	if (kcoll_raw_connect(&rc, sock()))
-		return 0;
-	if (kcoll_raw_status(&rc, 1, buf, sizeof(buf)))
-		buf[0] = 0;
-	kcoll_raw_close(&rc);
-	snprintf(pat, sizeof(pat), "\"%s\":", key);
-	p = strstr(buf, pat);
-	return p ? strtoull(p + strlen(pat), NULL, 10) : 0;
-}
-
 /* One rank: registered malloc buffers, an all-reduce, an exact check. */
 static int rank_main(const kcoll_unique_id_t *id, int rank)
 {
@@ -81,7 +57,7 @@ static int rank_main(const kcoll_unique_id_t *id, int rank)
 
 static void with_module(struct kcoll *k)
 {
-	unsigned long long copied0 = status_num("bytes_copied"), mapped0 = status_num("bytes_mapped");
+	unsigned long long copied0 = kcoll_raw_status_num("bytes_copied"), mapped0 = kcoll_raw_status_num("bytes_mapped");
 	kcoll_unique_id_t id;
 	pid_t pid[2];
 	int ok = 1;
@@ -103,10 +79,10 @@ static void with_module(struct kcoll *k)
 		}
 	}
 	tap_ok(ok, "2-rank all-reduce on registered malloc buffers is exact");
-	tap_ok(status_num("bytes_copied") == copied0,
+	tap_ok(kcoll_raw_status_num("bytes_copied") == copied0,
 	       "no byte went through process_vm copies (copied %llu -> %llu)", copied0,
-	       status_num("bytes_copied"));
-	tap_ok(status_num("bytes_mapped") - mapped0 >= 4ULL * COUNT * sizeof(float),
+	       kcoll_raw_status_num("bytes_copied"));
+	tap_ok(kcoll_raw_status_num("bytes_mapped") - mapped0 >= 4ULL * COUNT * sizeof(float),
 	       "kcolld moved the data in place through the module's mapping");
 }
 
@@ -126,7 +102,7 @@ static void handle_theft(void)
 	memset(buf, 1, len);
 	if (pipe(pfd) || kcoll_kdev_open(&kd, NULL) ||
 	    kcoll_kdev_register(&kd, buf, len, 0, &handle) ||
-	    kcoll_kdev_grant(&kd, handle, KCOLL_GRANT_PID, (uint32_t)status_num("pid"), 0)) {
+	    kcoll_kdev_grant(&kd, handle, KCOLL_GRANT_PID, (uint32_t)kcoll_raw_status_num("pid"), 0)) {
 		tap_ok(0, "set up a pinned, granted registration: %s", kcoll_kdev_why(&kd));
 		return;
 	}
@@ -134,7 +110,7 @@ static void handle_theft(void)
 	if (a == 0) {
 		/* Another client (another pid) tries to register A's handle. */
 		alarm(20);
-		if (kcoll_raw_open(&b, sock(), 8))
+		if (kcoll_raw_open(&b, kcoll_raw_sock(), 8))
 			_exit(100);
 		m.addr = (uintptr_t)buf;
 		m.size = len;
@@ -147,7 +123,7 @@ static void handle_theft(void)
 	       "a client naming another process's registration handle gets -EPERM");
 
 	/* The owner itself may. */
-	if (kcoll_raw_open(&b, sock(), 8) == 0) {
+	if (kcoll_raw_open(&b, kcoll_raw_sock(), 8) == 0) {
 		m.addr = (uintptr_t)buf;
 		m.size = len;
 		m.handle = handle;

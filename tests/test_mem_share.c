@@ -33,30 +33,6 @@
 
 static size_t page;
 
-static const char *sock(void)
-{
-	const char *s = getenv("KCOLL_SOCKET");
-
-	return s ? s : KCOLL_DEFAULT_SOCKET;
-}
-
-static unsigned long long status_num(const char *key)
-{
-	static char buf[KCOLL_MSG_BYTES];
-	struct kcoll_raw rc;
-	char pat[64];
-	const char *p;
-
-	if (kcoll_raw_connect(&rc, sock()))
-		return 0;
-	if (kcoll_raw_status(&rc, 1, buf, sizeof(buf)))
-		buf[0] = 0;
-	kcoll_raw_close(&rc);
-	snprintf(pat, sizeof(pat), "\"%s\":", key);
-	p = strstr(buf, pat);
-	return p ? strtoull(p + strlen(pat), NULL, 10) : 0;
-}
-
 /* The /proc/self/maps line of the mapping holding addr, "" if none. */
 static const char *maps_line(const void *addr)
 {
@@ -211,7 +187,7 @@ static int rank_main(const kcoll_unique_id_t *id, int rank, int mode)
 /* Two forked ranks; kcolld's copied bytes meanwhile (-1 if a rank failed). */
 static long long two_ranks(struct kcoll *k, int mode)
 {
-	unsigned long long copied0 = status_num("bytes_copied");
+	unsigned long long copied0 = kcoll_raw_status_num("bytes_copied");
 	kcoll_unique_id_t id;
 	pid_t pid[2];
 	int ok = 1;
@@ -233,7 +209,7 @@ static long long two_ranks(struct kcoll *k, int mode)
 			ok = 0;
 		}
 	}
-	return ok ? (long long)(status_num("bytes_copied") - copied0) : -1;
+	return ok ? (long long)(kcoll_raw_status_num("bytes_copied") - copied0) : -1;
 }
 
 static void share_in_place(struct kcoll *k)
