@@ -7,7 +7,7 @@ RDMA_SRCS := $(sort $(wildcard rdma/*.c))
 RDMA_OBJS := $(RDMA_SRCS:%.c=$(OBJ)/%.o)
 
 $(RDMA_OBJS): CPPFLAGS += -Irdma
-$(OBJ)/user/daemon/xport_rdma.o: CPPFLAGS += -Irdma
+$(addprefix $(OBJ)/user/daemon/xport_rdma,.o _conn.o _path.o): CPPFLAGS += -Irdma
 # main.c subscribes the registration cache to the daemon's unmap notices
 # (kd_unmap_subscribe): mem.c and mh.c tell, and need not know who listens.
 $(OBJ)/user/daemon/main.o: CPPFLAGS += -Irdma

@@ -11,8 +11,10 @@ $(TBIN)/%: $(OBJ)/tests/%.o $(LIB)/libkcoll.a $(COMMON_LIB) $(TEST_DAEMON_OBJS)
 
 CHECK_TARGETS += $(TEST_BINS)
 
-# The daemon's schedules over an in-process loopback transport.
+# The daemon's schedules over the step engine and the loopback transport; it
+# records each call of the engine on its way in (kd_step_run, wrapped).
 $(OBJ)/tests/test_sched.o: CPPFLAGS += -Iuser/daemon
+$(TBIN)/test_sched: LDFLAGS += -Wl,--wrap=kd_step_run
 # The step engine over the in-process loopback transport.
 $(OBJ)/tests/test_step.o: CPPFLAGS += -Iuser/daemon
 

@@ -13,14 +13,11 @@
 #include "kcoll/tap.h"
 
 #include "kcolld.h"
-#include "mh.h"
 #include "rdma.h"
 #include "xport_rdma.h"
 
 int main(void)
 {
-	static struct kd_comm comm = { .name = "test" };
-	static struct kd_mh mh = { .comm = &comm };
 	struct kcoll_rdma_path p;
 	uint32_t bad = 0;
 	int ok;
@@ -38,28 +35,28 @@ int main(void)
 	unsetenv("KCOLL_IB_FLOW_LABEL");
 	unsetenv("KCOLL_IB_UDP_SPORT");
 	unsetenv("KCOLL_IB_QP_ADDRS");
-	p = kd_rdma_path_for(&mh, 1, 0);
+	p = kd_rdma_path_for("test", 1, 0);
 	tap_ok(!p.flow_label && !p.own_port, "no knobs: label 0 (the device picks), the peer's GID");
 
 	setenv("KCOLL_IB_FLOW_LABEL", "4096", 1);
 	ok = 1;
 	for (uint32_t q = 0; q < 4; q++)
-		ok &= kd_rdma_path_for(&mh, 1, q).flow_label == 4096 + q;
+		ok &= kd_rdma_path_for("test", 1, q).flow_label == 4096 + q;
 	tap_ok(ok, "KCOLL_IB_FLOW_LABEL=4096: QP i gets 4096 + i");
 
 	setenv("KCOLL_IB_UDP_SPORT", "0xd100", 1);
 	ok = 1;
 	for (uint32_t q = 0; q < 4; q++) {
-		p = kd_rdma_path_for(&mh, 1, q);
+		p = kd_rdma_path_for("test", 1, q);
 		ok &= kcoll_rdma_udp_sport(p.flow_label, 5, 6) == 0xd100 + q;
 	}
 	tap_ok(ok, "KCOLL_IB_UDP_SPORT=0xd100 overrides the label: QP i leaves from port 0xd100 + i");
 	setenv("KCOLL_IB_UDP_SPORT", "0xffff", 1);
-	p = kd_rdma_path_for(&mh, 1, 1);
+	p = kd_rdma_path_for("test", 1, 1);
 	tap_ok(kcoll_rdma_udp_sport(p.flow_label, 5, 6) == 0xc000,
 	       "KCOLL_IB_UDP_SPORT=0xffff: QP 1 wraps to 0xc000, inside the range");
 	setenv("KCOLL_IB_UDP_SPORT", "80", 1);
-	p = kd_rdma_path_for(&mh, 1, 0);
+	p = kd_rdma_path_for("test", 1, 0);
 	tap_ok(p.flow_label == 4096, "KCOLL_IB_UDP_SPORT outside 0xc000..0xffff is ignored (the label rules)");
 	unsetenv("KCOLL_IB_UDP_SPORT");
 	unsetenv("KCOLL_IB_FLOW_LABEL");
@@ -67,8 +64,8 @@ int main(void)
 	/* Addresses per QP: without a device none has a GID, and a bad entry is
 	 * refused; either way the QP keeps the peer's GID (a warning says why). */
 	setenv("KCOLL_IB_QP_ADDRS", "10.31.0.1,not-an-address", 1);
-	tap_ok(!kd_rdma_path_for(&mh, 1, 0).own_port && !kd_rdma_path_for(&mh, 1, 1).own_port &&
-		       !kd_rdma_path_for(&mh, 1, 3).own_port,
+	tap_ok(!kd_rdma_path_for("test", 1, 0).own_port && !kd_rdma_path_for("test", 1, 1).own_port &&
+		       !kd_rdma_path_for("test", 1, 3).own_port,
 	       "KCOLL_IB_QP_ADDRS with no device, or not an address: the QP keeps the peer's GID");
 	unsetenv("KCOLL_IB_QP_ADDRS");
 

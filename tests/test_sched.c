@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
  * The inter-host schedules (user/daemon/schedule.c) on their own: every host
- * of a communicator is a thread of this process, and a loopback transport
- * carries each step's sends to the peers' receives through mailboxes. For
- * 1..9 hosts and every algorithm:
+ * of a communicator is a thread of this process, and the step engine
+ * (step.c) carries each step's sends to the peers' receives over the
+ * in-process loopback transport (xport_loop.c), with pieces as large as a
+ * transfer. Every call of the engine is recorded on its way in (the link
+ * wraps kd_step_run: tests/build.mk). For 1..9 hosts and every algorithm:
  *   - all-reduce (ring, recursive doubling, Rabenseifner, direct, auto):
  *     i32 sums exact on every host; f32 sums of random values bit-identical
  *     on every host (the lower host's data first, whatever the algorithm)
@@ -13,8 +15,9 @@
  *     ranks per host and ranks dealt round-robin (non-contiguous segments)
  *   - broadcast from every root, direct (small) and scatter + ring (large)
  *   - barrier, and zero-byte collectives (a barrier)
- * Every step's receive must meet a send of the same step number and length,
- * and no send may be left unreceived. The step sequences of a fixed set of
+ * Every step's receive must meet a send of the same step number and length
+ * (the engine checks each piece's header), and no send may be left
+ * unreceived. The step sequences of a fixed set of
  * cases are recorded: they must equal tests/sched.golden, so that a change
  * of any schedule is seen (test_sched --record FILE writes a new one).
  */
@@ -25,7 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <kcoll/kcoll.h>
 
@@ -36,27 +40,16 @@
 #include "xport.h"
 #include "reduce.h"
 #include "schedule.h"
+#include "step.h"
 
 #define MAXH	9
 
-/* ---- the loopback transport ------------------------------------------ */
-
-struct msg {
-	struct msg *next;
-	uint32_t step;
-	uint64_t len;
-	uint8_t data[];
-};
+/* ---- recording the steps ------------------------------------------------ */
 
 static struct {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	struct msg *head[MAXH][MAXH], **tail[MAXH][MAXH];	/* [from][to] */
 	char *rec[MAXH];	/* each host's recorded steps (NULL: not recording) */
 	size_t rec_len[MAXH], rec_cap[MAXH];
-	char err[MAXH][200];
-	bool failed;		/* a host failed: the others stop waiting */
-} lb = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+} lb;
 
 static void record(uint32_t h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void record(uint32_t h, const char *fmt, ...)
@@ -86,128 +79,32 @@ static void record_ranges(uint32_t h, const struct kd_xfer *x)
 		record(h, " %lu+%lu", (unsigned long)x->r[k].off, (unsigned long)x->r[k].len);
 }
 
-static uint64_t xfer_bytes(const struct kd_xfer *x)
-{
-	uint64_t b = 0;
-
-	for (uint32_t k = 0; k < x->nr; k++)
-		b += x->r[k].len;
-	return b;
-}
-
-static int lb_fail(struct kd_mh *mh, uint32_t host, uint32_t *bad_host, int err, const char *why)
-{
-	snprintf(lb.err[mh->self], sizeof(lb.err[0]), "host %u: %s (peer %u)", mh->self, why, host);
-	*bad_host = host;
-	pthread_mutex_lock(&lb.lock);
-	lb.failed = true;
-	pthread_cond_broadcast(&lb.cond);
-	pthread_mutex_unlock(&lb.lock);
-	return err;
-}
-
-static int lb_run_steps(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
-			uint32_t first, bool chain, uint32_t *bad_host)
+/* The engine, as schedule.c calls it: record the steps, then run them. */
+int __real_kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
+		       uint32_t first, bool chain, uint32_t *bad_host);
+int __wrap_kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
+		       uint32_t first, bool chain, uint32_t *bad_host);
+int __wrap_kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
+		       uint32_t first, bool chain, uint32_t *bad_host)
 {
 	uint32_t me = mh->self;
 
-	(void)op;
-	(void)chain;	/* steps run in order: a chained send sees the previous receive */
-	*bad_host = KCOLL_RANK_NONE;
 	for (uint32_t t = 0; t < n; t++) {
-		uint32_t step = first + t;
-
-		record(me, "h%u s%u%s", me, step, st[t].reduce ? " reduce" : "");
+		record(me, "h%u s%u%s", me, first + t, st[t].reduce ? " reduce" : "");
 		for (uint32_t i = 0; i < st[t].nsend; i++) {
-			const struct kd_xfer *x = &st[t].send[i];
-			const uint8_t *base = x->base ? x->base : mh->acc;
-			uint64_t len = xfer_bytes(x), at = 0;
-			struct msg *m = malloc(sizeof(*m) + len + 1);
-
-			if (!m)
-				return -ENOMEM;
-			if (x->host >= mh->nhosts || x->host == me)
-				return lb_fail(mh, x->host, bad_host, -EINVAL, "send to a bad host");
-			m->next = NULL;
-			m->step = step;
-			m->len = len;
-			for (uint32_t k = 0; k < x->nr; k++) {
-				memcpy(m->data + at, base + x->r[k].off, x->r[k].len);
-				at += x->r[k].len;
-			}
-			record(me, " | to %u%s:", x->host, x->base ? " (base)" : "");
-			record_ranges(me, x);
-			pthread_mutex_lock(&lb.lock);
-			*lb.tail[me][x->host] = m;
-			lb.tail[me][x->host] = &m->next;
-			pthread_cond_broadcast(&lb.cond);
-			pthread_mutex_unlock(&lb.lock);
+			record(me, " | to %u%s:", st[t].send[i].host, st[t].send[i].base ? " (base)" : "");
+			record_ranges(me, &st[t].send[i]);
 		}
 		for (uint32_t i = 0; i < st[t].nrecv; i++) {
 			const struct kd_xfer *x = &st[t].recv[i];
-			uint64_t len = xfer_bytes(x), at = 0;
-			struct timespec dl;
-			struct msg *m;
 
-			if (x->host >= mh->nhosts || x->host == me)
-				return lb_fail(mh, x->host, bad_host, -EINVAL, "receive from a bad host");
 			record(me, " | from %u%s%s:", x->host, x->dst ? " (dst)" : "", x->src ? " (src)" : "");
 			record_ranges(me, x);
-			clock_gettime(CLOCK_REALTIME, &dl);
-			dl.tv_sec += 10;
-			pthread_mutex_lock(&lb.lock);
-			while (!(m = lb.head[x->host][me])) {
-				if (lb.failed) {
-					pthread_mutex_unlock(&lb.lock);
-					snprintf(lb.err[me], sizeof(lb.err[0]), "host %u: another host failed", me);
-					return -ECANCELED;
-				}
-				if (pthread_cond_timedwait(&lb.cond, &lb.lock, &dl)) {
-					pthread_mutex_unlock(&lb.lock);
-					return lb_fail(mh, x->host, bad_host, -ETIMEDOUT,
-						       "no send for a receive within 10 s");
-				}
-			}
-			lb.head[x->host][me] = m->next;
-			if (!m->next)
-				lb.tail[x->host][me] = &lb.head[x->host][me];
-			pthread_mutex_unlock(&lb.lock);
-			if (m->step != step || m->len != len) {
-				free(m);
-				return lb_fail(mh, x->host, bad_host, -EPROTO,
-					       "a receive met a send of another step or length");
-			}
-			for (uint32_t k = 0; k < x->nr; k++) {
-				uint64_t off = x->r[k].off, l = x->r[k].len;
-
-				if (st[t].reduce) {
-					/* As the transports do: the lower host's data first. */
-					const uint8_t *mine = (x->src ? x->src : mh->acc) + off;
-					const void *in[2] = { x->host < me ? (const void *)(m->data + at) : mine,
-							      x->host < me ? (const void *)mine : m->data + at };
-					int r = kcoll_reduce_n(mh->dtype, mh->redop, mh->acc + off, in, 2,
-							       l / mh->esz);
-
-					if (r) {
-						free(m);
-						return r;
-					}
-				} else {
-					memcpy((x->dst ? x->dst : mh->acc) + off, m->data + at, l);
-				}
-				at += l;
-			}
-			free(m);
 		}
 		record(me, "\n");
 	}
-	return 0;
+	return __real_kd_step_run(mh, op, st, n, first, chain, bad_host);
 }
-
-/* The legacy entry (xport.h): it sees whole steps, which it records;
- * tests/test_step.c runs the same schedules through step.c instead. */
-static const struct kd_xport_ops lb_ops = { .size = sizeof(struct kd_xport_ops), .version = KD_XPORT_VERSION,
-					    .name = "loopback", .run_steps = lb_run_steps };
 
 /* ---- running one op on H hosts ----------------------------------------- */
 
@@ -219,12 +116,24 @@ struct host {
 	pthread_t t;
 };
 
+static struct kd_comm comm;
+static struct kd_op op = { .comm = &comm, .seq = 1 };
+static struct host hs[MAXH];
+static uint32_t nh;
+
 static void *host_main(void *arg)
 {
 	struct host *h = arg;
-	static struct kd_op op;
+	uint64_t one = 1;
 
 	h->r = kd_sched_run(&h->mh, &op, &h->sop, &h->bad);
+	if (h->r) {
+		/* As kcolld aborts the comm: the others stop waiting. */
+		__atomic_store_n(&comm.limit_seq, 0, __ATOMIC_RELAXED);
+		for (uint32_t g = 0; g < nh; g++)
+			if (write(hs[g].mh.abort_fd, &one, sizeof(one)) < 0)
+				abort();
+	}
 	return NULL;
 }
 
@@ -234,24 +143,37 @@ static int run(uint32_t H, enum kd_algo algo, enum kcoll_dtype dt, enum kcoll_re
 	       const struct kd_sched_op *sop, uint8_t **acc, const uint8_t **in0, uint16_t *rank_host,
 	       char *why, size_t cap)
 {
-	struct host hs[MAXH];
+	struct kd_loop_fabric *f = kd_loop_fabric_new(H, 1);
 	int rc = 0;
 
+	if (!f)
+		abort();
 	memset(hs, 0, sizeof(hs));
-	lb.failed = false;
-	for (uint32_t f = 0; f < MAXH; f++)
-		for (uint32_t t = 0; t < MAXH; t++) {
-			lb.head[f][t] = NULL;
-			lb.tail[f][t] = &lb.head[f][t];
-		}
+	nh = H;
+	snprintf(comm.name, sizeof(comm.name), "sched");
+	comm.timeout_ns = 10000000000LL;
+	comm.limit_seq = UINT64_MAX;
 	for (uint32_t h = 0; h < H; h++) {
 		struct kd_mh *mh = &hs[h].mh;
 
-		lb.err[h][0] = 0;
 		mh->nhosts = H;
 		mh->self = h;
+		mh->nstreams = 1;
 		mh->algo = algo;
-		mh->xport = &lb_ops;
+		mh->hosts = calloc(H, sizeof(*mh->hosts));
+		if (!mh->hosts)
+			abort();
+		for (uint32_t g = 0; g < H; g++)
+			mh->hosts[g].data[0] = -1;
+		pthread_mutex_init(&mh->plan_lock, NULL);
+		mh->abort_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (mh->abort_fd < 0)
+			abort();
+		mh->xport = &kd_xport_loop;
+		mh->xfabric = f;
+		mh->piece = 64u << 20;	/* a transfer in one piece */
+		mh->sig = 0x5ced;
+		atomic_store(&mh->last_progress, kd_now_ns());
 		mh->acc = acc[h];
 		mh->dtype = dt;
 		mh->redop = redop;
@@ -259,30 +181,33 @@ static int run(uint32_t H, enum kd_algo algo, enum kcoll_dtype dt, enum kcoll_re
 		mh->rank_host = rank_host;
 		hs[h].sop = *sop;
 		hs[h].sop.in0 = in0 ? in0[h] : NULL;
+	}
+	for (uint32_t h = 0; h < H; h++)
 		if (pthread_create(&hs[h].t, NULL, host_main, &hs[h]))
 			abort();
-	}
 	*why = 0;
-	for (uint32_t h = 0; h < H; h++) {
+	for (uint32_t h = 0; h < H; h++)
 		pthread_join(hs[h].t, NULL);
+	for (uint32_t h = 0; h < H; h++) {
+		struct kd_mh *mh = &hs[h].mh;
+
 		if (hs[h].r && !rc) {
-			snprintf(why, cap, "host %u: %s (%s)", h, strerror(-hs[h].r), lb.err[h]);
+			snprintf(why, cap, "host %u: %s (host at fault %d)", h, strerror(-hs[h].r), (int)hs[h].bad);
 			rc = -1;
 		}
-		free(hs[h].mh.snap);
+		kd_step_close(mh);
+		for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++)
+			free(mh->rx[i]);
+		free(mh->snap);
+		free(mh->hosts);
+		close(mh->abort_fd);
+		pthread_mutex_destroy(&mh->plan_lock);
 	}
-	for (uint32_t f = 0; f < H; f++)
-		for (uint32_t t = 0; t < H; t++)
-			while (lb.head[f][t]) {
-				struct msg *m = lb.head[f][t];
-
-				if (!rc)
-					snprintf(why, cap, "a send of host %u to host %u (step %u) was never received",
-						 f, t, m->step);
-				rc = -1;
-				lb.head[f][t] = m->next;
-				free(m);
-			}
+	if (!rc && kd_loop_fabric_pending(f)) {
+		snprintf(why, cap, "%u send(s) were never received", kd_loop_fabric_pending(f));
+		rc = -1;
+	}
+	kd_loop_fabric_free(f);
 	return rc;
 }
 

@@ -7,7 +7,8 @@
 #      own address (automatic selection)
 #   2. every collective bit-exact over RDMA with 2, 3 and 4 hosts
 #      (mh_rank check), status --json shows QPs in RTS per peer and pieces
-#      moved over RDMA
+#      moved over RDMA, and C4's detector has link rates over RDMA (the step
+#      engine observes every transport)
 #   3. a GID that cannot work (KCOLL_IB_GID_INDEX past the table) fails comm
 #      ops with a clear reason, no hang
 #   4. faults: a daemon killed mid-transfer, the rxe device's netdev taken
@@ -244,6 +245,37 @@ EOF
 	timeout 10 "$CTL" -s "$(sock 0)" status 2>/dev/null | grep -E "transport|rdma host" | sed 's/^/# /'
 }
 
+# The step engine observes RDMA links for C4 as TCP's: while the ranks run,
+# the detector of host 0 has a rate for a link to a peer (kcollctl anomalies).
+check_c4_links() {
+	local js r=1
+	for _ in $(seq 40); do
+		js=$(timeout 10 "$CTL" -s "$(sock 0)" anomalies --json 2>/dev/null)
+		python3 - "$js" <<'EOF'
+import json, sys
+def rates(o):
+    if isinstance(o, dict):
+        for k, v in o.items():
+            if k == "links" and isinstance(v, list):
+                for l in v:
+                    if isinstance(l, dict) and l.get("rate", 0) > 0:
+                        yield l
+            else:
+                yield from rates(v)
+    elif isinstance(o, list):
+        for v in o:
+            yield from rates(v)
+got = list(rates(json.loads(sys.argv[1])))
+assert got, "no link rate yet"
+print("# C4 link rates over rdma: %s" % ["host %d %s %.1f MB/s" % (l["host"], l["dir"], l["rate"] / 1e6) for l in got])
+EOF
+		r=$?
+		[ $r -eq 0 ] && break
+		sleep 0.25
+	done
+	ok $r "C4 link rates over RDMA: host 0's detector has a rate for a link to a peer (kcollctl anomalies --json)"
+}
+
 # ---- faults -----------------------------------------------------------------------
 # mh_rank loop: checked all-reduces until one fails; "fault err=..." at the end.
 fault_run() {	# tag nhosts victim-action
@@ -290,7 +322,7 @@ works_again() {	# tag label
 	[ "$rc_all" -eq 0 ] || { cat "$T/$1".*.out | head -10 | sed 's/^/# /'; dump; }
 }
 
-fault_run kill 3 'kill -KILL ${pids[2]}' check_status
+fault_run kill 3 'kill -KILL ${pids[2]}' 'check_status; check_c4_links'
 judge_fault kill "kcolld of host 2 killed mid-transfer" 0 1
 wait "${pids[2]}" 2>/dev/null
 run_ranks after check 2 240
@@ -304,12 +336,15 @@ start_daemon 2
 # and the transfers on that port fail. (rdma link delete is no use as a fault
 # here: rxe in 6.1 cannot disassociate user contexts, so the deletion waits
 # until every process has closed the device.)
+# Only what the logs say from here on: the earlier cases logged "rdma to
+# host N (...)" lines too (the GID case's).
+l0=$(wc -l <"$T/h0.log") l1=$(wc -l <"$T/h1.log")
 fault_run linkdown 2 "ip link set $IF down"
 judge_fault linkdown "$IF (under $RXE) down mid-transfer" 0 1
 # Which comes first varies: the port-down event, or a work completion in
 # error on the transfer (rxe gives up retrying); the log must name one.
-why=$(grep -ho "went down (IBV_EVENT_PORT_ERR)\|rdma to host [0-9] (.*): .*" "$T/h0.log" "$T/h1.log" |
-	head -1 | cut -c1-150)
+why=$( (tail -n +$((l0 + 1)) "$T/h0.log"; tail -n +$((l1 + 1)) "$T/h1.log") |
+	grep -o "went down (IBV_EVENT_PORT_ERR)\|rdma to host [0-9] (.*): .*" | head -1 | cut -c1-150)
 [ -n "$why" ]; ok $? "the log says why the transfer failed (${why:-nothing})"
 [ -n "$why" ] || tail -n 5 "$T/h0.log" "$T/h1.log" | sed "s/^/# /"
 bad=

@@ -8,19 +8,25 @@
 #      RC traffic crosses the wire both ways (ibv_rc_pingpong, rxe counters)
 #   2. kcolld per host: guest 0 holds hosts 0 and 2 (10.32.0.1, .3), guest 1
 #      hosts 1 and 3 (10.32.0.2, .4); each chose rdma on its guest's device
-#   3. every collective (mh_rank coll: all-reduce, reduce-scatter, all-gather,
+#   3. C4 names a degraded RDMA link: guest 1 rate-limits host 1's data to
+#      host 0 on its NIC (tc) under checked all-reduces of the 2-host
+#      communicator; nothing named before, host 0's detector names host 1's
+#      link (evidence: its rx from host 1) after, nothing once tc is removed
+#   4. every collective (mh_rank coll: all-reduce, reduce-scatter, all-gather,
 #      broadcast, barrier; f32 f64 i32 bf16 f16 u8 ...; 0..1 MiB) bit-exact
 #      with 2 hosts (one per guest) and 4 hosts (two per guest: ring
 #      neighbours across the wire), a 4 MiB all-reduce, and the data went
 #      through this guest's rxe (its packet counters grew by at least the
 #      bytes / MTU that had to cross)
-#   4. faults across the wire, with the survivor in the other guest: guest
+#   5. faults across the wire, with the survivor in the other guest: guest
 #      1's kcolld killed mid-transfer, guest 1's NIC set down, guest 1's rxe
 #      link deleted: guest 0's rank fails within a bound (no hang), its log
 #      names the reason; afterwards a new communicator over RDMA works
 # Each guest prints TAP about what it saw; a step both guests take meets in
 # DIR first (files written here, polled there, generous deadlines; a guest
 # that exits leaves "gone.ROLE" so the other stops waiting).
+# PAIR_ONLY=c4 runs 1, 2 and 3 only (while working on C4):
+#   scripts/vmtest-pair.sh -- env PAIR_ONLY=c4 bash tests/vm/t_rdma_pair.sh build
 set -u
 B=${1:?usage: t_rdma_pair.sh BUILD_DIR ROLE DIR}
 role=${2:?usage: t_rdma_pair.sh BUILD_DIR ROLE DIR}
@@ -32,6 +38,7 @@ CTL="$B/bin/kcollctl"
 D="$B/bin/kcolld"
 TMO=4000
 RXE=wrxe$role
+only=${PAIR_ONLY:-}
 n=0 failed=0
 ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
 now_ms() { date +%s%3N; }
@@ -246,9 +253,6 @@ mine() {	# nhosts: this guest's ranks among them
 	echo "$out"
 }
 
-# ---- 3. collectives across the wire ----------------------------------------------
-# mh_rank coll: 10 groups (every collective; the 1 MiB f32 all-reduce alone
-# makes each rank receive 1 MiB from across the wire: at most 4 KiB a packet)
 counters() {	# the rxe counters that tell retransmissions and errors apart
 	local c out=
 	for c in sent_pkts rcvd_pkts duplicate_request out_of_seq_request rcvd_seq_err completer_retry_err \
@@ -257,6 +261,211 @@ counters() {	# the rxe counters that tell retransmissions and errors apart
 	done
 	echo "# $RXE counters:$out"
 }
+
+# ---- the end: SIGTERM, no sanitizer report ------------------------------------------
+the_end() {
+	meet end 600
+	local h bad=
+	for h in "${my_hosts[@]}"; do
+		kill -TERM "${pids[h]}" 2>/dev/null
+		wait "${pids[h]}" 2>/dev/null || bad+=" h$h(status $?)"
+	done
+	pids=()
+	grep -l "ERROR: AddressSanitizer\|runtime error:\|LeakSanitizer" "$T"/h*.out >/dev/null 2>&1 && bad+=" sanitizer report"
+	[ -z "$bad" ]; ok $? "this guest's daemons exit 0 on SIGTERM, no sanitizer report${bad:+ (got:$bad)}"
+	[ -z "$bad" ] || head -n 30 "$T"/h*.out | sed 's/^/# /'
+	echo "1..$n"
+	exit $failed
+}
+
+# ---- 3. C4 names a degraded RDMA link (issue 22) ---------------------------------
+# The 2-host communicator (host 0 in guest 0, host 1 in guest 1): every link it
+# has crosses the wire. (The 4-host one also has links between the two hosts
+# of one guest, through rxe inside one kernel, ten times faster than the wire:
+# against their median every healthy wire link looked slow; docs/c4.md, "Links
+# of one class".) Both ranks run checked 1 MiB all-reduces (mh_rank traffic)
+# throughout:
+#   (a) 20 s healthy: no communication-slow event on either host;
+#   (b) guest 1 rate-limits host 1's data to host 0 on its NIC: prio + u32 on
+#       the source and destination addresses, tbf at a quarter of the rate
+#       host 0's detector measured for it; packets under 256 bytes
+#       (acknowledgements, credits) pass. Host 0's detector names host 1's
+#       link 0, its evidence the rx from host 1, within 60 s; host 1's merged
+#       view names it too;
+#   (c) the tc rules removed: no active anomaly on either host within 60 s;
+#   (d) every all-reduce of the traffic was right, none failed.
+# Debian's python: the python3 first on PATH may be a pyenv shim, a shell
+# script that takes seconds to start in a TCG guest
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+c4_view() {	# expr [--local]: the active entries of this guest's host for which
+		# the Python expression EXPR (on e) holds, one JSON line each; 0 if any
+	timeout 20 "$CTL" -s "$(sock "$role")" anomalies --json ${2:+"$2"} >"$T/c4view" 2>/dev/null
+	"$PY" - "$1" "$T/c4view" <<'EOF'
+import json, sys
+try:
+    d = json.load(open(sys.argv[2]))
+except (OSError, ValueError):
+    sys.exit(2)
+hit = [e for c in d["comms"] for e in c["active"] if eval(sys.argv[1])]
+for e in hit:
+    print(json.dumps({k: e.get(k) for k in ("kind", "host", "link", "via_host", "dir", "value", "ref",
+                                          "samples", "seen_by")}))
+sys.exit(0 if hit else 1)
+EOF
+}
+c4_json() {	# python expression on d, this guest's host's anomalies --json
+	timeout 20 "$CTL" -s "$(sock "$role")" anomalies --json 2>/dev/null |
+		"$PY" -c 'import json, sys
+try:
+    d = json.load(sys.stdin)
+except ValueError:
+    sys.exit(1)
+print(eval(sys.argv[1]))' "$1"
+}
+c4_raised() {	# comm: comm-slow raises in this guest's host's event log (merged)
+	timeout 20 "$CTL" -s "$(sock "$role")" events --json 2>/dev/null |
+		"$PY" -c 'import json, sys
+try:
+    d = json.load(sys.stdin)
+except ValueError:
+    print("unreadable"); sys.exit()
+print(sum(1 for e in d["events"] if e["kind"] == "comm_slow" and e["raised"] and e["comm"] == sys.argv[1]))' "$1"
+}
+c4_poll() {	# secs expr [--local|--gone]: polls this guest's host's anomalies
+		# --json in one python (its start takes seconds in a loaded TCG
+		# guest) until an active entry e satisfies EXPR (with --gone: until
+		# none does); prints the ms taken, or "timeout"; matches in $T/c4hit
+	"$PY" - "$CTL" "$(sock "$role")" "$1" "$2" "${3:-}" "$T/c4hit" <<'EOF'
+import json, subprocess, sys, time
+ctl, sock, secs, expr, opt, hit = sys.argv[1:7]
+gone = opt == "--gone"
+args = [ctl, "-s", sock, "anomalies", "--json"] + (["--local"] if opt == "--local" else [])
+t0 = time.time()
+while True:
+    try:
+        d = json.loads(subprocess.run(args, capture_output=True, timeout=20).stdout)
+        found = [e for c in d["comms"] for e in c["active"] if eval(expr)]
+        with open(hit, "w") as f:
+            for e in found:
+                f.write(json.dumps({k: e.get(k) for k in ("kind", "host", "link", "via_host", "dir",
+                                    "value", "ref", "samples", "seen_by")}) + "\n")
+        if bool(found) != gone:
+            print(int((time.time() - t0) * 1000))
+            sys.exit(0)
+    except (ValueError, KeyError, subprocess.TimeoutExpired):
+        pass
+    if time.time() - t0 > float(secs):
+        print("timeout")
+        sys.exit(1)
+    time.sleep(0.5)
+EOF
+}
+c4_show() {	# the rates and anomalies host $role sees, the traffic's last lines
+	c4_json '"rates: " + " ".join("%s/%s=%.2fMB/s" % (l["host"], l["dir"], l["rate"] / 1e6) for c in d["comms"] for l in c["links"])' |
+		sed 's/^/# /'
+	c4_view 'True' | sed 's/^/# active: /'
+	grep "C4\|rdma" "$T/h$role.log" 2>/dev/null | tail -n 6 | sed 's/^/# log: /'
+}
+c4_timeline() {	# comm t_degrade t_heal: the comm-slow events this guest's host knows, in time
+	timeout 20 "$CTL" -s "$(sock "$role")" events --json 2>/dev/null |
+		"$PY" -c 'import json, sys
+d = json.load(sys.stdin)
+for e in d["events"]:
+    if e["kind"] == "comm_slow" and e["comm"] == sys.argv[1]:
+        print("# %s by host %d: host %d link %d, %+d ms from the degrade, %+d ms from the heal" % (
+            "raised" if e["raised"] else "cleared", e["observer"], e["host"], e["link"],
+            e["time_ms"] - int(sys.argv[2]), e["time_ms"] - int(sys.argv[3])))' "$@"
+}
+SLOW1='e["kind"] == "comm_slow" and e["host"] == 1 and e["link"] == 0'
+c4_section() {
+	local id tp comm raised rate kbit ms t deg_ok=0 sent res t_deg t_heal
+	meet c4 600 || { ok 1 "C4: the other guest reached the C4 section"; return; }
+	mkdir -p "$T/c4"
+	if [ "$role" -eq 0 ]; then
+		id=$(KCOLL_SOCKET=$(sock 0) timeout 20 "$RANK" id)
+		put "id.c4" "$id"
+	else
+		id=$(await "id.c4" 300)
+	fi
+	env KCOLL_SOCKET="$(sock "$role")" KCOLL_TIMEOUT_MS=20000 timeout -k 2 500 \
+		"$RANK" traffic "$id" 2 "$role" "$T/c4" 262144 400 >"$T/c4.out" 2>&1 &
+	tp=$!
+	for _ in $(seq 1200); do
+		[ -e "$T/c4/ready.$role" ] || ! kill -0 $tp 2>/dev/null && break
+		sleep 0.1
+	done
+	meet c4-ready 300
+	# (a) healthy
+	sleep 20
+	comm=$(c4_json 'd["comms"][0]["comm"]')
+	raised=$(c4_raised "$comm")
+	[ -e "$T/c4/ready.$role" ] && [ "$raised" = 0 ]
+	ok $? "C4 (a) 20 s of checked 1 MiB all-reduces over the healthy wire (comm ${comm:-none}): no communication-slow event on host $role (got ${raised:-none})"
+	c4_show
+	# (b) degrade host 1's data to host 0
+	if [ "$role" -eq 0 ]; then
+		rate=$(c4_json 'max([l["rate"] for c in d["comms"] for l in c["links"] if l["host"] == 1 and l["dir"] == "rx"] or [0])')
+		put c4rate "${rate:-0}"
+		t_deg=$(await c4deg 300)
+		if [ "${t_deg%% *}" = 1 ]; then
+			ms=$(c4_poll 60 "$SLOW1 and e.get(\"dir\") == \"rx\"" --local)
+			ok $? "C4 (b) host 0's detector names host 1's link 0, evidence its rx from host 1, $ms ms after the degrade"
+			sed 's/^/# /' "$T/c4hit"
+			[ "$ms" != timeout ] || c4_show
+		else
+			ok 1 "C4 (b) guest 1 degraded host 1's data to host 0"
+		fi
+		put c4named
+	else
+		rate=$(await c4rate 300)
+		kbit=$(( ${rate:-0} * 8 / 1000 / 4 ))
+		[ "$kbit" -ge 800 ] || kbit=800
+		modprobe -a sch_prio sch_tbf cls_u32 2>/dev/null
+		# band 1 (1:2) for all; 1:3 (tbf) for host 1's data to host 0
+		tc qdisc add dev "$IF" root handle 1: prio bands 3 priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 &&
+			tc qdisc add dev "$IF" parent 1:3 handle 30: tbf rate "${kbit}kbit" burst 16kb limit 4mb &&
+			tc filter add dev "$IF" parent 1: protocol ip prio 1 u32 match u16 0 0xff00 at 2 flowid 1:2 &&
+			tc filter add dev "$IF" parent 1: protocol ip prio 2 u32 \
+				match ip src "$(addr 1)/32" match ip dst "$(addr 0)/32" flowid 1:3
+		t=$?
+		[ $t -eq 0 ] && deg_ok=1
+		t_deg="$deg_ok $(now_ms)"
+		put c4deg "$t_deg"
+		ok $t "C4 (b) $IF: host 1's data to host 0 at ${kbit} kbit/s (a quarter of host 0's rate for it: $(( ${rate:-0} / 1000 )) kB/s)"
+		ms=$(c4_poll 60 "$SLOW1 and 0 in e[\"seen_by\"]")
+		ok $? "C4 (b) host 1's merged view names host 1's link 0 as host 0 saw it, $ms ms after the degrade"
+		sed 's/^/# /' "$T/c4hit"
+		await c4named 120 >/dev/null
+		sent=$(tc -s qdisc show dev "$IF" | sed -n '/qdisc tbf 30:/,/Sent/s/.*Sent \([0-9]*\) bytes.*/\1/p')
+		[ "${sent:-0}" -ge 262144 ]
+		ok $? "C4 (b) the tbf carried host 1's data to host 0 (${sent:-0} bytes)"
+		tc qdisc del dev "$IF" root
+		put c4healed "$(now_ms)"
+	fi
+	# (c) heal (guest clocks agree to a few ms: the timeline compares them)
+	t_heal=$(await c4healed 300)
+	ms=$(c4_poll 60 'e["kind"] == "comm_slow"' --gone)
+	ok $? "C4 (c) tc removed: no communication-slow anomaly active on host $role, $ms ms after it saw the heal"
+	[ "$ms" != timeout ] || sed 's/^/# /' "$T/c4hit"
+	c4_timeline "$comm" "${t_deg##* }" "${t_heal:-0}"
+	# (d) stop the traffic: both ranks stop after the same op
+	meet c4-stop 300
+	touch "$T/c4/stop"
+	wait $tp
+	t=$?
+	res=$(grep '^traffic ' "$T/c4.out")
+	[ $t -eq 0 ] && grep -q '^traffic ops=[1-9][0-9]* bad=0 err=0 ' "$T/c4.out"
+	ok $? "C4 (d) host $role's traffic: every all-reduce right, none failed (status $t: ${res:-no result})"
+	[ $t -eq 0 ] || { tail -n 5 "$T/c4.out" | sed 's/^/# /'; dump; counters; }
+}
+
+c4_section
+[ "$only" != c4 ] || the_end
+
+# ---- 4. collectives across the wire ----------------------------------------------
+# mh_rank coll: 10 groups (every collective; the 1 MiB f32 all-reduce alone
+# makes each rank receive 1 MiB from across the wire: at most 4 KiB a packet)
 coll_ok=1
 for nh in 2 4; do
 	meet "coll$nh" 600 || break
@@ -298,7 +507,7 @@ if [ $coll_ok -eq 0 ]; then
 	exit $failed
 fi
 
-# ---- 4. faults across the wire (guest 1 strikes, guest 0 judges) -----------------
+# ---- 5. faults across the wire (guest 1 strikes, guest 0 judges) -----------------
 # Both guests run mh_rank loop (checked 4 MiB all-reduces until one fails)
 # on hosts 0 and 1; once both are past their first rounds guest 1 strikes;
 # guest 0 notes when it saw the strike file (clocks of the two guests are
@@ -412,17 +621,4 @@ else
 fi
 works_again afterdel "rxe link added again: a new communicator over RDMA across the guests works"
 
-# ---- the end: SIGTERM, no sanitizer report ------------------------------------------
-meet end 600
-bad=
-for h in "${my_hosts[@]}"; do
-	kill -TERM "${pids[h]}" 2>/dev/null
-	wait "${pids[h]}" 2>/dev/null || bad+=" h$h(status $?)"
-done
-pids=()
-grep -l "ERROR: AddressSanitizer\|runtime error:\|LeakSanitizer" "$T"/h*.out >/dev/null 2>&1 && bad+=" sanitizer report"
-[ -z "$bad" ]; ok $? "this guest's daemons exit 0 on SIGTERM, no sanitizer report${bad:+ (got:$bad)}"
-[ -z "$bad" ] || head -n 30 "$T"/h*.out | sed 's/^/# /'
-
-echo "1..$n"
-exit $failed
+the_end

@@ -22,9 +22,6 @@
  * eventfd), the watchdog's fields (mh->last_progress, wait_host) and the C4
  * link observation (bytes and busy time per stream, for c4d.c). The loop
  * sleeps in poll(2) on what the transport names and the abort eventfd.
- *
- * Transports with the legacy entry (RDMA) still run their own loop:
- * kd_step_run hands the steps to their run_steps.
  */
 #include <errno.h>
 #include <poll.h>
@@ -33,12 +30,31 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include "kcolld.h"
 #include "log.h"
 #include "mh.h"
 #include "reduce.h"
 #include "step.h"
 #include "xport.h"
+
+/* Transport contexts open and close on the net thread while kcollctl status
+ * renders them from another: this keeps a context alive while it renders. */
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Close mh's context (net thread). */
+static void ctx_close(struct kd_mh *mh)
+{
+	void *ctx;
+
+	pthread_mutex_lock(&ctx_lock);
+	ctx = mh->xpriv;
+	mh->xpriv = NULL;
+	pthread_mutex_unlock(&ctx_lock);
+	if (ctx && mh->xport->close)
+		mh->xport->close(ctx);
+}
 
 struct kd_piece *kd_xfer_cut(const struct kd_xfer *x, size_t piece, uint32_t *n)
 {
@@ -336,18 +352,25 @@ static int complete(struct kd_mh *mh, const struct kd_op *op, struct cursor *c, 
 static int open_xport(struct kd_mh *mh, const struct kd_comm *comm)
 {
 	int fds[KD_MAX_HOSTS * KD_MAX_STREAMS];	/* open copies what it needs */
+	const char *names[KD_MAX_HOSTS];
 	struct kd_xport_env env = { .nhosts = mh->nhosts, .self = mh->self, .nstreams = mh->nstreams,
 				    .piece = mh->piece, .fds = fds, .fabric = mh->xfabric, .name = comm->name,
-				    .timeout_ns = comm->timeout_ns };
+				    .host_names = names, .timeout_ns = comm->timeout_ns };
 	size_t piece = mh->piece;
+	void *ctx = NULL;
 	int r;
 
 	for (uint32_t h = 0; h < mh->nhosts; h++)
 		for (uint32_t s = 0; s < KD_MAX_STREAMS; s++)
 			fds[h * KD_MAX_STREAMS + s] = mh->hosts[h].data[s];
-	r = mh->xport->open(&env, &mh->xpriv, &piece);
+	for (uint32_t h = 0; h < mh->nhosts; h++)
+		names[h] = mh->hosts[h].info.name;
+	r = mh->xport->open(&env, &ctx, &piece);
 	if (r)
 		return r;
+	pthread_mutex_lock(&ctx_lock);
+	mh->xpriv = ctx;
+	pthread_mutex_unlock(&ctx_lock);
 	mh->xpiece = piece && piece < mh->piece ? piece : mh->piece;
 	return 0;
 }
@@ -370,8 +393,6 @@ int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, ui
 	bool spin = true;
 	int r = 0;
 
-	if (x->run_steps)
-		return x->run_steps(mh, op, st, n, first, chain, bad_host);
 	*bad_host = KCOLL_RANK_NONE;
 	if (depth > KD_STEP_MAX_DEPTH)
 		depth = KD_STEP_MAX_DEPTH;
@@ -387,7 +408,7 @@ int kd_step_run(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, ui
 	piece = mh->xpiece && mh->xpiece < mh->piece ? mh->xpiece : mh->piece;
 	for (uint32_t t = 0; t < n; t++)
 		nc += (st[t].nsend + st[t].nrecv) * S;
-	nfd = 2 * mh->nhosts * S + 1;
+	nfd = (2 * S + 3) * mh->nhosts + 2;	/* a transport names up to 2S + 3 per host, +1 own */
 	cs = calloc(nc ? nc : 1, sizeof(*cs));
 	lists = calloc(nc ? nc : 1, sizeof(*lists));
 	maps = calloc(nc ? nc : 1, sizeof(*maps));
@@ -556,34 +577,26 @@ out:
 	free(ev);
 	free(pfd);
 	free(inflight);
-	if (r && mh->xpriv && x->close) {
-		/* Pieces of the failed op may be in flight: a fresh context for
-		 * the next op (the streams themselves belong to net.c). */
-		x->close(mh->xpriv);
-		mh->xpriv = NULL;
-	}
+	/* Pieces of the failed op may be in flight: a fresh context for the
+	 * next op (the streams themselves belong to net.c). */
+	if (r)
+		ctx_close(mh);
 	return r;
 }
 
 void kd_step_close(struct kd_mh *mh)
 {
-	const struct kd_xport_ops *x = mh->xport;
-
-	if (x->run_steps) {
-		if (x->legacy_close)
-			x->legacy_close(mh);
-		return;
-	}
-	if (mh->xpriv && x->close)
-		x->close(mh->xpriv);
-	mh->xpriv = NULL;
+	ctx_close(mh);
 }
 
 size_t kd_step_render(struct kd_mh *mh, char *buf, size_t cap, int json)
 {
 	const struct kd_xport_ops *x = mh->xport;
+	size_t n = 0;
 
-	if (x->run_steps)
-		return x->legacy_render ? x->legacy_render(mh, buf, cap, json) : 0;
-	return x->render && mh->xpriv ? x->render(mh->xpriv, buf, cap, json) : 0;
+	pthread_mutex_lock(&ctx_lock);
+	if (x->render && mh->xpriv)
+		n = x->render(mh->xpriv, buf, cap, json);
+	pthread_mutex_unlock(&ctx_lock);
+	return n;
 }

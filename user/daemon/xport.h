@@ -7,12 +7,10 @@
  * an inter-host algorithm's steps over it: cursors, chaining, receive-side
  * reduction, cancellation, the watchdog's fields and the C4 observation.
  *
- * Transports: TCP (xport_tcp.c) and the in-process loopback (xport_loop.c,
- * for tests) implement this interface. RDMA (xport_rdma.c) still runs its
- * own step loop through the legacy entry run_steps (it reads the kd_mh and
- * the op itself); porting it onto send/recv/poll, its slots becoming rx
- * pieces that release() reposts, is the next step. xport.c picks one for new
- * communicators; net.c gives it to each as mh->xport.
+ * Transports: TCP (xport_tcp.c), RDMA (xport_rdma.c: its receive slots
+ * are the rx pieces release() returns) and the in-process loopback
+ * (xport_loop.c, for tests). xport.c picks one for new communicators;
+ * net.c gives it to each as mh->xport.
  *
  * The contract of the narrow interface:
  *   - open() gets what the transport needs (struct kd_xport_env) and returns
@@ -61,13 +59,11 @@
 
 #include "wire.h"	/* struct kd_p_data: the piece header */
 
-struct kd_op;
-struct kd_step;
-struct kd_mh;
 struct pollfd;
 
 /* 1: run_steps only (the whole mh); 2: no kd_xmem; 3: one send in flight per
- * stream, the legacy run_steps beside; 4: send_depth, open() caps the piece */
+ * stream, the legacy run_steps beside; 4: send_depth, open() caps the piece,
+ * no legacy entry */
 #define KD_XPORT_VERSION	4
 
 /* What open() gets: nothing of the communicator beyond hosts and streams. */
@@ -78,6 +74,7 @@ struct kd_xport_env {
 				 * streams (-1: none), owned by the caller */
 	void *fabric;		/* in-process transports: what the hosts share */
 	const char *name;	/* the communicator's, for log lines */
+	const char *const *host_names;	/* [nhosts], for log lines (open copies them) */
 	int64_t timeout_ns;	/* a connection set up in open() or on first use
 				 * gives up after this long */
 };
@@ -138,22 +135,10 @@ struct kd_xport_ops {
 	size_t (*render)(void *ctx, char *buf, size_t cap, int json);
 	void (*close)(void *ctx);
 
-	/* Legacy entry (RDMA until it is ported): the transport runs the steps
-	 * itself on mh->xpriv. run_steps runs n steps numbered first.. in
-	 * order; chained (one send and one receive per step, the send of step t
-	 * being what step t - 1 received) lets piece j of step t go once piece j
-	 * of step t - 1 is in. 0 or -errno with *bad_host the host it failed on
-	 * (or waited for). legacy_close releases mh->xpriv after the net thread
-	 * stopped; legacy_render is render's counterpart. */
-	int (*run_steps)(struct kd_mh *mh, struct kd_op *op, const struct kd_step *st, uint32_t n,
-			 uint32_t first, bool chain, uint32_t *bad_host);
-	void (*legacy_close)(struct kd_mh *mh);
-	size_t (*legacy_render)(struct kd_mh *mh, char *buf, size_t cap, int json);
-
 };
 
 extern const struct kd_xport_ops kd_xport_tcp;	/* xport_tcp.c */
-extern const struct kd_xport_ops kd_xport_rdma;	/* xport_rdma.c (legacy entry) */
+extern const struct kd_xport_ops kd_xport_rdma;	/* xport_rdma.c */
 extern const struct kd_xport_ops kd_xport_loop;	/* xport_loop.c (tests): send_depth 1 */
 extern const struct kd_xport_ops kd_xport_loop_deep;	/* ... send_depth KD_LOOP_DEPTH */
 

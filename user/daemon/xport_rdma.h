@@ -3,12 +3,12 @@
 #ifndef KCOLLD_XPORT_RDMA_H
 #define KCOLLD_XPORT_RDMA_H
 
-#include <stddef.h>
+#include <stdint.h>
 
-#include "mh.h"
 #include "rdma.h"
 
-/* The path (flow label, traffic class) of QP qp to host. */
-struct kcoll_rdma_path kd_rdma_path_for(struct kd_mh *mh, uint32_t host, uint32_t qp);
+/* The path (flow label, traffic class, local port) of QP qp to host, from
+ * the KCOLL_IB_* path knobs; comm names the communicator in warnings. */
+struct kcoll_rdma_path kd_rdma_path_for(const char *comm, uint32_t host, uint32_t qp);
 
 #endif /* KCOLLD_XPORT_RDMA_H */
