@@ -73,6 +73,8 @@ int kcoll_rdma_async_fd(int dev);
  * since (a re-added link); returns how many.
  */
 int kcoll_rdma_reap(void);
+/* Whether dev is being removed (its uverbs node is gone). */
+bool kcoll_rdma_dev_gone(int dev);
 int kcoll_rdma_rescan(void);
 
 /* ---- endpoints: RC QPs to one peer ------------------------------------ */
@@ -150,6 +152,12 @@ int kcoll_rdma_ep_set_path(struct kcoll_rdma_ep *ep, uint32_t i, const struct kc
 /* The local port QP i uses: its own (set_path) or the endpoint's. */
 const struct kcoll_rdma_port *kcoll_rdma_ep_qp_port(const struct kcoll_rdma_ep *ep, uint32_t i);
 void kcoll_rdma_ep_destroy(struct kcoll_rdma_ep *ep);
+/*
+ * Move every QP of ep to the error state: the NIC stops retrying what
+ * waits for an acknowledgement and flushes the rest as error completions;
+ * nothing arrives any more. For an endpoint whose destruction is put off.
+ */
+void kcoll_rdma_ep_quiesce(struct kcoll_rdma_ep *ep);
 /* The state of QP i (IBV_QPS_*), or a negative errno. */
 int kcoll_rdma_ep_qp_state(struct kcoll_rdma_ep *ep, uint32_t i);
 const char *kcoll_rdma_qp_state_name(int state);

@@ -154,6 +154,17 @@ int kcoll_rdma_reap(void)
 	return n;
 }
 
+bool kcoll_rdma_dev_gone(int dev)
+{
+	bool gone = true;
+
+	pthread_mutex_lock(&rd.lock);
+	if (dev >= 0 && dev < rd.ndev)
+		gone = dev_gone_locked(&rd.dev[dev]);
+	pthread_mutex_unlock(&rd.lock);
+	return gone;
+}
+
 int kcoll_rdma_rescan(void)
 {
 	struct ibv_device **list;
@@ -626,6 +637,16 @@ void kcoll_rdma_ep_destroy(struct kcoll_rdma_ep *ep)
 	rd.dev[ep->port.dev].eps--;
 	pthread_mutex_unlock(&rd.lock);
 	free(ep);
+}
+
+void kcoll_rdma_ep_quiesce(struct kcoll_rdma_ep *ep)
+{
+	for (uint32_t i = 0; ep && i < ep->nqp; i++) {
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+
+		if (ep->qp[i] && ibv_modify_qp(ep->qp[i], &a, IBV_QP_STATE))
+			kc_dbg("rdma: QP %u to the error state: %s", i, strerror(errno));
+	}
 }
 
 int kcoll_rdma_ep_qp_state(struct kcoll_rdma_ep *ep, uint32_t i)

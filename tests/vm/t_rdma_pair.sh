@@ -25,7 +25,8 @@
 # Each guest prints TAP about what it saw; a step both guests take meets in
 # DIR first (files written here, polled there, generous deadlines; a guest
 # that exits leaves "gone.ROLE" so the other stops waiting).
-# PAIR_ONLY=c4 runs 1, 2 and 3 only (while working on C4):
+# PAIR_ONLY=c4 runs 1, 2 and 3 only (while working on C4); PAIR_ONLY=faults
+# skips 3 (while working on the faults):
 #   scripts/vmtest-pair.sh -- env PAIR_ONLY=c4 bash tests/vm/t_rdma_pair.sh build
 set -u
 B=${1:?usage: t_rdma_pair.sh BUILD_DIR ROLE DIR}
@@ -460,7 +461,7 @@ c4_section() {
 	[ $t -eq 0 ] || { tail -n 5 "$T/c4.out" | sed 's/^/# /'; dump; counters; }
 }
 
-c4_section
+[ "$only" = faults ] || c4_section
 [ "$only" != c4 ] || the_end
 
 # ---- 4. collectives across the wire ----------------------------------------------
@@ -533,7 +534,17 @@ fault_run() {	# tag strike-command
 		await "struck.$tag" 300 >/dev/null
 	fi
 	t_seen=$(now_ms)
+	# A rank still waiting past the bound: where this guest's daemons are
+	# (their threads' kernel stacks name a verbs call that blocks).
+	( sleep $(((TMO * 3 + 10000) / 1000 + 1)); kill -0 $lp 2>/dev/null || exit 0
+	  for h in "${my_hosts[@]}"; do
+		for t in /proc/${pids[h]}/task/*; do
+			echo "# h$h thread ${t##*/} ($(cat "$t/comm" 2>/dev/null)): $(cat "$t/wchan" 2>/dev/null)"
+			sed 's/^/#     /' "$t/stack" 2>/dev/null | head -n 12
+		done
+	  done >"$T/$tag.stacks" ) &
 	wait $lp; rc=$?
+	[ -s "$T/$tag.stacks" ] && { echo "# past the bound, this guest's kcolld threads:"; cat "$T/$tag.stacks"; }
 	fault_line=$(grep '^fault ' "$T/$tag.$h.out")
 	# guest 1 repairs only after guest 0's rank has its result
 	if [ "$role" -eq 0 ]; then put "seen.$tag"; else await "seen.$tag" 300 >/dev/null; fi

@@ -54,15 +54,100 @@
 /* ---- starting ----------------------------------------------------------- */
 
 /*
+ * Peers of a closed context that were not left clean: a failed op, a peer
+ * that stopped answering (its NIC down) while our writes to it were still
+ * being retried. Tearing their QPs down in close(), on the comm's net
+ * thread, held the failed op's result back past the client's wait (the
+ * two-guest pair test saw 59 s), and rxe in Linux 6.1 has crashed the
+ * kernel freeing a QP whose packets were still queued. So close() only
+ * stops their QPs (kcoll_rdma_ep_quiesce) and leaves endpoint, slots and
+ * registrations here; the reaper destroys them GRAVE_NS later, or at its
+ * next round when their device is being removed (which waits for that).
+ */
+struct grave {
+	struct grave *next;
+	int64_t due;			/* kd_now_ns() from which it may go */
+	struct rpeer p;
+};
+
+static pthread_mutex_t grave_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct grave *graves;
+
+static void cq_drain(struct rctx *x, uint32_t h, bool *moved);
+
+/*
+ * Stop peer h's QPs and take the flushed completions of every write still
+ * posted: once they are in, the NIC reads none of the op's buffers any more
+ * (they go back to the ranks when the op returns). Then bury it.
+ */
+static void bury(struct rctx *x, uint32_t h)
+{
+	struct rpeer *p = &x->peer[h];
+	struct grave *g = p->ep ? malloc(sizeof(*g)) : NULL;
+	int64_t end = kd_now_ns() + FLUSH_NS;
+	bool moved = false;
+
+	if (!g) {
+		kd_rdma_peer_free(p);	/* no endpoint (or no memory): at once */
+		return;
+	}
+	kcoll_rdma_ep_quiesce(p->ep);
+	if (p->state >= 0)
+		p->state = -ECONNRESET;	/* closing: the flushed writes are no news */
+	while (p->sq_out && kd_now_ns() < end) {
+		uint32_t before = p->sq_out;
+
+		cq_drain(x, h, &moved);
+		if (p->sq_out == before)
+			usleep(100);
+	}
+	if (p->sq_out)
+		kc_warn("comm %s: %u writes to host %u (%s) not flushed %d ms after their QPs were stopped", x->name,
+			p->sq_out, h, p->name, (int)(FLUSH_NS / 1000000));
+	g->p = *p;
+	g->due = kd_now_ns() + GRAVE_NS;
+	pthread_mutex_lock(&grave_lock);
+	g->next = graves;
+	graves = g;
+	pthread_mutex_unlock(&grave_lock);
+}
+
+/* Destroy the peers that are due (all: every one). */
+static void graves_take(bool all)
+{
+	struct grave *due = NULL, *g, **pp;
+	int64_t now = kd_now_ns();
+
+	pthread_mutex_lock(&grave_lock);
+	for (pp = &graves; (g = *pp);) {
+		if (all || now >= g->due || kcoll_rdma_dev_gone(g->p.ep->port.dev)) {
+			*pp = g->next;
+			g->next = due;
+			due = g;
+		} else {
+			pp = &g->next;
+		}
+	}
+	pthread_mutex_unlock(&grave_lock);
+	while ((g = due)) {
+		due = g->next;
+		kd_rdma_peer_free(&g->p);
+		free(g);
+	}
+}
+
+/*
  * A device being removed must be closed by every process before the kernel
  * lets it go (rdma_rxe, docs/rdma.md): transfers notice it themselves, this
- * closes it in a daemon that has no communicator on it (every second).
+ * closes it in a daemon that has no communicator on it (every second),
+ * after destroying the closed peers that are due.
  */
 static void *reaper(void *arg)
 {
 	(void)arg;
 	for (;;) {
 		sleep(1);
+		graves_take(false);
 		kcoll_rdma_reap();
 	}
 	return NULL;
@@ -554,7 +639,10 @@ static void rdma_close(void *ctx)
 		if (p->state == P_UP && !p->eof && p->sq_out)
 			kc_warn("comm %s: closing with %u writes to host %u not acknowledged after %d ms", x->name,
 				p->sq_out, h, (int)(FLUSH_NS / 1000000));
-		kd_rdma_peer_free(p);
+		if (p->state == P_UP && !p->sq_out)
+			kd_rdma_peer_free(p);	/* clean: nothing in flight */
+		else
+			bury(x, h);
 	}
 	free(x->peer);
 	close(x->kick);

@@ -20,6 +20,7 @@
 #define SETUP_MAGIC	0x6b637264u	/* "kcrd" */
 #define SLOT_MAGIC	0x6b637370u
 #define FLUSH_NS	2000000000LL	/* close waits this long for credits to go out */
+#define GRAVE_NS	10000000000LL	/* peers not closed clean are destroyed this much later */
 #define PORT_CHECK_NS	20000000LL	/* an idle poll looks at the ports this often */
 
 enum { WR_RECV = 1, WR_DATA = 2, WR_CREDIT = 3 };
