@@ -454,6 +454,59 @@ static void test_thin_link(void)
 	       (unsigned long long)((now - t0) / MS));
 }
 
+/* One tick of rx from host 1 only, at rx kB/s (our sends to it went quiet). */
+static void rx_tick(uint64_t rx, uint32_t noise)
+{
+	uint64_t bytes = noisy(rx * 250, noise);
+	struct kcoll_c4_linkobs o = { .host = 1, .link = 0, .dir = KCOLL_C4_RX, .bytes = bytes, .t_ns = now,
+				      .busy_ns = noisy(bytes * 1000000 / rx, noise) };
+
+	kcoll_c4_link_obs(&c4, &o);
+	advance();
+}
+
+/* Two hosts, one link: once host 1's data crawls in, our few quick sends to
+ * it make too few samples, and its rx is the only key left. With nothing to
+ * compare with, the raised verdict used to clear: it must hold until the rx
+ * is back near its usual rate. rx alone from the start raises nothing. */
+static void test_lone_key(void)
+{
+	uint16_t rh[2] = { 0, 1 };
+	struct kcoll_c4_params p;
+	struct kcoll_c4_event e = { 0 };
+	uint64_t t0;
+	uint32_t i;
+
+	kcoll_c4_params_default(&p);
+	now = 1000 * MS;
+	if (kcoll_c4_init(&c4, &p, 2, 2, 0, 1, rh, now) || kcoll_c4_local(&c4, 0)) {
+		printf("Bail out! kcoll_c4_init\n");
+		exit(1);
+	}
+	for (i = 0; i < 40; i++)
+		rx_tick(3000, 20);
+	tap_ok(all_events() == 0 && c4.link[1][0][KCOLL_C4_RX].rate && !c4.link[1][0][KCOLL_C4_TX].rate,
+	       "rx alone at 3 MB/s for 10 s: judged (%llu B/s), nothing raised (got %u events)",
+	       (unsigned long long)c4.link[1][0][KCOLL_C4_RX].rate, all_events());
+	for (i = 0; i < 40; i++)
+		pair_tick(3000, 3000, 20);
+	for (i = 0; i < 80 && !count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e); i++)
+		pair_tick(400, 3000, 20);
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e) == 1 && e.host == 1 && e.bpf_dir == KCOLL_C4_RX,
+	       "rx at 400 kB/s beside tx at 3 MB/s: named (host %u dir %u)", e.host, e.bpf_dir);
+	for (i = 0; i < 120; i++)	/* 30 s */
+		rx_tick(400, 20);
+	tap_ok(!count_kind(0, KCOLL_C4_COMM_SLOW, 0, NULL) && c4.link[1][0][KCOLL_C4_RX].slow &&
+	       !c4.link[1][0][KCOLL_C4_TX].rate,
+	       "then 30 s with the rx at 400 kB/s the only key left (tx quiet): still raised, not cleared "
+	       "(%u cleared)", count_kind(0, KCOLL_C4_COMM_SLOW, 0, NULL));
+	t0 = now;
+	for (i = 0; i < 80 && !count_kind(0, KCOLL_C4_COMM_SLOW, 0, NULL); i++)
+		rx_tick(3000, 20);
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 0, NULL) == 1,
+	       "rx back at 3 MB/s, still alone: cleared after %llu ms", (unsigned long long)((now - t0) / MS));
+}
+
 /* The hang tests' start: hang_ms 2000, we are host 0, 20 healthy ops. */
 static void hang_start(void)
 {
@@ -697,6 +750,7 @@ int main(void)
 	test_comm_slow(2, true);
 	test_no_choice();
 	test_thin_link();
+	test_lone_key();
 	test_noncomm_hang(false);
 	test_noncomm_hang(true);
 	test_comm_hang();

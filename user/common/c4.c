@@ -548,8 +548,15 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				 * stays slow for probe_ms, then is tried again. */
 				if (!k->rate)
 					good = !k->slow || now - k->last_t > (uint64_t)c->p.probe_ms * MS;
+				else if (n >= 2)
+					good = k->rate * c->p.slow_ratio_pct * 3 >= m * 400;
 				else
-					good = n < 2 || k->rate * c->p.slow_ratio_pct * 3 >= m * 400;
+					/* Alone: the other keys went quiet (a 2-host comm's tx
+					 * to the peer whose data crawls in: its sends are
+					 * quick and few). Nothing to compare with is no
+					 * evidence of health either: healthy once back near
+					 * its own usual rate. */
+					good = !k->usual || k->rate * c->p.slow_ratio_pct * 3 >= k->usual * 400;
 				/* the usual rate learns only while the link keeps up */
 				if (k->rate && !k->slow && !k->bad && k->rate * c->p.slow_ratio_pct >= m * 100)
 					k->usual = k->usual ? k->usual - k->usual / 8 + k->rate / 8 : k->rate;
