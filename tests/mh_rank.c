@@ -37,6 +37,9 @@
  *   init err=E name=ENAME ms=T
  *   traffic ops=N bad=B err=E name=ENAME err_rank=R ms=T
  * Exit status: 0 all checks passed, 1 a check failed, 2 could not set up.
+ * One program of about 1000 lines, on purpose: every mode shares the set-up,
+ * the rendezvous files and the checked ops, which the VM scripts run as one
+ * binary.
  */
 #include <errno.h>
 #include <stdarg.h>
