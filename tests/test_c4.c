@@ -385,7 +385,21 @@ static void test_no_choice(void)
 }
 
 /* Two hosts, one link, we are host 0 (the two-guest RDMA pair's 2-host
- * communicator): one tick of rx from and tx to host 1 at rx / tx kB/s. */
+ * communicator), default parameters. */
+static void pair_setup(void)
+{
+	uint16_t rh[2] = { 0, 1 };
+	struct kcoll_c4_params p;
+
+	kcoll_c4_params_default(&p);
+	now = 1000 * MS;
+	if (kcoll_c4_init(&c4, &p, 2, 2, 0, 1, rh, now) || kcoll_c4_local(&c4, 0)) {
+		printf("Bail out! kcoll_c4_init\n");
+		exit(1);
+	}
+}
+
+/* ... one tick of rx from and tx to host 1 at rx / tx kB/s. */
 static void pair_tick(uint64_t rx, uint64_t tx, uint32_t noise)
 {
 	for (uint32_t d = 0; d < 2; d++) {
@@ -405,18 +419,11 @@ static void pair_tick(uint64_t rx, uint64_t tx, uint32_t noise)
  * Healthy thin traffic stays silent. */
 static void test_thin_link(void)
 {
-	uint16_t rh[2] = { 0, 1 };
-	struct kcoll_c4_params p;
 	struct kcoll_c4_event e = { 0 };
 	uint64_t t0;
 	uint32_t i;
 
-	kcoll_c4_params_default(&p);
-	now = 1000 * MS;
-	if (kcoll_c4_init(&c4, &p, 2, 2, 0, 1, rh, now) || kcoll_c4_local(&c4, 0)) {
-		printf("Bail out! kcoll_c4_init\n");
-		exit(1);
-	}
+	pair_setup();
 	/* healthy, both ways 600 kB/s: 150 kB a tick, under min_obs_bytes */
 	for (i = 0; i < 800; i++)	/* 200 s */
 		pair_tick(600, 600, 30);
@@ -471,18 +478,11 @@ static void rx_tick(uint64_t rx, uint32_t noise)
  * is back near its usual rate. rx alone from the start raises nothing. */
 static void test_lone_key(void)
 {
-	uint16_t rh[2] = { 0, 1 };
-	struct kcoll_c4_params p;
 	struct kcoll_c4_event e = { 0 };
 	uint64_t t0;
 	uint32_t i;
 
-	kcoll_c4_params_default(&p);
-	now = 1000 * MS;
-	if (kcoll_c4_init(&c4, &p, 2, 2, 0, 1, rh, now) || kcoll_c4_local(&c4, 0)) {
-		printf("Bail out! kcoll_c4_init\n");
-		exit(1);
-	}
+	pair_setup();
 	for (i = 0; i < 40; i++)
 		rx_tick(3000, 20);
 	tap_ok(all_events() == 0 && c4.link[1][0][KCOLL_C4_RX].rate && !c4.link[1][0][KCOLL_C4_TX].rate,

@@ -120,6 +120,23 @@ static int fd_more(int fd, void *buf, size_t len, size_t *done, bool out)
 	return 1;
 }
 
+/* Send out, then receive in, on peer h's stream: 1 when both are through,
+ * 0 when it would block, -1 when the peer closed it (h failed). */
+static int exchange(struct rctx *x, uint32_t h, void *out, size_t olen, void *in, size_t ilen)
+{
+	struct rpeer *p = &x->peer[h];
+	int r = fd_more(p->fd, out, olen, &p->out_done, true);
+
+	if (r > 0)
+		r = fd_more(p->fd, in, ilen, &p->in_done, false);
+	if (r < 0) {
+		p->eof = true;
+		kd_rdma_peer_fail(x, h, -ECONNRESET, "its kcolld closed the connection during the RDMA setup");
+		return -1;
+	}
+	return r;
+}
+
 /* First use of peer h: start the exchange (our message goes out first,
  * both sides do so, so no order of setups can deadlock). */
 void kd_rdma_peer_start(struct rctx *x, uint32_t h)
@@ -151,14 +168,9 @@ bool kd_rdma_peer_setup(struct rctx *x, uint32_t h)
 	int r;
 
 	if (p->state == P_SETUP) {
-		r = fd_more(p->fd, &p->out, sizeof(p->out), &p->out_done, true);
-		if (r >= 0 && p->out_done == sizeof(p->out))
-			r = fd_more(p->fd, &p->in, sizeof(p->in), &p->in_done, false);
-		if (r < 0) {
-			p->eof = true;
-			kd_rdma_peer_fail(x, h, -ECONNRESET, "its kcolld closed the connection during the RDMA setup");
+		r = exchange(x, h, &p->out, sizeof(p->out), &p->in, sizeof(p->in));
+		if (r < 0)
 			return true;
-		}
 		if (!r)
 			goto wait;
 		p->in.why[sizeof(p->in.why) - 1] = 0;
@@ -197,14 +209,9 @@ bool kd_rdma_peer_setup(struct rctx *x, uint32_t h)
 	if (p->state == P_READY) {
 		/* One byte each way: neither side writes before the other's QPs
 		 * can receive. */
-		r = fd_more(p->fd, &p->ready_out, 1, &p->out_done, true);
-		if (r > 0)
-			r = fd_more(p->fd, &p->ready_in, 1, &p->in_done, false);
-		if (r < 0) {
-			p->eof = true;
-			kd_rdma_peer_fail(x, h, -ECONNRESET, "its kcolld closed the connection during the RDMA setup");
+		r = exchange(x, h, &p->ready_out, 1, &p->ready_in, 1);
+		if (r < 0)
 			return true;
-		}
 		if (!r)
 			goto wait;
 		p->state = P_UP;
