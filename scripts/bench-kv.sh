@@ -45,6 +45,13 @@ bench_build_dir "$(bdir "$B")" "$B"
 BIN="$(bdir "$B")/bin"
 C="$top/scripts/netns-cluster.sh"
 DUR=${KV_BENCH_DURATION:-2}
+# Part 2's ceiling is iperf3's: say so before anything runs, not as a
+# traceback from the JSON it did not print.
+case ,$PARTS, in *,net,*)
+	command -v iperf3 >/dev/null || { echo "bench-kv: iperf3 missing (part 2 measures its ceiling with it):" \
+		"install it with 'scripts/deps.sh --bench' (root), or run only part 1 with KV_BENCH_PARTS=local" >&2
+		exit 2; } ;;
+esac
 STREAMS=${KCOLL_KV_STREAMS:-4}
 stamp=$(date -u +%Y-%m-%d-%H%M)
 out="$top/docs/perf/kv-$stamp.json"
