@@ -24,7 +24,10 @@
 # second build dir BASE, every round also runs BASE's kcolld and kvbench
 # (daemons restarted for each), in alternating order: an A/B of two builds in
 # one run; part 1 then runs BASE's kcolld and kvbench too, right after
-# BUILD's (tables and JSON keys "base-local-*"). KV_BENCH_PARTS=net skips part 1. KV_BENCH_DURATION=S (default 2,
+# BUILD's (tables and JSON keys "base-local-*"); a last table gives
+# BUILD / BASE row by row (GB/s over GB/s; across namespaces the median over
+# rounds, per-round ratios in brackets). KV_BENCH_PARTS=net skips part 1,
+# KV_BENCH_PARTS=local part 2. KV_BENCH_DURATION=S (default 2,
 # whole seconds: iperf3 -t takes an integer and runs forever on 0).
 # KV_BENCH_RAW_MEM="KIND..." (default anon) runs the raw TCP anchor once per
 # memory kind of kcoll-kvbench --tcp-mem (anon, memfd, anon-huge,
@@ -248,5 +251,28 @@ if rounds:
                 w = [g[r] / b[r] if b[r] > 0 else 0 for r in range(rounds)]
                 cells.append(f"{med(w):.2f} [{' '.join(f'{x:.2f}' for x in w)}]")
             print(f"| {r0['block']} | {r0['batch']} | " + " | ".join(cells) + " |")
+if base:	# the A/B itself: BUILD's GB/s over BASE's, row by row
+    med = statistics.median
+    def ab(g, h):
+        return f"{g / h:.2f}" if h > 0 else "-"
+    local = {}
+    for n in ("local-shm", "local-shm-4k", "local-malloc"):
+        for r, q in zip(res[n]["rows"], res.get("base-" + n, {}).get("rows", [])):
+            local[(n.replace("-4k", ""), r["block"], r["batch"])] = ab(r["GBps"], q["GBps"])
+    print(f"\n{build} / {base}, GB/s over GB/s: same host (one run each, {base} right after), "
+          f"across namespaces (median over rounds, per-round ratios in brackets)")
+    print("| block | batch | same host shm | same host malloc | across namespaces |")
+    print("|---|---|---|---|---|")
+    blocks = [(r["block"], r["batch"]) for r in (res["net_rounds"][0] if rounds else
+              res["local-shm"]["rows"] + res["local-shm-4k"]["rows"])]
+    def net(k, i):
+        q = [res[f"net{k}"][r][i]["GBps"] / res[f"base{k}"][r][i]["GBps"]
+             if res[f"base{k}"][r][i]["GBps"] > 0 else 0 for r in range(rounds)]
+        return f"{med(q):.2f} [{' '.join(f'{x:.2f}' for x in q)}]" if q else "-"
+    for i, (b, n) in enumerate(blocks):
+        print(f"| {b} | {n} | {local.get(('local-shm', b, n), '-')} | "
+              f"{local.get(('local-malloc', b, n), '-')} | {net('_rounds', i) if rounds else '-'} |")
+    for i, r0 in enumerate(res["net_cache_rounds"][0] if rounds else []):
+        print(f"| cache-resident {r0['block']} | {r0['batch']} | - | - | {net('_cache_rounds', i)} |")
 print(f"\nraw results: {out}")
 PY
