@@ -17,7 +17,8 @@
 # so that kcoll, the anchors and the capacity measure share one network. Writes
 # docs/perf/allreduce-cluster-<date>.json and .md (the table: busbw per
 # library, kcoll / best anchor, kcoll / ring bound) and draws
-# docs/perf/allreduce-cluster.png (gnuplot, as scripts/plot-perf.sh).
+# docs/perf/allreduce-cluster.png (gnuplot, as scripts/plot-perf.sh; with
+# BENCH_BASE the base build's curve too, dashed).
 #
 # What runs, one process per host, every transfer on eth0 (10.10.0.0/24):
 #  - kcoll-tcpcap ring: every host streams to its ring neighbour at once for
@@ -447,10 +448,11 @@ from plot_axis import size_axis
 
 doc = json.load(open(sys.argv[1]))
 tmp = sys.argv[2]
-names = {"kcoll": "kcoll", "openmpi": "Open MPI", "gloo": "Gloo"}
-colors = {"kcoll": "#1f77b4", "openmpi": "#d62728", "gloo": "#2ca02c"}
+names = {"kcoll": "kcoll", "base": "kcoll, base build", "openmpi": "Open MPI",
+         "gloo": "Gloo"}
+colors = {"kcoll": "#1f77b4", "base": "#6baed6", "openmpi": "#d62728", "gloo": "#2ca02c"}
 clauses = []
-for system in ("kcoll", "openmpi", "gloo"):
+for system in ("kcoll", "base", "openmpi", "gloo"):
     pts = sorted((s["size"], s["busbw"]) for s in doc["summary"] if s["system"] == system)
     if not pts:
         continue
@@ -458,8 +460,9 @@ for system in ("kcoll", "openmpi", "gloo"):
     with open(path, "w") as fh:
         for size, bw in pts:
             fh.write("%d %g\n" % (size, bw))
-    clauses.append("'%s' using 1:2 with linespoints lw 2 pt 7 ps 0.6 lc rgb '%s' title '%s'"
-                   % (path, colors[system], names[system]))
+    clauses.append("'%s' using 1:2 with linespoints lw 2 pt %d ps 0.6 lc rgb '%s'%s title '%s'"
+                   % (path, 6 if system == "base" else 7, colors[system],
+                      " dt 2" if system == "base" else "", names[system]))
 bound = doc["capacity"]["ring_allreduce_busbw_bound_GBps"]
 if bound:
     clauses.append("%g with lines dt 2 lw 2 lc rgb '#555555' title 'ring bound (kcoll-tcpcap: "
