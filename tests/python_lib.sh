@@ -1,10 +1,12 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # n, failed are the sourcing test's
-# What t_python.sh (Debian 12's python3 and torch 1.13) and
-# t_python_torch2.sh (torch 2.x in a Debian 13 root) share: TAP numbering of
-# tests/python/launch.py's lines and the torch.distributed checks. Sourced
-# right after `set -u`; the test sets PY, the python3 that runs launch.py and
-# the ranks (a plain path or a wrapper that enters a root).
+# What t_python.sh and t_python_share.sh (Debian 12's python3 and torch
+# 1.13) and t_python_torch2.sh and t_python_torch2_share.sh (torch 2.x in a
+# Debian 13 root) share: TAP numbering of tests/python/launch.py's lines,
+# the torch.distributed checks, the zero-copy share checks and the way into
+# the torch 2.x root. Sourced right after `set -u`; the test sets PY, the
+# python3 that runs launch.py and the ranks (a plain path, or torch2_enter's
+# wrapper that enters the root).
 shopt -s lastpipe	# emit, at the end of a pipe, counts in this shell
 B=${KCOLL_BUILD:?run through tests/run.sh}
 TOP=${KCOLL_TOP:?run through tests/run.sh}
@@ -64,4 +66,88 @@ torch_checks() {
 		rm -f "$kt/k.sock"
 	done
 	rm -rf "$kt"
+}
+
+# The torch 2.x root (t_python_torch2*.sh): torch2_enter sets PY to its
+# python3 (the python3 3.13 and torch 2.x of the Debian 13 root that
+# scripts/torch2-root.sh builds at ${KCOLL_TORCH2_ROOT:-/var/cache/kcoll/torch2-root};
+# Debian 12 ships torch 1.13 only) and checks it: torch 2.x, this tree's
+# libkcoll. Each python3 runs chrooted in a private mount namespace that
+# binds the tree (at its own path), /tmp, /dev, /proc and /sys into the
+# root, so no mount shows on the host and kcolld's socket and shared memory
+# are the host's. A missing root: SKIP and exit, unless CI=true or
+# KCOLL_TORCH2=1 (then not ok). A build in progress (scripts/deps.sh starts
+# one in the background in CI) is waited for, up to KCOLL_TORCH2_WAIT
+# seconds (default 900). Sets an EXIT trap (its wrapper's folder).
+# torch2_leave checks that the namespaces took their mounts with them.
+torch2_root=${KCOLL_TORCH2_ROOT:-/var/cache/kcoll/torch2-root}
+torch2_missing() {	# WHY: SKIP, or not ok where the root is required; exit
+	if [ "${CI:-}" = true ] || [ "${KCOLL_TORCH2:-}" = 1 ]; then
+		ok 1 "$1 (CI=true or KCOLL_TORCH2=1: required)"
+	else
+		skip "$1 (set KCOLL_TORCH2=1 to require it)"
+	fi
+	echo "1..$n"
+	exit $failed
+}
+torch2_enter() {
+	local root=$torch2_root wait_s t0 w ver binds
+	[ "$(id -u)" -eq 0 ] || torch2_missing "needs root for its mount namespace and chroot"
+	if ! "$TOP/scripts/torch2-root.sh" --check && [ -e "$root.lock" ] && ! flock -n "$root.lock" true; then
+		wait_s=${KCOLL_TORCH2_WAIT:-900}
+		t0=$SECONDS
+		echo "# a build of $root is running; waiting up to $wait_s s for it"
+		flock -w "$wait_s" "$root.lock" true
+		echo "# waited $((SECONDS - t0)) s"
+	fi
+	if ! "$TOP/scripts/torch2-root.sh" --check; then
+		[ -f "$root.bg.log" ] && tail -5 "$root.bg.log" | sed 's/^/#   /'
+		torch2_missing "no complete torch 2.x root at $root: scripts/torch2-root.sh builds it (~1.3 GB)"
+	fi
+
+	# PY: the root's python3, entered through a private mount namespace (it
+	# and its mounts end with the last process in it).
+	w=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/torch2.XXXXXX")
+	# shellcheck disable=SC2064 # w is this call's
+	trap "rm -rf '$w'" EXIT
+	binds=("$TOP" /tmp /dev /proc /sys)
+	case "${KCOLL_TEST_TMP:-/tmp}" in /tmp/*|"$TOP"/*) ;; *) binds+=("$KCOLL_TEST_TMP") ;; esac
+	cat >"$w/python3" <<PYWRAP
+#!/usr/bin/env bash
+exec unshare --mount --propagation private bash -c '
+	set -e
+	r=\$1 cwd=\$2; shift 2
+	while [ "\$1" != -- ]; do mkdir -p "\$r\$1"; mount --rbind "\$1" "\$r\$1"; shift; done
+	shift
+	exec chroot "\$r" /bin/sh -c "cd \\"\\\$0\\" 2>/dev/null; exec /usr/bin/python3 \\"\\\$@\\"" "\$cwd" "\$@"
+' torch2-python3 ${root@Q} "\$PWD" ${binds[*]@Q} -- "\$@"
+PYWRAP
+	chmod +x "$w/python3"
+	PY=$w/python3
+
+	# Debian's torch 2.6 is built without libuv, yet its TCPStore (env://
+	# and tcp://) asks for libuv unless USE_LIBUV=0 ("use_libuv was
+	# requested but PyTorch was build without libuv support"): any user of
+	# it must set this.
+	export USE_LIBUV=0
+
+	ver=$("$PY" -c 'import sys, torch; print(sys.version.split()[0], torch.__version__)' 2>&1)
+	case "$ver" in 3.*" 2."*) ok 0 "the root's python3 and torch: $ver" ;;
+	*) ok 1 "the root's python3 and torch are 3.x and 2.x (got: $ver)" ;; esac
+	"$PY" -c 'import kcoll, sys; sys.exit(0 if kcoll._lib.path == sys.argv[1] else 1)' "$KCOLL_LIB"
+	ok $? "kcoll in the root loads this tree's libkcoll ($KCOLL_LIB)"
+}
+torch2_leave() {
+	! grep -q " $torch2_root/" /proc/self/mountinfo
+	ok $? "no mount under $torch2_root is left on the host"
+}
+
+# Plain tensors, zero-copy (kcoll.torch sharing their storages with kcolld):
+# tests/python/torch_share.py with $PY at each WORLD size given.
+share_checks() {
+	local w
+	export KCOLL_CTL="$B/bin/kcollctl"
+	for w in "$@"; do
+		launch 150 "$TOP/tests/python/torch_share.py" "$w" "share $w" 120 env
+	done
 }

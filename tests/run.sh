@@ -106,6 +106,8 @@ san_skip() {
 		why+=" MPICH's own behaviour is checked by the plain pass" ;;
 	t_python_torch2.sh) why="the same torch checks run under ASan in t_python.sh (torch 1.13);"
 		why+=" the plain pass runs them with torch 2.x" ;;
+	t_python_torch2_share.sh) why="the share path runs under ASan in t_python_share.sh (torch 1.13);"
+		why+=" the plain pass runs it with torch 2.x" ;;
 	t_shim_cluster.sh) why="the shim's code runs under ASan in t_shim.sh, the daemons'"
 		why+=" multi-host code in t_multihost.sh and t_cluster.sh; the plain pass runs it" ;;
 	t_python_cluster.sh) why="torch ranks on 4 netns hosts take ~1 min plain; the package's code"

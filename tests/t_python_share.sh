@@ -6,13 +6,13 @@
 # against a reference and gloo; kcolld copies only the staged ends (its
 # counters, with a control that copies); LRU eviction, a freed tensor,
 # async, small and strided tensors. The 4-host run is in
-# t_python_cluster.sh. TAP.
+# t_python_cluster.sh, torch 2.x's (2 and 4 ranks) in
+# t_python_torch2_share.sh. TAP.
 # Needs /usr/bin/python3 with torch and numpy (python3-torch, python3-numpy).
 set -u
 . "${KCOLL_TOP:?run through tests/run.sh}/tests/python_lib.sh"
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3)
-export KCOLL_CTL="$B/bin/kcollctl"
 
 if [ -n "${KCOLL_TEST_SAN:-}" ]; then
 	# As in t_python.sh: the ASan runtime first in python, libstdc++ after it.
@@ -28,11 +28,9 @@ fi
 if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
 	skip "torch missing for $PY (apt-get install python3-torch python3-numpy): zero-copy tensor tests"
 else
-	worlds="2 3 4"
-	[ -n "${KCOLL_TEST_SAN:-}" ] && worlds=2	# ASan slows every rank
-	for w in $worlds; do
-		launch 150 "$TOP/tests/python/torch_share.py" "$w" "share $w" 120 env
-	done
+	worlds=(2 3 4)
+	[ -n "${KCOLL_TEST_SAN:-}" ] && worlds=(2)	# ASan slows every rank
+	share_checks "${worlds[@]}"
 fi
 echo "1..$n"
 exit $failed
