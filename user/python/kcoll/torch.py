@@ -338,6 +338,7 @@ class ProcessGroupKcoll(ProcessGroup):
         else:
             uid = store.get(_UID_KEY)
         self._comm = kcoll.Comm.init(uid, size, rank, self._conn)
+        self._group_name = ""  # torch 2.x sets it (_set_group_name)
         # Plain tensors, zero-copy: see _cut. 0 turns it off.
         self._share_min = _knob("KCOLL_TORCH_SHARE_MIN_BYTES", _SHARE_MIN_DEFAULT)
         self._shared = _Shared(self._conn, _knob("KCOLL_TORCH_SHARE_MAX_BYTES", _SHARE_MAX_DEFAULT))
@@ -360,6 +361,19 @@ class ProcessGroupKcoll(ProcessGroup):
 
     def name(self):
         return BACKEND
+
+    # torch 2.x names every group (_set_group_name) and reads the name back
+    # (group_name) to unregister it in destroy_process_group(group). c10d's
+    # ProcessGroup keeps the name in its c10d Backends, which a group
+    # written in Python has none of: without these, destroying a kcoll
+    # group other than the default one raised "ProcessGroup name not set"
+    # (2.6). 1.13 calls neither.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return self._group_name
 
     # ---- completion ----------------------------------------------------------
 
