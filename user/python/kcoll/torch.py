@@ -124,10 +124,11 @@ def _knob(name, default):
     if not v:
         return default
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:].upper(), 1)
-    try:
-        return int(v[:-1] if mult > 1 else v) * mult
-    except ValueError:
-        raise RuntimeError(f"kcoll: {name}={v!r} is not a byte count (e.g. 1048576, 1M, 0)") from None
+    digits = v[:-1] if mult > 1 else v
+    # Digits only: int() would also take "-1", "+1" and "1_000".
+    if not (digits.isascii() and digits.isdigit()):
+        raise RuntimeError(f"kcoll: {name}={v!r} is not a byte count (e.g. 1048576, 1M, 0)")
+    return int(digits) * mult
 
 
 def _storage(t):
