@@ -111,7 +111,7 @@ torch2_enter() {
 	# shellcheck disable=SC2064 # w is this call's
 	trap "rm -rf '$w'" EXIT
 	binds=("$TOP" /tmp /dev /proc /sys)
-	case "${KCOLL_TEST_TMP:-/tmp}" in /tmp/*|"$TOP"/*) ;; *) binds+=("$KCOLL_TEST_TMP") ;; esac
+	case "${KCOLL_TEST_TMP:-/tmp}" in /tmp|/tmp/*|"$TOP"/*) ;; *) binds+=("$KCOLL_TEST_TMP") ;; esac
 	cat >"$w/python3" <<PYWRAP
 #!/usr/bin/env bash
 exec unshare --mount --propagation private bash -c '
