@@ -10,18 +10,26 @@ reference and gloo (where gloo can); kcolld (this host's, through kcollctl
 status) copied only the staged ends of an op on a shared tensor, and the
 whole tensor with sharing off (the control); LRU eviction deregisters and
 leaves the data, a tensor freed after eviction and new tensors are fine;
-async ops; a small tensor and a strided one unchanged; DDP shares its
-bucket once and matches gloo. KCOLL_CTL names kcollctl."""
+async ops; a small tensor and a strided one unchanged; a shared tensor
+resized past its storage (the stale range deregistered); the knobs'
+syntax, and groups made with them in the environment (MIN_BYTES=0 is the
+control); a group keeps a dropped tensor's memory while it shares it and
+frees it when destroy_process_group ends the group (torch 2.6 refused
+that destroy before kcoll.torch kept the group's name); DDP shares its
+bucket once and matches gloo. Runs under torch 1.13 and 2.x
+(t_python_torch2_share.sh). KCOLL_CTL names kcollctl."""
 import ctypes
 import gc
 import os
 import re
 import subprocess
 import sys
+import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tap import Report  # noqa: E402
 
+import numpy  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -112,10 +120,15 @@ inner = lo and lo >= big.data_ptr() and lo + length <= big.data_ptr() + big.nume
 rep.check(shared and inner and torch.equal(big, before),
           "sharing a storage: only pages inside it, every byte of it unchanged",
           f"shared {shared} range {lo:#x}+{length} storage {big.data_ptr():#x}+{big.numel() * 4}")
-with open("/proc/self/maps") as f:
-    maps = [ln for ln in f if "kcoll-share" in ln]
-rep.check(any(int(ln.split("-")[0], 16) == lo for ln in maps),
-          "the shared pages are a kcoll-share memfd mapping at the same address", f"{len(maps)} lines")
+
+
+def mapped(addr):
+    """Is a kcoll-share memfd mapped at addr in this process?"""
+    with open("/proc/self/maps") as f:
+        return any(int(ln.split("-")[0], 16) == addr for ln in f if "kcoll-share" in ln)
+
+
+rep.check(mapped(lo), "the shared pages are a kcoll-share memfd mapping at the same address")
 
 # ---- all_reduce: dtype x op on shared tensors, against the reference and gloo ----------
 for dt in DTYPES:
@@ -163,11 +176,14 @@ ends = 2 * kcoll.torch._END_BYTES
 rep.check(got <= 8 * ends * world and torch.equal(z, torch.full((n,), float(world * world))),
           f"all_reduce of a shared {nbytes}-byte tensor: kcolld copied {got} bytes (the ends, "
           f"at most {8 * ends * world})")
-pg._share_min = 0  # every rank at once: they cut ops alike
+os.environ["KCOLL_TORCH_SHARE_MIN_BYTES"] = "0"  # every rank alike: they cut ops alike
+off = dist.new_group(backend="kcoll")
+del os.environ["KCOLL_TORCH_SHARE_MIN_BYTES"]
 y, _ = in_storage(torch.ones(n))
-got = quiet_copied(lambda: dist.all_reduce(y))
-pg._share_min = kcoll.torch._SHARE_MIN_DEFAULT
-rep.check(got >= nbytes, f"control, sharing off: kcolld copied {got} bytes (at least {nbytes})")
+got = quiet_copied(lambda: dist.all_reduce(y, group=off))
+rep.check(got >= nbytes and not off._shared.entries and torch.equal(y, torch.full((n,), float(world))),
+          f"control, a group made with KCOLL_TORCH_SHARE_MIN_BYTES=0: nothing shared, kcolld "
+          f"copied {got} bytes (at least {nbytes})")
 
 # ---- async ops, a small tensor, a strided one ------------------------------------------
 works, want = [], []
@@ -220,6 +236,78 @@ for i in range(4):  # may land where the freed storage was
 rep.check(ok and all(fresh), "an evicted storage shared again; after one is freed, new tensors "
           "(maybe at its address) exact", f"ok {ok} fresh {fresh}")
 pg._shared.max_bytes = kcoll.torch._SHARE_MAX_DEFAULT
+
+# ---- a shared storage resized (its data moved): the stale entry dropped ------------------
+rs = torch.ones(count(torch.float32))
+dist.all_reduce(rs)
+k_old = pg._shared.key(rs)
+lo_old = pg._shared.entries[k_old][1] if k_old in pg._shared.entries else 0
+rs.resize_(2 * rs.numel())  # more than the storage holds: new memory, the old freed
+rs.fill_(float(rank))
+dist.all_reduce(rs)
+gone = k_old not in pg._shared.entries
+again = _lib.lib.kcoll_mem_deregister(pg._conn.handle, ctypes.c_void_p(lo_old))
+rep.check(lo_old and gone and again == -2 and pg._shared.key(rs) in pg._shared.entries
+          and torch.equal(rs, torch.full_like(rs, float(sum(range(world))))),
+          "a shared tensor resized past its storage: the old range deregistered (ENOENT after), "
+          "the new storage shared, exact", f"old shared at {lo_old:#x}, gone {gone}, again {again}")
+
+# ---- the knobs: byte counts with K/M/G, anything else refused by name -------------------
+
+
+def knob(v):
+    os.environ["KCOLL_TORCH_SHARE_MAX_BYTES"] = v
+    try:
+        return kcoll.torch._knob("KCOLL_TORCH_SHARE_MAX_BYTES", 7)
+    except RuntimeError as e:
+        return "refused" if "KCOLL_TORCH_SHARE_MAX_BYTES" in str(e) else str(e)
+    finally:
+        del os.environ["KCOLL_TORCH_SHARE_MAX_BYTES"]
+
+
+want = {"": 7, "0": 0, "4096": 4096, "2560K": 5 << 19, "64m": 64 << 20, "1G": 1 << 30,
+        "1X": "refused", "-1": "refused", "1_000": "refused", "1.5M": "refused", "M": "refused"}
+got = {v: knob(v) for v in want}
+rep.check(got == want, "KCOLL_TORCH_SHARE_*_BYTES: digits with K/M/G taken, -1, 1_000, 1.5M, 1X refused "
+          "naming the knob", f"got {got}")
+
+# ---- a group holds its shared storages, and lets go of them when destroyed --------------
+# The tensor lives in a numpy array, whose end a weakref shows (whether
+# freed memory is unmapped depends on the allocator).
+os.environ["KCOLL_TORCH_SHARE_MAX_BYTES"] = "64M"
+threads = set(kcoll.torch._progress_threads)
+sub = dist.new_group(backend="kcoll")
+del os.environ["KCOLL_TORCH_SHARE_MAX_BYTES"]
+sub_thread = (set(kcoll.torch._progress_threads) - threads).pop()
+arr = numpy.full(count(torch.float32), float(rank), dtype=numpy.float32)
+arr_alive = weakref.ref(arr)
+held = torch.from_numpy(arr)
+del arr
+dist.all_reduce(held, group=sub)
+exact = torch.equal(held, torch.full_like(held, float(sum(range(world)))))
+was_shared = sub._shared.key(held) in sub._shared.entries
+del held
+# The group's progress thread holds its last op (and so its tensors) until
+# the next one: a small op, so that only the group's own hold is left.
+dist.all_reduce(torch.ones(4), group=sub)
+gc.collect()
+rep.check(sub._shared.max_bytes == 64 << 20 and exact and was_shared and arr_alive() is not None,
+          "a tensor shared by a group made with KCOLL_TORCH_SHARE_MAX_BYTES=64M, then dropped: "
+          "the group keeps its memory",
+          f"max {sub._shared.max_bytes} exact {exact} shared {was_shared} kept {arr_alive() is not None}")
+try:
+    dist.destroy_process_group(sub)  # torch 2.6 raised "ProcessGroup name not set" here
+    destroyed = ""
+except RuntimeError as e:
+    destroyed = str(e)
+del sub
+gc.collect()
+sub_thread.join(10)  # the group's progress thread ends once the group is gone
+gc.collect()
+rep.check(not destroyed and not sub_thread.is_alive() and arr_alive() is None,
+          "destroy_process_group(that group): its progress thread ends, the memory is freed",
+          f"destroy: {destroyed or 'ok'}; thread alive {sub_thread.is_alive()}; "
+          f"memory kept {arr_alive() is not None}")
 
 # ---- DDP: its bucket shared once, the same parameters as with gloo ------------------------
 WIDE = 16384  # 2 x 5 x WIDE doubles of gradients: a 1.3 MB bucket
