@@ -475,7 +475,8 @@ static void rx_tick(uint64_t rx, uint32_t noise)
 /* Two hosts, one link: once host 1's data crawls in, our few quick sends to
  * it make too few samples, and its rx is the only key left. With nothing to
  * compare with, the raised verdict used to clear: it must hold until the rx
- * is back near its usual rate. rx alone from the start raises nothing. */
+ * is back near its usual rate. rx alone from the start raises nothing; alone,
+ * a key is measured against its own usual rate, with twice the margin. */
 static void test_lone_key(void)
 {
 	struct kcoll_c4_event e = { 0 };
@@ -505,6 +506,24 @@ static void test_lone_key(void)
 		rx_tick(3000, 20);
 	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 0, NULL) == 1,
 	       "rx back at 3 MB/s, still alone: cleared after %llu ms", (unsigned long long)((now - t0) / MS));
+	for (i = 0; i < 120; i++)	/* 30 s */
+		rx_tick(1100, 20);
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, NULL) == 1,
+	       "rx alone at 1.1 MB/s, under 3x below its usual rate: not raised again (%u raised)",
+	       count_kind(0, KCOLL_C4_COMM_SLOW, 1, NULL));
+
+	/* The CI run of 1ec2f70: the tx went quiet as the rx crawled, so the
+	 * slow rx was judged alone from its first slow sample and never raised. */
+	pair_setup();
+	for (i = 0; i < 40; i++)
+		pair_tick(3000, 3000, 20);
+	t0 = now;
+	for (i = 0; i < 80 && !count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e); i++)
+		rx_tick(300, 20);
+	tap_ok(count_kind(0, KCOLL_C4_COMM_SLOW, 1, &e) == 1 && e.host == 1 && e.bpf_dir == KCOLL_C4_RX &&
+	       !c4.link[1][0][KCOLL_C4_TX].rate,
+	       "rx at 300 kB/s, alone from its first slow sample: named against its usual rate "
+	       "(host %u dir %u, %llu ms)", e.host, e.bpf_dir, (unsigned long long)((now - t0) / MS));
 }
 
 /* The hang tests' start: hang_ms 2000, we are host 0, 20 healthy ops. */

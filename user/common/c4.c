@@ -538,12 +538,19 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				 * slows down, the links that wait find their data already
 				 * buffered and look fast: that inflates the median, not their
 				 * usual rate). Before its usual rate is known (a link slow
-				 * from the start), twice the margin. Healthy again above 3/4
-				 * of the threshold. */
-				bad = n >= 2 && k->rate && busy[h][l][d] >= c->p.min_busy_pct &&
-				      (k->usual ? k->rate * c->p.slow_ratio_pct < m * 100 &&
-						  k->rate * c->p.slow_ratio_pct < k->usual * 100 :
-						  k->rate * c->p.slow_ratio_pct < m * 50);
+				 * from the start), twice the margin. Alone (the other keys
+				 * went quiet: a 2-host comm's tx to the peer whose data
+				 * crawls in, its sends quick and few), its usual rate is the
+				 * only measure: twice the margin below it, never before it
+				 * is known. Healthy again above 3/4 of the threshold. */
+				if (!k->rate || busy[h][l][d] < c->p.min_busy_pct)
+					bad = false;
+				else if (n >= 2)
+					bad = k->usual ? k->rate * c->p.slow_ratio_pct < m * 100 &&
+							 k->rate * c->p.slow_ratio_pct < k->usual * 100 :
+							 k->rate * c->p.slow_ratio_pct < m * 50;
+				else
+					bad = k->usual && k->rate * c->p.slow_ratio_pct < k->usual * 50;
 				/* No traffic is no evidence: a slow link the planner emptied
 				 * stays slow for probe_ms, then is tried again. */
 				if (!k->rate)
@@ -551,14 +558,11 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				else if (n >= 2)
 					good = k->rate * c->p.slow_ratio_pct * 3 >= m * 400;
 				else
-					/* Alone: the other keys went quiet (a 2-host comm's tx
-					 * to the peer whose data crawls in: its sends are
-					 * quick and few). Nothing to compare with is no
-					 * evidence of health either: healthy once back near
-					 * its own usual rate. */
+					/* alone: nothing to compare with is no evidence of
+					 * health either; healthy once back near its usual rate */
 					good = !k->usual || k->rate * c->p.slow_ratio_pct * 3 >= k->usual * 400;
 				/* the usual rate learns only while the link keeps up */
-				if (k->rate && !k->slow && !k->bad && k->rate * c->p.slow_ratio_pct >= m * 100)
+				if (k->rate && !bad && !k->slow && !k->bad && k->rate * c->p.slow_ratio_pct >= m * 100)
 					k->usual = k->usual ? k->usual - k->usual / 8 + k->rate / 8 : k->rate;
 				if (bad) {
 					k->good = 0;
