@@ -208,5 +208,40 @@ except kcoll.KcollError as e:
               f"{e!r} after {took:.2f} s")
 short.destroy()
 conn.close()
+
+# A connection closed before its communicator (the garbage collector may
+# finalize them in either order, at interpreter exit it did): close()
+# destroys what is left on it, a request pending then fails with
+# ECANCELED, and the communicator's own destroy() frees nothing twice.
+conn = kcoll.Connection()
+late = kcoll.Comm.init(uids[2], world, rank, conn)
+rep.check(late.barrier().wait(), "a communicator on a second connection works")
+pending = late.allreduce(np.ones(4)) if rank == 0 else None  # the others never join it
+conn.close()
+if rank == 0:
+    try:
+        pending.wait()
+        rep.check(False, "closing the connection fails its pending request with ECANCELED", "no error")
+    except kcoll.KcollError as e:
+        rep.check(e.errno == errno.ECANCELED,
+                  "closing the connection fails its pending request with ECANCELED", repr(e))
+else:
+    rep.skip("closing the connection fails its pending request with ECANCELED",
+             "only rank 0 leaves one pending")
+rep.raises(ValueError, lambda: late.barrier(),
+           "a communicator whose connection was closed refuses new operations",
+           ("connection was closed",))
+late.destroy()
+rep.check(late._h is None, "destroy() after the connection's close() is a no-op")
+
+# The same in a reference cycle, left to the collector.
+conn = kcoll.Connection()
+cyc = kcoll.Comm.init(uids[3], world, rank, conn)
+rep.check(cyc.barrier().wait(), "a communicator in a cycle with its connection works")
+conn.cycle = cyc
+del conn, cyc
+gc.collect()
+rep.check(comm.barrier().wait() and comm.allreduce(np.ones(4)).wait(),
+          "after the collector took a connection and its communicator, the first one works")
 comm.destroy()
 rep.raises(ValueError, lambda: comm.barrier(), "a destroyed communicator refuses new operations")

@@ -7,10 +7,12 @@ do the same thing (not bf16, not AVG), with gloo in a second group of the
 same processes: reduce_scatter and the tensor forms against gloo's
 all_reduce / all_gather, which gloo has."""
 import datetime
+import gc
 import importlib
 import os
 import sys
 import time
+import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tap import Report  # noqa: E402
@@ -171,6 +173,19 @@ w1.wait()
 w2.wait()
 rep.check(all(torch.equal(a, torch.full((2,), float(r))) for r, a in enumerate(ag))
           and torch.equal(b, torch.full((4,), float(world - 1))), "async all_gather and broadcast")
+
+# A tensor dropped after its last op is freed then, not kept by the
+# group's progress thread until its next op (it clears what it finished).
+gone = torch.ones(1000)
+ref = weakref.ref(gone)
+dist.all_reduce(gone)
+del gone
+t0 = time.monotonic()
+while ref() is not None and time.monotonic() - t0 < 5:
+    gc.collect()
+    time.sleep(0.01)
+rep.check(ref() is None, "a tensor dropped after its op is freed before the group's next op",
+          f"still alive after {time.monotonic() - t0:.1f} s")
 
 if rank == 0:  # the others come one second late: the barrier must not be done before
     t0 = time.monotonic()

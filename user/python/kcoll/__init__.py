@@ -199,6 +199,10 @@ class Connection:
                     del os.environ["KCOLL_TIMEOUT_MS"]
         _check(r, f"connect to kcolld ({socket_path or os.environ.get('KCOLL_SOCKET') or 'default socket'})")
         self._h = h
+        # What lives on this connection in libkcoll (communicators, KV
+        # segments and imports): handle value -> the C function freeing it.
+        self._children = {}
+        self._children_lock = threading.Lock()
 
     @property
     def handle(self):
@@ -206,10 +210,34 @@ class Connection:
             raise ValueError("kcoll: connection is closed")
         return self._h
 
+    def _adopt(self, h, free):
+        """Record h (a c_void_p) as freed by free(h) at close() unless its
+        owner frees it first (_release)."""
+        with self._children_lock:
+            self._children[h.value] = free
+
+    def _release(self, h):
+        """True if h is still to be freed by its owner, now: close() has
+        not freed it already (libkcoll's communicators and segments point
+        into their connection, freed with it)."""
+        with self._children_lock:
+            return self._children.pop(h.value, None) is not None
+
     def close(self):
-        """Fail pending requests and disconnect. Buffers from empty() and
-        communicators of this connection must not be used afterwards."""
+        """Destroy the communicators and KV segments still open on this
+        connection (their pending requests fail with ECANCELED), then
+        disconnect. Buffers from empty() must not be used afterwards.
+
+        Safe whatever the order in which the garbage collector finalizes a
+        connection and its communicators (at interpreter exit it may take
+        the connection first): a communicator destroyed here is not
+        destroyed again by its own destroy()."""
         if getattr(self, "_h", None):
+            with self._children_lock:
+                left = list(self._children.items())
+                self._children.clear()
+            for h, free in reversed(left):
+                free(ctypes.c_void_p(h))
             _lc.kcoll_disconnect(self._h)
             self._h = None
 
@@ -311,7 +339,20 @@ class Request:
         if self.result:
             raise KcollError(self.result, self._what, self.err_rank)
 
+    def _closed(self):
+        """The connection is gone, and with it the request: it failed."""
+        if self._comm._conn._h:
+            return False
+        self.err_rank = None
+        self.result = -_errno.ECANCELED
+        self._h = None
+        self._keep = None
+        self._comm._pending.discard(self)
+        return True
+
     def _poll(self):
+        if self._closed():
+            return
         res = ctypes.c_int()
         r = _lc.kcoll_test(self._h, ctypes.byref(res))
         if r < 0:
@@ -333,7 +374,7 @@ class Request:
         ends; a hung peer ends it with ETIMEDOUT after the communicator's
         timeout ($KCOLL_TIMEOUT_MS, default 30 s)."""
         with self._lock:
-            if self.result is None:
+            if self.result is None and not self._closed():
                 if timeout is None:
                     r = _lc.kcoll_wait(self._h, -1)
                     self._finish(-_errno.ETIMEDOUT if r == -_errno.EINVAL and self._ambiguous else r)
@@ -373,6 +414,7 @@ class Comm:
         self._conn = conn
         self._h = handle
         self._pending = set()
+        conn._adopt(handle, _lc.kcoll_comm_destroy)
 
     @classmethod
     def init(cls, uid, nranks, rank, conn=None):
@@ -397,14 +439,17 @@ class Comm:
         return _lc.kcoll_comm_size(self._handle())
 
     def _handle(self):
-        if not self._h:
-            raise ValueError("kcoll: communicator is destroyed")
+        if not self._h or not self._conn._h:
+            raise ValueError("kcoll: communicator is destroyed" +
+                             (" (its connection was closed)" if self._h else ""))
         return self._h
 
     def destroy(self):
         """Leave the communicator; pending operations fail with ECANCELED."""
         if getattr(self, "_h", None):
             h, self._h = self._h, None
+            if not self._conn._release(h):
+                return  # the connection's close() destroyed it
             r = _lc.kcoll_comm_destroy(h)
             for rq in list(self._pending):
                 try:

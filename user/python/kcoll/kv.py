@@ -205,10 +205,11 @@ class Segment:
         _check(_lc.kcoll_seg_export(handle, ctypes.byref(d)), "seg_export")
         self.desc = bytes(d.bytes)
         self._notifs = (_lib.Notif * 64)()
+        agent._conn._adopt(handle, _lc.kcoll_seg_unregister)
 
     @property
     def handle(self):
-        if not self._h:
+        if not self._h or not self._agent._conn._h:
             raise ValueError("kcoll.kv: segment is closed")
         return self._h
 
@@ -217,8 +218,9 @@ class Segment:
         if getattr(self, "_h", None):
             h, self._h = self._h, None
             self._agent._segs.discard(self)
-            _check(_lc.kcoll_seg_unregister(h), "seg_unregister")
             self._keep = None
+            if self._agent._conn._release(h):  # else the connection's close() did
+                _check(_lc.kcoll_seg_unregister(h), "seg_unregister")
 
     def notify_get(self, i=0):
         v = ctypes.c_uint32()
@@ -269,17 +271,19 @@ class Remote:
         self._h = handle
         self.desc = desc
         self.size = _lc.kcoll_rseg_size(handle)
+        agent._conn._adopt(handle, _lc.kcoll_rseg_close)
 
     @property
     def handle(self):
-        if not self._h:
+        if not self._h or not self._agent._conn._h:
             raise ValueError("kcoll.kv: remote segment is closed")
         return self._h
 
     def close(self):
         if getattr(self, "_h", None):
             h, self._h = self._h, None
-            _check(_lc.kcoll_rseg_close(h), "rseg_close")
+            if self._agent._conn._release(h):  # else the connection's close() did
+                _check(_lc.kcoll_rseg_close(h), "rseg_close")
 
 
 class XferRequest:

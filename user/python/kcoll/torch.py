@@ -324,6 +324,8 @@ def _progress_loop(q, hidden_error):
                 # Before the future completes: whoever it wakes must see it.
                 hidden_error[0] = e
             src.set_result(e if isinstance(e, RuntimeError) else RuntimeError(str(e)))
+        # Not kept until the next op: the item holds the op's tensors.
+        item = req = src = finish = None
 
 
 class ProcessGroupKcoll(ProcessGroup):
