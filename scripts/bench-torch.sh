@@ -23,6 +23,9 @@
 #            one rank per host, in the host's namespace, talking to its own
 #            kcolld; the store and gloo on eth0; no C rows (kcoll-bench runs
 #            its ranks on one daemon). BENCH_MAX defaults to 256M here.
+#            Each round also measures the network's bound (kcoll-tcpcap
+#            ring: every host streams raw TCP to the next at once; the
+#            slowest link bounds a ring all-reduce's busbw).
 #            BENCH_PARTS picks "sweep" (the default), "kv" or both; kv here:
 #            a kcoll-kvbench -m target on host 0 (256 MiB, kcolld-mapped),
 #            written from host 1 by kcoll-kvbench -m initiator (C) and by
@@ -173,6 +176,27 @@ ranks() {	# round N parts...: the torch ranks, one round
 	grep '^bench_torch_rank:' "$tmp/rank0.out" >&2 || true
 }
 
+# Across hosts, the network's own bound in the same round: every host
+# streams raw TCP to its ring neighbour at once (kcoll-tcpcap ring, as
+# scripts/cluster-anchors.sh does); the slowest link bounds a ring
+# all-reduce's busbw, for kcoll and gloo alike.
+capacity() {	# round
+	local i pids=() rc=0 addrs=()
+	for ((i = 0; i < hosts; i++)); do addrs+=("10.10.0.$((i + 1))"); done
+	local list
+	list=$(IFS=,; echo "${addrs[*]}")
+	for ((i = 1; i < hosts; i++)); do
+		timeout -k 5 60 "$top/scripts/netns-cluster.sh" exec "$i" "$bin/kcoll-tcpcap" ring -r "$i" \
+			"$list" -p 17670 -t 3 2>"$tmp/cap-$i.err" >/dev/null &
+		pids+=($!)
+	done
+	timeout -k 5 60 "$top/scripts/netns-cluster.sh" exec 0 "$bin/kcoll-tcpcap" ring -r 0 "$list" \
+		-p 17670 -t 3 --json >"$tmp/cap.json" 2>"$tmp/cap-0.err" || rc=1
+	for i in "${pids[@]}"; do wait "$i" || rc=1; done
+	[ "$rc" -eq 0 ] || { cat "$tmp"/cap-*.err >&2; die "kcoll-tcpcap ring failed"; }
+	record "$1" cap tcpcap "$hosts" "$tmp/cap.json"
+}
+
 # The KV part across hosts: one target on host 0 for every round and system.
 kv_target() {
 	rm -f "$tmp/kvdesc"
@@ -226,6 +250,7 @@ for r in $(seq "$rounds"); do
 		fi
 		if [ ${#tp[@]} -gt 0 ]; then ranks "$r" "$N" "${tp[@]}"; fi
 	done
+	if [ "$hosts" -gt 0 ] && has sweep; then capacity "$r"; fi
 	if has kv; then
 		kvrun=(c python)
 		[ -z "$kvbase" ] || kvrun+=(python_base)
@@ -260,7 +285,10 @@ pts = {}
 def add(part, system, n, key, rec):
     pts.setdefault((part, system, n, key), []).append(rec)
 for run in runs:
-    if run["part"] == "kv":
+    if run["part"] == "cap":
+        add("cap", "tcpcap", run["N"], 0, {"bound": run["result"]["ring_allreduce_busbw_bound_GBps"],
+                                            "aggregate": run["result"]["aggregate_GBps"]})
+    elif run["part"] == "kv":
         for row in run["result"]["rows"]:
             add("kv", run["system"], 1, row["block"], {"GBps": row["GBps"], "batch": row["batch"],
                                                        "submit_cpu_us": row.get("submit_cpu_us")})
@@ -278,7 +306,11 @@ for t in torch_runs:
 
 summary = []
 for (part, system, n, key), recs in sorted(pts.items(), key=lambda kv: tuple(map(str, kv[0]))):
-    if part == "kv":
+    if part == "cap":
+        best = max(recs, key=lambda r: r["bound"])
+        s = {"bound_GBps": best["bound"], "bound_GBps_median": statistics.median(r["bound"] for r in recs),
+             "aggregate_GBps": best["aggregate"]}
+    elif part == "kv":
         best = max(recs, key=lambda r: r["GBps"])
         s = {"GBps": best["GBps"], "GBps_median": statistics.median(r["GBps"] for r in recs),
              "block": key, "batch": best["batch"]}
@@ -312,7 +344,9 @@ doc = {
             "c_host, c_shm = kcoll-bench --mem host / shm; ddp local = the step without DDP; "
             "kv c = kcoll-kvbench -m local, kv python = scripts/bench_kv_agent.py, kv python_base = "
             "the same on the BENCH_KV_BASE package; cluster_hosts > 0: one rank per netns host, "
-            "kv from host 1 into a kcoll-kvbench -m target on host 0 (-m initiator, --desc)",
+            "kv from host 1 into a kcoll-kvbench -m target on host 0 (-m initiator, --desc); "
+            "cap tcpcap: kcoll-tcpcap ring once per round, every host streaming raw TCP to the next "
+            "at once, its slowest link the ring all-reduce busbw bound",
     "summary": summary, "runs": runs, "torch_runs": torch_runs,
 }
 with open(out, "w") as fh:
@@ -381,6 +415,20 @@ for n in ns:
     table(["size", "count", "kcoll us", "kcoll busbw", "gloo us", "gloo busbw", "kcoll/gloo",
            "copy busbw", "copy/gloo", "kcoll shm busbw", "shm/gloo", "C host busbw", "kcoll/C host", "C shm busbw",
            "kcoll shm/C shm"], rows)
+
+cap = [s for s in doc["summary"] if s["part"] == "cap"]
+if cap and ns:
+    c, n = cap[0], ns[-1]
+    bound = c["bound_GBps_median"]
+    print("Ring bound (kcoll-tcpcap ring, once per round, its slowest link): %.3f GB/s median, "
+          "%.3f best; busbw / the median bound, and the bound / gloo: what any backend could reach "
+          "over gloo" % (bound, c["bound_GBps"]))
+    rows = []
+    for size in sizes:
+        k = lambda sy: get("sweep", sy, n, size, "busbw")
+        rows.append([human(size), ratio(k("kcoll"), bound), ratio(k("kcoll_shm"), bound),
+                     ratio(k("gloo"), bound), ratio(bound, k("gloo"))])
+    table(["size", "kcoll / bound", "kcoll shm / bound", "gloo / bound", "bound / gloo"], rows)
 
 lat = [("torch, kcoll backend", "kcoll"), ("torch, gloo", "gloo"),
        ("kcoll package, numpy", "kcoll_np"), ("kcoll package, numpy, mapped", "kcoll_np_shm"),
