@@ -38,6 +38,7 @@
 #include "kcolld.h"
 #include "mh.h"
 #include "xport.h"
+#include "loopmh.h"
 #include "reduce.h"
 #include "schedule.h"
 #include "step.h"
@@ -156,24 +157,10 @@ static int run(uint32_t H, enum kd_algo algo, enum kcoll_dtype dt, enum kcoll_re
 	for (uint32_t h = 0; h < H; h++) {
 		struct kd_mh *mh = &hs[h].mh;
 
-		mh->nhosts = H;
-		mh->self = h;
-		mh->nstreams = 1;
+		loopmh_init(mh, h, H, 1, f);
 		mh->algo = algo;
-		mh->hosts = calloc(H, sizeof(*mh->hosts));
-		if (!mh->hosts)
-			abort();
-		for (uint32_t g = 0; g < H; g++)
-			mh->hosts[g].data[0] = -1;
-		pthread_mutex_init(&mh->plan_lock, NULL);
-		mh->abort_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-		if (mh->abort_fd < 0)
-			abort();
-		mh->xport = &kd_xport_loop;
-		mh->xfabric = f;
 		mh->piece = 64u << 20;	/* a transfer in one piece */
 		mh->sig = 0x5ced;
-		atomic_store(&mh->last_progress, kd_now_ns());
 		mh->acc = acc[h];
 		mh->dtype = dt;
 		mh->redop = redop;
@@ -195,13 +182,7 @@ static int run(uint32_t H, enum kd_algo algo, enum kcoll_dtype dt, enum kcoll_re
 			snprintf(why, cap, "host %u: %s (host at fault %d)", h, strerror(-hs[h].r), (int)hs[h].bad);
 			rc = -1;
 		}
-		kd_step_close(mh);
-		for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++)
-			free(mh->rx[i]);
-		free(mh->snap);
-		free(mh->hosts);
-		close(mh->abort_fd);
-		pthread_mutex_destroy(&mh->plan_lock);
+		loopmh_fini(mh);
 	}
 	if (!rc && kd_loop_fabric_pending(f)) {
 		snprintf(why, cap, "%u send(s) were never received", kd_loop_fabric_pending(f));

@@ -49,6 +49,7 @@
 #include "schedule.h"
 #include "step.h"
 #include "xport.h"
+#include "loopmh.h"
 
 #define MAXH	9
 
@@ -145,24 +146,12 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 	for (uint32_t h = 0; h < H; h++) {
 		struct kd_mh *mh = &hs[h].mh;
 
-		mh->nhosts = H;
-		mh->self = h;
-		mh->nstreams = cf->nstreams;
+		loopmh_init(mh, h, H, cf->nstreams, f);
 		mh->algo = algo;
-		mh->hosts = calloc(H, sizeof(*mh->hosts));
-		if (!mh->hosts)
-			abort();
-		for (uint32_t g = 0; g < H; g++) {
-			for (uint32_t s = 0; s < KD_MAX_STREAMS; s++)
-				mh->hosts[g].data[s] = -1;
+		for (uint32_t g = 0; g < H; g++)
 			mh->hosts[g].avoid = cf->avoid;
-		}
-		pthread_mutex_init(&mh->plan_lock, NULL);
-		mh->abort_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-		if (mh->abort_fd < 0)
-			abort();
-		mh->xport = cf->xp ? cf->xp : &kd_xport_loop;
-		mh->xfabric = f;
+		if (cf->xp)
+			mh->xport = cf->xp;
 		mh->acc = acc[h];
 		mh->piece = cf->piece;
 		mh->sig = (int)h == cf->other_sig ? 0x5eed : 0xc0ffee;
@@ -170,7 +159,6 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 		mh->redop = redop;
 		mh->esz = kcoll_dtype_size(dt);
 		mh->rank_host = rank_host;
-		atomic_store(&mh->last_progress, kd_now_ns());
 		hs[h].op = &op;
 		hs[h].sop = *sop;
 		hs[h].sop.in0 = in0 ? in0[h] : NULL;
@@ -212,13 +200,7 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 							 (unsigned long long)(hs[h].t1 - hs[h].t0) / 1000);
 					}
 				}
-		kd_step_close(mh);
-		for (uint32_t i = 0; i < KD_MAX_HOSTS * KD_MAX_STREAMS; i++)
-			free(mh->rx[i]);
-		free(mh->snap);
-		free(mh->hosts);
-		close(mh->abort_fd);
-		pthread_mutex_destroy(&mh->plan_lock);
+		loopmh_fini(mh);
 	}
 	if (!rc && kd_loop_fabric_pending(f)) {
 		snprintf(why, cap, "%u piece(s) sent were never received", kd_loop_fabric_pending(f));
