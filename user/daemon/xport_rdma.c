@@ -112,15 +112,15 @@ static void bury(struct rctx *x, uint32_t h)
 	pthread_mutex_unlock(&grave_lock);
 }
 
-/* Destroy the peers that are due (all: every one). */
-static void graves_take(bool all)
+/* Destroy the peers that are due, or whose device is gone. */
+static void graves_take(void)
 {
 	struct grave *due = NULL, *g, **pp;
 	int64_t now = kd_now_ns();
 
 	pthread_mutex_lock(&grave_lock);
 	for (pp = &graves; (g = *pp);) {
-		if (all || now >= g->due || kcoll_rdma_dev_gone(g->p.ep->port.dev)) {
+		if (now >= g->due || kcoll_rdma_dev_gone(g->p.ep->port.dev)) {
 			*pp = g->next;
 			g->next = due;
 			due = g;
@@ -147,7 +147,7 @@ static void *reaper(void *arg)
 	(void)arg;
 	for (;;) {
 		sleep(1);
-		graves_take(false);
+		graves_take();
 		kcoll_rdma_reap();
 	}
 	return NULL;
