@@ -2,7 +2,8 @@
 /*
  * KV notifications against the running kcolld (docs/kv.md "Notifications"):
  * alone and with a batch, exactly once and in order per sender, the bounded
- * queue (-ENOBUFS), bad input, a dead owner. The KV transfers themselves are
+ * queue (-ENOBUFS), bad input, a dead owner; waiting on several segments
+ * at once (kcoll_seg_notif_wait_any). The KV transfers themselves are
  * test_kv.c's; test_kv.h has what both share.
  */
 #include <errno.h>
@@ -305,6 +306,90 @@ out:
 	free(src);
 }
 
+/* A process of its own that sends msg to the segment of desc after
+ * delay_ms, through its own connection and import. */
+static pid_t late_sender(const kcoll_seg_desc_t *desc, int delay_ms, const char *msg)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		struct kcoll *k = connect_or_die();
+		static uint8_t buf[4096];
+		struct kcoll_seg *l;
+		struct kcoll_rseg *rs;
+
+		usleep(delay_ms * 1000);
+		if (kcoll_seg_register(k, buf, sizeof(buf), NULL, &l) || kcoll_seg_import(k, desc, &rs) ||
+		    notif_sync(l, rs, NULL, 0, KCOLL_NOTIFY_NONE, msg, (uint32_t)strlen(msg) + 1))
+			_exit(1);
+		_exit(0);
+	}
+	return pid;
+}
+
+/* kcoll_seg_notif_wait_any: several segments (of two connections) at once. */
+static void test_wait_any(struct kcoll *k)
+{
+	struct kcoll *k2 = connect_or_die();
+	struct kcoll_seg_opts o = { .size = sizeof(o), .nr_notify = 1 };
+	struct kcoll_seg *seg[3] = { NULL, NULL, NULL }, *many[KCOLL_NOTIF_WAIT_MAX + 1];
+	uint8_t *mem = calloc(3, NT_SIZE);
+	struct kcoll_notif nt[4];
+	kcoll_seg_desc_t d[3];
+	int64_t t0;
+	pid_t pid;
+	int r, ok;
+
+	for (int i = 0; i < 3; i++)
+		if (kcoll_seg_register(i == 1 ? k2 : k, mem + (size_t)i * NT_SIZE, NT_SIZE, &o, &seg[i]) ||
+		    kcoll_seg_export(seg[i], &d[i])) {
+			tap_ok(0, "wait_any: setup");
+			goto out;
+		}
+
+	/* Nothing queued anywhere: the whole timeout passes. */
+	t0 = now_ms();
+	r = kcoll_seg_notif_wait_any(seg, 3, 50);
+	tap_ok(r == -ETIMEDOUT && now_ms() - t0 >= 45, "wait_any: none queued: -ETIMEDOUT after the timeout (%d)", r);
+
+	/* A message arriving later for the second segment (the other
+	 * connection's) wakes the wait, which names it. */
+	pid = late_sender(&d[1], 100, "late");
+	r = kcoll_seg_notif_wait_any(seg, 3, 20000);
+	ok = wait_child(pid, 20000) == 0;
+	tap_ok(r == 1 && ok && notif_drain(seg[1], nt, 4) == 1 && !strcmp((char *)nt[0].data, "late"),
+	       "wait_any: a message sent 100 ms later for segment 1 wakes it: returns 1 (%d, sender %s)",
+	       r, ok ? "ok" : "failed");
+
+	/* Queued on two: the first of them is named; at once with timeout 0. */
+	ok = wait_child(late_sender(&d[2], 0, "two"), 20000) == 0 &&
+	     wait_child(late_sender(&d[0], 0, "zero"), 20000) == 0;
+	r = kcoll_seg_notif_wait_any(seg, 3, 0);
+	tap_ok(ok && r == 0 && kcoll_seg_notif_wait_any(seg + 1, 2, 0) == 1,
+	       "wait_any: messages queued on segments 0 and 2: returns 0, and 1 for the list from segment 1 (%d)", r);
+	notif_drain(seg[0], nt, 4);
+	notif_drain(seg[2], nt, 4);
+
+	/* Bad input, nothing waited for. */
+	for (int i = 0; i <= KCOLL_NOTIF_WAIT_MAX; i++)
+		many[i] = seg[i % 3];
+	seg[2] = NULL;	/* (still registered: unregistered below through many[2]) */
+	tap_ok(kcoll_seg_notif_wait_any(many, 0, -1) == -EINVAL &&
+	       kcoll_seg_notif_wait_any(NULL, 1, -1) == -EINVAL &&
+	       kcoll_seg_notif_wait_any(seg, 3, -1) == -EINVAL &&
+	       kcoll_seg_notif_wait_any(many, KCOLL_NOTIF_WAIT_MAX + 1, -1) == -EINVAL &&
+	       kcoll_seg_notif_wait_any(many, KCOLL_NOTIF_WAIT_MAX, 0) == -ETIMEDOUT,
+	       "wait_any: no segments, a NULL list or segment, over %d: -EINVAL; %d: waits",
+	       KCOLL_NOTIF_WAIT_MAX, KCOLL_NOTIF_WAIT_MAX);
+	seg[2] = many[2];
+out:
+	for (int i = 0; i < 3; i++)
+		if (seg[i])
+			kcoll_seg_unregister(seg[i]);
+	kcoll_disconnect(k2);
+	free(mem);
+}
+
 int main(void)
 {
 	struct kcoll *k;
@@ -313,6 +398,7 @@ int main(void)
 	board_map();
 	k = connect_or_die();
 	test_notifs(k);
+	test_wait_any(k);
 	kcoll_disconnect(k);
 	return tap_done();
 }

@@ -272,6 +272,15 @@ int kcoll_seg_get_notifs(struct kcoll_seg *seg, struct kcoll_notif *out, uint32_
 /* Wait until at least one notification is queued for seg, at most
  * timeout_ms (< 0: forever): 0, -ETIMEDOUT or -ENOTCONN. */
 int kcoll_seg_notif_wait(struct kcoll_seg *seg, int timeout_ms);
+/* Most segments one kcoll_seg_notif_wait_any call waits on. */
+#define KCOLL_NOTIF_WAIT_MAX 128
+/* Wait until at least one of segs[0..n) has a notification queued, at most
+ * timeout_ms (< 0: forever): the index of the first such segment (>= 0),
+ * -ETIMEDOUT, -ENOTCONN (a segment's kcolld is gone) or -EINVAL (no
+ * segments, more than KCOLL_NOTIF_WAIT_MAX, a NULL one). One system call
+ * sleeps on all of them (futex_waitv, Linux 5.16; polled every millisecond
+ * on older kernels). The segments may belong to different connections. */
+int kcoll_seg_notif_wait_any(struct kcoll_seg *const *segs, uint32_t n, int timeout_ms);
 
 /* Current value of a notify counter of one of our segments. */
 int kcoll_seg_notify_get(const struct kcoll_seg *seg, uint32_t id, uint32_t *value);

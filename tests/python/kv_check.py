@@ -280,6 +280,23 @@ def local():
     check(hit and not miss and list(rest.values()) == [[b"other"]] and time.monotonic() - t0 >= 0.2,
           "wait_notif takes its tag, times out on another, leaves the rest")
 
+    # ---- wait_notif over several segments: one sleep on all of them
+    # (kcoll_seg_notif_wait_any), woken by a tag for the second one
+    extra_dst, extra_seg = owner.alloc(4096, nr_notify=0)
+    rem2 = init.import_desc(extra_seg.desc)
+    c0 = time.process_time()
+    idle = owner.wait_notif(b"none", timeout=0.5)
+    cpu = time.process_time() - c0
+    timer = threading.Timer(0.2, lambda: init.send_notif(sseg, rem2, b"second").wait())
+    timer.start()
+    woke = owner.wait_notif(b"second", timeout=20)
+    timer.join()
+    check(not idle and woke and cpu < 0.01,  # polling every ms took 31 ms here
+          "wait_notif on 2 segments: woken by a tag for the second, sleeps while none comes",
+          f"woke {woke}, {cpu * 1000:.1f} ms CPU in a 0.5 s wait")
+    rem2.close()
+    extra_seg.close()
+
     # ---- blocking calls release the GIL: a thread counts while we wait
     count = [0]
     stop = [False]

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: MIT
 /* libkcoll: KV-cache segments and batched transfers (docs/kv.md). */
 #include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -341,6 +344,87 @@ int kcoll_seg_notif_wait(struct kcoll_seg *s, int timeout_ms)
 		kcoll_futex_wait((uint32_t *)s->notif_word, 0, left < slice_ns ? left : slice_ns);
 		if (!kcoll_priv_alive(s->k))
 			return -ENOTCONN;
+	}
+}
+
+/*
+ * Waiting on several segments' notification words at once: one
+ * futex_waitv (Linux 5.16) sleeps on all of them, in slices like the
+ * single wait (a dead daemon is noticed within one). The words are in
+ * memory shared with kcolld, so the waiters are shared futexes (no
+ * FUTEX_PRIVATE_FLAG), as kcolld's FUTEX_WAKE expects. Where the kernel or
+ * the headers lack it, the words are polled every millisecond.
+ */
+struct kc_waitv {		/* the kernel's struct futex_waitv */
+	uint64_t val;
+	uint64_t uaddr;
+	uint32_t flags;
+	uint32_t reserved;
+};
+
+#define KC_FUTEX_32 2		/* FUTEX2_SIZE_U32 */
+
+static int waitv_slice(const struct kc_waitv *w, uint32_t n, int64_t slice_ns)
+{
+#ifdef __NR_futex_waitv
+	struct timespec ts;
+	int64_t t;
+	long r;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);	/* the timeout is absolute */
+	t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + slice_ns;
+	ts.tv_sec = t / 1000000000;
+	ts.tv_nsec = t % 1000000000;
+	r = syscall(__NR_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC);
+	if (r >= 0 || errno != ENOSYS)
+		return 0;	/* woken, a word changed (EAGAIN), timed out or a signal */
+#else
+	(void)w;
+	(void)n;
+#endif
+	{
+		struct timespec ms = { 0, slice_ns < 1000000 ? slice_ns : 1000000 };
+
+		nanosleep(&ms, NULL);
+	}
+	return -ENOSYS;
+}
+
+int kcoll_seg_notif_wait_any(struct kcoll_seg *const *segs, uint32_t n, int timeout_ms)
+{
+	const int64_t slice_ns = 100 * 1000000LL;
+	struct kc_waitv w[KCOLL_NOTIF_WAIT_MAX];
+	int64_t deadline;
+	bool poll = false;
+
+	if (!segs || !n || n > KCOLL_NOTIF_WAIT_MAX)
+		return -EINVAL;
+	for (uint32_t i = 0; i < n; i++) {
+		if (!segs[i] || !segs[i]->notif_word)
+			return -EINVAL;
+		w[i] = (struct kc_waitv){ .val = 0, .uaddr = (uintptr_t)segs[i]->notif_word,
+					  .flags = KC_FUTEX_32 };
+	}
+	deadline = timeout_ms < 0 ? INT64_MAX : mono_ns() + (int64_t)timeout_ms * 1000000;
+	for (;;) {
+		int64_t left;
+
+		for (uint32_t i = 0; i < n; i++)
+			if (__atomic_load_n(segs[i]->notif_word, __ATOMIC_ACQUIRE))
+				return (int)i;
+		left = deadline - mono_ns();
+		if (left <= 0)
+			return -ETIMEDOUT;
+		if (poll) {
+			struct timespec ms = { 0, left < 1000000 ? left : 1000000 };
+
+			nanosleep(&ms, NULL);
+		} else {
+			poll = waitv_slice(w, n, left < slice_ns ? left : slice_ns) == -ENOSYS;
+		}
+		for (uint32_t i = 0; i < n; i++)
+			if (!kcoll_priv_alive(segs[i]->k))
+				return -ENOTCONN;
 	}
 }
 

@@ -26,6 +26,7 @@ XFER_MAX_ENTRIES = 4096
 SEG_MAX_NOTIFY = 1024
 NOTIFY_NONE = 0xFFFFFFFF
 NOTIF_MAX_BYTES = 512
+NOTIF_WAIT_MAX = 128  # KCOLL_NOTIF_WAIT_MAX: segments per kcoll_seg_notif_wait_any
 SEG_NOTIF_QUEUE = 256
 SEG_F_GRANT_UID = 1
 
@@ -116,9 +117,11 @@ _protos = {
                              ctypes.POINTER(_sz)]),
 }
 # Newer than libkcoll 1.0: absent from an older library (mem_share is then
-# None and kcoll.torch does without it).
+# None and kcoll.torch does without it; without notif_wait_any, kcoll.kv
+# polls several segments every millisecond).
 _optional = {
     "kcoll_mem_share": (_i, [_p, _p, _sz, _pp, ctypes.POINTER(_sz)]),  # KCOLL_1.4
+    "kcoll_seg_notif_wait_any": (_i, [_p, _u32, _i]),  # KCOLL_1.5
 }
 for _name, (_res, _args) in list(_protos.items()) + list(_optional.items()):
     _f = getattr(lib, _name, None)
@@ -127,6 +130,7 @@ for _name, (_res, _args) in list(_protos.items()) + list(_optional.items()):
     _f.restype = _res
     _f.argtypes = _args
 mem_share = getattr(lib, "kcoll_mem_share", None)
+notif_wait_any = getattr(lib, "kcoll_seg_notif_wait_any", None)
 
 
 def strerror(err):

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import Connection, KcollError, _check
 from . import _lib
-from ._lib import NOTIF_MAX_BYTES, NOTIFY_NONE, SEG_DESC_BYTES, XFER_MAX_ENTRIES
+from ._lib import NOTIF_MAX_BYTES, NOTIF_WAIT_MAX, NOTIFY_NONE, SEG_DESC_BYTES, XFER_MAX_ENTRIES
 
 __all__ = ["Agent", "Segment", "Remote", "XferRequest", "Notif", "NOTIF_MAX_BYTES",
            "XFER_MAX_ENTRIES", "SEG_DESC_BYTES"]
@@ -565,6 +565,13 @@ class Agent:
             segs = list(self._segs)
             if len(segs) == 1:
                 segs[0].wait_notifs(0.5 if left is None else min(left, 0.5))
+            elif segs and _lib.notif_wait_any and len(segs) <= NOTIF_WAIT_MAX:
+                # one sleep on every segment (kcoll_seg_notif_wait_any)
+                hs = (ctypes.c_void_p * len(segs))(*[s.handle.value for s in segs])
+                r = _lib.notif_wait_any(hs, len(segs), 500 if left is None else
+                                        max(1, min(500, int(left * 1000))))
+                if r < 0 and r != -_errno.ETIMEDOUT:
+                    _check(r, "notif_wait_any")
             else:
                 time.sleep(0.001 if left is None else min(left, 0.001))
 
