@@ -1612,6 +1612,62 @@ static void stalled_rank(void)
 	wait_kid(pid[1], 5000);
 }
 
+/* Rank 0 of sc_staller's communicator, waiting with kcoll_timedwait. */
+static void sc_timedwait(int me)
+{
+	struct kcoll *k;
+	struct kcoll_comm *c;
+	struct kcoll_req *rq = NULL;
+	int32_t s[64] = { 0 }, d[64];
+	int r, t, res = 1;
+
+	setenv("KCOLL_TIMEOUT_MS", "1500", 1);
+	k = ch_connect(me);
+	c = ch_join(k, me, 0, 2, me);
+	ch_phase(me, 1);
+	if (me == 1) {
+		ch_wait_go(me, 1);	/* alive, never submits */
+		kcoll_disconnect(k);
+		return;
+	}
+	r = kcoll_allreduce(c, s, d, 64, KCOLL_I32, KCOLL_SUM, &rq);
+	ch_rec(me, r, -1);		/* [0] submitted */
+	t = r ? r : kcoll_timedwait(rq, 100, &res);
+	ch_rec(me, t, res);		/* [1] pending: 0, res untouched */
+	usleep(3000 * 1000);		/* the operation fails after 1.5 s, unseen */
+	t = r ? r : kcoll_timedwait(rq, 0, &res);
+	ch_rec(me, t, res);		/* [2] 1, -ETIMEDOUT */
+	t = r ? r : kcoll_timedwait(rq, 0, &res);
+	ch_rec(me, t, -1);		/* [3] freed: -EINVAL */
+	ch_phase(me, 2);
+	kcoll_disconnect(k);
+}
+
+/* kcoll_timedwait tells "still pending" from "failed with ETIMEDOUT",
+ * which kcoll_wait answers alike. */
+static void timedwait_stalled(void)
+{
+	pid_t pid[2];
+	struct slot *s = &B->s[0];
+
+	board_reset();
+	new_id(&B->id[0]);
+	pid[0] = spawn(sc_timedwait, 0);
+	pid[1] = spawn(sc_timedwait, 1);
+	wait_phase(0, 2, 15000);
+	tap_ok(s->nval == 4 && s->res[0] == 0 && s->res[1] == 0 && s->err_rank[1] == 1,
+	       "timedwait: rank 1 never submits: after 100 ms still pending, 0 and the result untouched (got %d, %d)",
+	       s->nval > 1 ? s->res[1] : -1, s->nval > 1 ? s->err_rank[1] : -1);
+	tap_ok(s->nval == 4 && s->res[2] == 1 && s->err_rank[2] == -ETIMEDOUT && s->res[3] == -EINVAL,
+	       "timedwait: once the operation failed (1.5 s timeout): 1 and -ETIMEDOUT, then -EINVAL for the freed request (got %d %s = %d, %s)",
+	       s->nval > 2 ? s->res[2] : -1, s->nval > 2 ? en(s->err_rank[2]) : "-",
+	       s->nval > 2 ? s->err_rank[2] : 0,
+	       s->nval > 3 ? en(s->res[3]) : "-");
+	go(1, 1);
+	wait_kid(pid[0], 5000);
+	wait_kid(pid[1], 5000);
+}
+
 /* ------------------------------------------------------------------ 9, 11: a private kcolld */
 
 static pid_t start_kcolld(const char *sock)
@@ -2035,6 +2091,7 @@ int main(void)
 	dying_rank();
 	departed_client();
 	stalled_rank();
+	timedwait_stalled();
 	daemon_killed();
 	other_uid();
 	daemon_drained();

@@ -105,6 +105,12 @@ int kcoll_test(struct kcoll_req *req, int *result);
  * operation's result, or -ETIMEDOUT (request still pending and still valid),
  * or -ENOTCONN if the daemon went away. */
 int kcoll_wait(struct kcoll_req *req, int timeout_ms);
+/* kcoll_wait without its one ambiguity (-ETIMEDOUT both for "still pending"
+ * and for an operation that failed with ETIMEDOUT): 1 and the result in
+ * *result once done (the request is then freed), 0 if timeout_ms (< 0:
+ * forever) passed with it still pending (it stays valid), -EINVAL for a
+ * bad or freed request. A dead daemon completes it with -ENOTCONN. */
+int kcoll_timedwait(struct kcoll_req *req, int timeout_ms, int *result);
 /* After a failed request: the rank the daemon blamed, or -1. */
 int kcoll_req_err_rank(const struct kcoll_req *req);
 

@@ -2,7 +2,8 @@
 /*
  * libkcoll: requests on the ring. Taking a request slot, queueing its SQE,
  * reaping CQEs, waiting on the CQ doorbell (spin, then futex in slices that
- * notice a dead daemon), and kcoll_test / kcoll_wait / kcoll_req_err_rank.
+ * notice a dead daemon), and kcoll_test / kcoll_wait / kcoll_timedwait /
+ * kcoll_req_err_rank.
  * Locking: lib.h.
  */
 #include <errno.h>
@@ -239,6 +240,25 @@ int kcoll_wait(struct kcoll_req *rq, int timeout_ms)
 	r = req_finish(rq);
 	pthread_mutex_unlock(&k->ring_lock);
 	return r;
+}
+
+int kcoll_timedwait(struct kcoll_req *rq, int timeout_ms, int *result)
+{
+	struct kcoll *k;
+	int r;
+
+	if (!rq || !result || rq->state == REQ_FREE)
+		return -EINVAL;
+	k = rq->k;
+	if (rq->lane_comm && rq->state == REQ_PENDING && !kc_lane_req_progress(rq, timeout_ms))
+		return 0;
+	r = cq_wait(k, req_is_done, rq, timeout_ms, rq->spin_ns);
+	if (r)
+		return r == -ETIMEDOUT ? 0 : r;
+	pthread_mutex_lock(&k->ring_lock);
+	*result = req_finish(rq);
+	pthread_mutex_unlock(&k->ring_lock);
+	return 1;
 }
 
 int kcoll_req_err_rank(const struct kcoll_req *rq)

@@ -315,7 +315,6 @@ class Request:
         self._keep = keep
         self._what = what
         self._lock = threading.Lock()
-        self._ambiguous = False
         self.result = None  # the operation's result (0 or negative errno) once done
         self.err_rank = None
 
@@ -375,33 +374,19 @@ class Request:
         timeout ($KCOLL_TIMEOUT_MS, default 30 s)."""
         with self._lock:
             if self.result is None and not self._closed():
-                if timeout is None:
-                    r = _lc.kcoll_wait(self._h, -1)
-                    self._finish(-_errno.ETIMEDOUT if r == -_errno.EINVAL and self._ambiguous else r)
-                else:
-                    self._wait_ms(max(0, int(timeout * 1000)))
+                self._wait_ms(-1 if timeout is None else max(0, int(timeout * 1000)))
         self._raise()
         return self.done
 
     def _wait_ms(self, ms):
-        # kcoll_wait answers -ETIMEDOUT both for "deadline passed, still
-        # pending" and for an operation that failed with ETIMEDOUT (then it
-        # freed the request). Test first, and take an early -ETIMEDOUT as
-        # the operation's own result: the deadline cannot have passed yet.
-        self._poll()
-        if self.result is not None or ms == 0:
-            return
-        t0 = time.monotonic()
-        r = _lc.kcoll_wait(self._h, ms)
-        if r != -_errno.ETIMEDOUT or (time.monotonic() - t0) * 1000 < ms - 1:
-            if r == -_errno.EINVAL and self._ambiguous:
-                r = -_errno.ETIMEDOUT  # it had been freed with that result after all
-            self._finish(r)
-        else:
-            # Taken as "still pending"; if the operation in fact ended with
-            # ETIMEDOUT right at the deadline, the freed request answers
-            # the next wait with -EINVAL.
-            self._ambiguous = True
+        # kcoll_timedwait: 0 while pending (the request stays valid), 1 and
+        # the operation's result once done (then freed).
+        res = ctypes.c_int()
+        r = _lc.kcoll_timedwait(self._h, ms, ctypes.byref(res))
+        if r < 0:
+            raise KcollError(r, f"{self._what}: wait")
+        if r == 1:
+            self._finish(res.value)
 
 
 # ---- communicators -------------------------------------------------------------

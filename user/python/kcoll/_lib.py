@@ -93,6 +93,7 @@ _protos = {
     "kcoll_barrier": (_i, [_p, _pp]),
     "kcoll_test": (_i, [_p, ctypes.POINTER(_i)]),
     "kcoll_wait": (_i, [_p, _i]),
+    "kcoll_timedwait": (_i, [_p, _i, ctypes.POINTER(_i)]),
     "kcoll_req_err_rank": (_i, [_p]),
     "kcoll_mem_alloc": (_i, [_p, _sz, _pp]),
     "kcoll_mem_free": (_i, [_p, _p]),

@@ -309,7 +309,6 @@ class XferRequest:
         self._final = None      # (notify_id, msg) still to send after the data
         self._t0 = time.monotonic()
         self._t1 = None
-        self._ambiguous = False
         n = ents.shape[0]
         # bytes: summed when asked for (stats(), an error's text)
         self._stats = {"bytes": None, "blocks": nblocks, "entries": n, "batches": 0,
@@ -413,16 +412,12 @@ class XferRequest:
                 if left <= 0:
                     return False
                 ms = max(1, int(left * 1000))
-                h = self._pending[0]
-                t0 = time.monotonic()
-                r = _lc.kcoll_wait(h, ms)
-                if r == -_errno.ETIMEDOUT and (time.monotonic() - t0) * 1000 >= ms - 1:
-                    self._ambiguous = True  # still pending (see kcoll.Request._wait_ms)
-                    return False
-                if r == -_errno.EINVAL and self._ambiguous:
-                    r = -_errno.ETIMEDOUT
+                res = ctypes.c_int()
+                r = _lc.kcoll_timedwait(self._pending[0], ms, ctypes.byref(res))
+                if r == 0:
+                    return False  # still pending
                 self._pending.pop(0)
-                self._done(r)
+                self._done(res.value if r == 1 else r)
                 self._after()
         if self.error:
             raise self.error
