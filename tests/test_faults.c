@@ -24,6 +24,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
@@ -1568,52 +1569,9 @@ static void departed_client(void)
 	       ring);
 }
 
+static bool staller_timed;	/* sc_staller's rank 0 waits with kcoll_timedwait */
+
 static void sc_staller(int me)
-{
-	struct kcoll *k;
-	struct kcoll_comm *c;
-	struct kcoll_req *rq;
-	int32_t s[64] = { 0 }, d[64];
-	int r;
-
-	setenv("KCOLL_TIMEOUT_MS", "1500", 1);
-	k = ch_connect(me);
-	c = ch_join(k, me, 0, 2, me);
-	ch_phase(me, 1);
-	if (me == 1) {
-		ch_wait_go(me, 1);	/* alive, never submits */
-		kcoll_disconnect(k);
-		return;
-	}
-	r = kcoll_allreduce(c, s, d, 64, KCOLL_I32, KCOLL_SUM, &rq);
-	ch_rec(me, 0, -1);	/* t_ns[0]: submitted */
-	rec_wait(me, r, &rq, 5000);
-	ch_phase(me, 2);
-	kcoll_disconnect(k);
-}
-
-static void stalled_rank(void)
-{
-	pid_t pid[2];
-	struct slot *s = &B->s[0];
-	double dt;
-
-	board_reset();
-	new_id(&B->id[0]);
-	pid[0] = spawn(sc_staller, 0);
-	pid[1] = spawn(sc_staller, 1);
-	wait_phase(0, 2, 10000);
-	dt = s->nval == 2 ? (s->t_ns[1] - s->t_ns[0]) / 1e9 : -1;
-	tap_ok(s->nval == 2 && s->res[1] == -ETIMEDOUT && s->err_rank[1] == 1 && dt >= 1.4 && dt < 2.5,
-	       "stalled rank: KCOLL_TIMEOUT_MS=1500, rank 1 never submits -> rank 0 ETIMEDOUT, err_rank 1, after %.3f s (got %s, %d)",
-	       dt, en(s->res[1]), s->err_rank[1]);
-	go(1, 1);
-	wait_kid(pid[0], 5000);
-	wait_kid(pid[1], 5000);
-}
-
-/* Rank 0 of sc_staller's communicator, waiting with kcoll_timedwait. */
-static void sc_timedwait(int me)
 {
 	struct kcoll *k;
 	struct kcoll_comm *c;
@@ -1631,38 +1589,52 @@ static void sc_timedwait(int me)
 		return;
 	}
 	r = kcoll_allreduce(c, s, d, 64, KCOLL_I32, KCOLL_SUM, &rq);
-	ch_rec(me, r, -1);		/* [0] submitted */
-	t = r ? r : kcoll_timedwait(rq, 100, &res);
-	ch_rec(me, t, res);		/* [1] pending: 0, res untouched */
-	usleep(3000 * 1000);		/* the operation fails after 1.5 s, unseen */
-	t = r ? r : kcoll_timedwait(rq, 0, &res);
-	ch_rec(me, t, res);		/* [2] 1, -ETIMEDOUT */
-	t = r ? r : kcoll_timedwait(rq, 0, &res);
-	ch_rec(me, t, -1);		/* [3] freed: -EINVAL */
+	if (!staller_timed) {
+		ch_rec(me, 0, -1);	/* t_ns[0]: submitted */
+		rec_wait(me, r, &rq, 5000);
+	} else {
+		ch_rec(me, r, -1);		/* [0] submitted */
+		t = r ? r : kcoll_timedwait(rq, 100, &res);
+		ch_rec(me, t, res);		/* [1] pending: 0, res untouched */
+		usleep(3000 * 1000);		/* the operation fails after 1.5 s, unseen */
+		t = r ? r : kcoll_timedwait(rq, 0, &res);
+		ch_rec(me, t, res);		/* [2] 1, -ETIMEDOUT */
+		t = r ? r : kcoll_timedwait(rq, 0, &res);
+		ch_rec(me, t, -1);		/* [3] freed: -EINVAL */
+	}
 	ch_phase(me, 2);
 	kcoll_disconnect(k);
 }
 
-/* kcoll_timedwait tells "still pending" from "failed with ETIMEDOUT",
- * which kcoll_wait answers alike. */
-static void timedwait_stalled(void)
+/* Rank 1 joins and never submits. timed: rank 0 waits with
+ * kcoll_timedwait, which tells "still pending" from "failed with
+ * ETIMEDOUT" (kcoll_wait answers both -ETIMEDOUT). */
+static void stalled_rank(bool timed)
 {
 	pid_t pid[2];
 	struct slot *s = &B->s[0];
+	double dt;
 
+	staller_timed = timed;
 	board_reset();
 	new_id(&B->id[0]);
-	pid[0] = spawn(sc_timedwait, 0);
-	pid[1] = spawn(sc_timedwait, 1);
+	pid[0] = spawn(sc_staller, 0);
+	pid[1] = spawn(sc_staller, 1);
 	wait_phase(0, 2, 15000);
-	tap_ok(s->nval == 4 && s->res[0] == 0 && s->res[1] == 0 && s->err_rank[1] == 1,
-	       "timedwait: rank 1 never submits: after 100 ms still pending, 0 and the result untouched (got %d, %d)",
-	       s->nval > 1 ? s->res[1] : -1, s->nval > 1 ? s->err_rank[1] : -1);
-	tap_ok(s->nval == 4 && s->res[2] == 1 && s->err_rank[2] == -ETIMEDOUT && s->res[3] == -EINVAL,
-	       "timedwait: once the operation failed (1.5 s timeout): 1 and -ETIMEDOUT, then -EINVAL for the freed request (got %d %s = %d, %s)",
-	       s->nval > 2 ? s->res[2] : -1, s->nval > 2 ? en(s->err_rank[2]) : "-",
-	       s->nval > 2 ? s->err_rank[2] : 0,
-	       s->nval > 3 ? en(s->res[3]) : "-");
+	if (!timed) {
+		dt = s->nval == 2 ? (s->t_ns[1] - s->t_ns[0]) / 1e9 : -1;
+		tap_ok(s->nval == 2 && s->res[1] == -ETIMEDOUT && s->err_rank[1] == 1 && dt >= 1.4 && dt < 2.5,
+		       "stalled rank: KCOLL_TIMEOUT_MS=1500, rank 1 never submits -> rank 0 ETIMEDOUT, err_rank 1, after %.3f s (got %s, %d)",
+		       dt, en(s->res[1]), s->err_rank[1]);
+	} else {
+		tap_ok(s->nval == 4 && s->res[0] == 0 && s->res[1] == 0 && s->err_rank[1] == 1,
+		       "timedwait: rank 1 never submits: after 100 ms still pending, 0 and the result untouched (got %d, %d)",
+		       s->nval > 1 ? s->res[1] : -1, s->nval > 1 ? s->err_rank[1] : -1);
+		tap_ok(s->nval == 4 && s->res[2] == 1 && s->err_rank[2] == -ETIMEDOUT && s->res[3] == -EINVAL,
+		       "timedwait: once the operation failed (1.5 s timeout): 1 and -ETIMEDOUT, then -EINVAL for the freed request (got %d %s, %s)",
+		       s->nval > 2 ? s->res[2] : -1, s->nval > 2 ? en(s->err_rank[2]) : "-",
+		       s->nval > 3 ? en(s->res[3]) : "-");
+	}
 	go(1, 1);
 	wait_kid(pid[0], 5000);
 	wait_kid(pid[1], 5000);
@@ -2090,8 +2062,8 @@ int main(void)
 	hdr_checks();
 	dying_rank();
 	departed_client();
-	stalled_rank();
-	timedwait_stalled();
+	stalled_rank(false);
+	stalled_rank(true);
 	daemon_killed();
 	other_uid();
 	daemon_drained();
