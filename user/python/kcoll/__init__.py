@@ -18,7 +18,6 @@ import errno as _errno
 import os
 import sys
 import threading
-import time
 
 from . import _lib
 from ._lib import AVG, BF16, F16, F32, F64, I8, I32, I64, MAX, MIN, PROD, SUM, U8, U32, U64
