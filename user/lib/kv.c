@@ -364,29 +364,20 @@ struct kc_waitv {		/* the kernel's struct futex_waitv */
 
 #define KC_FUTEX_32 2		/* FUTEX2_SIZE_U32 */
 
-static int waitv_slice(const struct kc_waitv *w, uint32_t n, int64_t slice_ns)
+/* Sleep on the words until one is woken or changes, or until until_ns
+ * (CLOCK_MONOTONIC); -ENOSYS at once where futex_waitv is missing. */
+static int waitv_until(const struct kc_waitv *w, uint32_t n, int64_t until_ns)
 {
 #ifdef __NR_futex_waitv
-	struct timespec ts;
-	int64_t t;
-	long r;
+	struct timespec ts = { until_ns / 1000000000, until_ns % 1000000000 };
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);	/* the timeout is absolute */
-	t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + slice_ns;
-	ts.tv_sec = t / 1000000000;
-	ts.tv_nsec = t % 1000000000;
-	r = syscall(__NR_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC);
-	if (r >= 0 || errno != ENOSYS)
+	if (syscall(__NR_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC) >= 0 || errno != ENOSYS)
 		return 0;	/* woken, a word changed (EAGAIN), timed out or a signal */
 #else
 	(void)w;
 	(void)n;
+	(void)until_ns;
 #endif
-	{
-		struct timespec ms = { 0, slice_ns < 1000000 ? slice_ns : 1000000 };
-
-		nanosleep(&ms, NULL);
-	}
 	return -ENOSYS;
 }
 
@@ -407,20 +398,21 @@ int kcoll_seg_notif_wait_any(struct kcoll_seg *const *segs, uint32_t n, int time
 	}
 	deadline = timeout_ms < 0 ? INT64_MAX : mono_ns() + (int64_t)timeout_ms * 1000000;
 	for (;;) {
-		int64_t left;
+		int64_t now, left;
 
 		for (uint32_t i = 0; i < n; i++)
 			if (__atomic_load_n(segs[i]->notif_word, __ATOMIC_ACQUIRE))
 				return (int)i;
-		left = deadline - mono_ns();
+		now = mono_ns();
+		left = deadline - now;
 		if (left <= 0)
 			return -ETIMEDOUT;
+		if (!poll)
+			poll = waitv_until(w, n, now + (left < slice_ns ? left : slice_ns)) == -ENOSYS;
 		if (poll) {
 			struct timespec ms = { 0, left < 1000000 ? left : 1000000 };
 
 			nanosleep(&ms, NULL);
-		} else {
-			poll = waitv_slice(w, n, left < slice_ns ? left : slice_ns) == -ENOSYS;
 		}
 		for (uint32_t i = 0; i < n; i++)
 			if (!kcoll_priv_alive(segs[i]->k))
