@@ -324,10 +324,11 @@ class Request:
     def _finish(self, res):
         # The library freed the request; its err_rank stays readable until
         # the slot is reused by a later submission on this connection.
-        self.err_rank = None
-        if res:
-            er = _lc.kcoll_req_err_rank(self._h)
-            self.err_rank = er if er >= 0 else None
+        er = _lc.kcoll_req_err_rank(self._h) if res else -1
+        self._settle(res, er if er >= 0 else None)
+
+    def _settle(self, res, err_rank):
+        self.err_rank = err_rank
         self.result = res
         self._h = None
         self._keep = None
@@ -341,11 +342,7 @@ class Request:
         """The connection is gone, and with it the request: it failed."""
         if self._comm._conn._h:
             return False
-        self.err_rank = None
-        self.result = -_errno.ECANCELED
-        self._h = None
-        self._keep = None
-        self._comm._pending.discard(self)
+        self._settle(-_errno.ECANCELED, None)
         return True
 
     def _poll(self):
