@@ -34,7 +34,7 @@
 
 #define MAXH 8
 
-enum role { R_NORMAL, R_ABSENT, R_CLOSE, R_DAEMON_DIES, R_OTHER_COUNT };
+enum role { R_NORMAL, R_ABSENT, R_CLOSE, R_DAEMON_DIES, R_OTHER_COUNT, R_LATE };
 
 struct rank {
 	uint32_t h, nh;
@@ -252,6 +252,10 @@ static void faults(uint32_t nh, uint32_t odd, enum role role, int want, uint32_t
 	/* The daemon dies while its rank waits in the op (the others come late). */
 	for (uint32_t a = 0; a < nh && role == R_DAEMON_DIES; a++)
 		rk[a].delay_ms = a == odd ? 0 : 200;
+	/* It comes once the others gave up (timeout plus the grace of every
+	 * step), their data in its sockets: it must fail as they did. */
+	if (role == R_LATE)
+		rk[odd].delay_ms = 2 * timeout_ms + 1000;
 	run(nh);
 	for (uint32_t a = 0; a < nh; a++) {
 		bool ok;
@@ -277,8 +281,8 @@ static void faults(uint32_t nh, uint32_t odd, enum role role, int want, uint32_t
 	if (role == R_OTHER_COUNT)
 		snprintf(naming, sizeof(naming), "every rank fails with %s", kcoll_strerror(want));
 	else
-		snprintf(naming, sizeof(naming), "every other rank fails with %s naming rank %u",
-			 kcoll_strerror(want), culprit);
+		snprintf(naming, sizeof(naming), "every %srank fails with %s naming rank %u",
+			 role == R_LATE ? "" : "other ", kcoll_strerror(want), culprit);
 	tap_ok(!bad, "%s: %s, and so does its next op (slowest %lld ms)%s", label, naming, (long long)worst,
 	       got);
 	unmesh(nh);
@@ -295,5 +299,8 @@ int main(void)
 	faults(4, 3, R_CLOSE, -ECONNRESET, 3, "4 ranks, rank 3 closes its lanes", 5000);
 	faults(5, 2, R_CLOSE, -ECONNRESET, 2, "5 ranks, rank 2 closes its lanes", 5000);
 	faults(4, 0, R_DAEMON_DIES, -ECONNRESET, 0, "4 ranks, rank 0's daemon dies (it gets ENOTCONN)", 5000);
+	faults(4, 2, R_LATE, -ETIMEDOUT, 2, "4 ranks, rank 2 comes after the others timed out (500 ms)", 500);
+	faults(8, 7, R_LATE, -ETIMEDOUT, 7, "8 ranks, rank 7 comes after the others timed out (500 ms)", 500);
+	faults(3, 1, R_LATE, -ETIMEDOUT, 1, "3 ranks, rank 1 comes after the others timed out (500 ms)", 500);
 	return tap_done();
 }

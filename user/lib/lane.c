@@ -25,7 +25,10 @@
  * for. A rank that fails sends an ABORT naming the culprit on every lane, so
  * the ranks waiting for it fail the same way instead of blaming it; in
  * recursive doubling each later step waits a grace period longer
- * (lane_deadline), so that ABORT arrives before they would time out. Errors
+ * (lane_deadline), so that ABORT arrives before they would time out. A rank
+ * that comes after the others gave up finds their data in its sockets and
+ * could complete alone; before it calls an op done it looks for an ABORT of
+ * that op behind the data (lanes_aborted), and fails as they did. Errors
  * are sticky: the lanes are out of step after one, and every later lane op
  * fails the same way until the communicator is destroyed. When our daemon
  * dies we shut the lanes down, so the other ranks see this rank gone.
@@ -54,6 +57,7 @@
 
 #define LANE_MAGIC	0x4e4c434bu	/* "KCLN": an op's data */
 #define LANE_ABORT	0x4142434bu	/* "KCBA": the sender failed; seq = -err, count = culprit */
+#define LANE_ABORT_OP	0xff		/* an ABORT's step: its bytes are the op's seq */
 #define LANE_SLICE_MS	100		/* poll slice: the daemon's death is seen within it */
 #define LANE_GRACE_NS	(250 * 1000000LL)	/* per step of recursive doubling, see lane_deadline */
 
@@ -158,7 +162,9 @@ void kc_lanes_free(struct kc_lanes *l)
  * down instead. */
 static void lanes_tell(struct kc_lanes *l, int err, uint32_t culprit)
 {
-	struct lane_hdr a = { .magic = LANE_ABORT, .seq = (uint32_t)-err, .count = culprit };
+	/* The op it is about: the one in flight, else the next one. */
+	struct lane_hdr a = { .magic = LANE_ABORT, .seq = (uint32_t)-err, .count = culprit,
+			      .step = LANE_ABORT_OP, .bytes = l->busy ? l->tx.seq : l->seq };
 
 	for (uint32_t h = 0; h < l->nhosts; h++) {
 		struct lane_peer *p = &l->peer[h];
@@ -285,6 +291,14 @@ static int peer_send(struct kc_lanes *l, struct lane_peer *p)
 	return 1;
 }
 
+/* An ABORT's error, and the culprit it names. */
+static int abort_err(const struct lane_hdr *h, uint32_t *culprit)
+{
+	*culprit = h->count < KCOLL_LANES_MAX_HOSTS ? (uint32_t)h->count : KCOLL_RANK_NONE;
+	/* Not ours to say that our daemon is gone. */
+	return h->seq == ENOTCONN ? -ECONNRESET : -(int)h->seq;
+}
+
 /* Take what p sent for this step: 1 moved, 0 nothing yet or done, < 0
  * failed; *culprit is the rank a peer's ABORT names. */
 static int peer_recv(struct kc_lanes *l, struct lane_peer *p, uint32_t *culprit)
@@ -311,11 +325,8 @@ static int peer_recv(struct kc_lanes *l, struct lane_peer *p, uint32_t *culprit)
 		if (p->got == sizeof(p->rx_hdr)) {
 			const struct lane_hdr *h = &p->rx_hdr;
 
-			if (h->magic == LANE_ABORT && h->seq && h->seq < 4096) {
-				*culprit = h->count < KCOLL_LANES_MAX_HOSTS ? (uint32_t)h->count : KCOLL_RANK_NONE;
-				/* Not ours to say that our daemon is gone. */
-				return h->seq == ENOTCONN ? -ECONNRESET : -(int)h->seq;
-			}
+			if (h->magic == LANE_ABORT && h->seq && h->seq < 4096)
+				return abort_err(h, culprit);
 			if (h->magic != LANE_MAGIC || h->seq != l->tx.seq || h->count != l->tx.count ||
 			    h->dtype != l->tx.dtype || h->op != l->tx.op || h->step != l->tx.step ||
 			    h->bytes != l->tx.bytes)
@@ -355,6 +366,30 @@ static int step_end(struct kc_lanes *l)
 	return 1;
 }
 
+/*
+ * The op's data is all in, but did the others give up on it? A rank that
+ * comes after they timed out finds their data in its sockets, each
+ * followed by the ABORT they sent then. Peek at what follows on every lane
+ * (the next op's data stays where it is): 0, or the error of an ABORT of
+ * this op (one without an op, from an older libkcoll, counts too). An ABORT
+ * still on its way is the timeout's edge: the op completes here alone.
+ */
+static int lanes_aborted(struct kc_lanes *l, uint32_t *culprit)
+{
+	for (uint32_t h = 0; h < l->nhosts; h++) {
+		struct lane_hdr a;
+
+		if (l->peer[h].fd < 0 ||
+		    recv(l->peer[h].fd, &a, sizeof(a), MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof(a))
+			continue;
+		if (a.magic != LANE_ABORT || !a.seq || a.seq >= 4096 ||
+		    (a.step == LANE_ABORT_OP && a.bytes != l->tx.seq))
+			continue;
+		return abort_err(&a, culprit);
+	}
+	return 0;
+}
+
 /* One pass over this step's lanes: 1 if the op is done, 0 if not, < 0
  * failed (l->err set). */
 static int lanes_pass(struct kc_lanes *l, bool *moved)
@@ -381,6 +416,15 @@ static int lanes_pass(struct kc_lanes *l, bool *moved)
 	}
 	if (!all)
 		return 0;
+	if (l->step + 1 == l->nsteps) {
+		uint32_t culprit;
+
+		r = lanes_aborted(l, &culprit);
+		if (r) {
+			lanes_fail(l, r, culprit);
+			return r;
+		}
+	}
 	r = step_end(l);
 	if (r < 0)
 		lanes_fail(l, r, KCOLL_RANK_NONE);
