@@ -335,15 +335,25 @@ out:
 
 /*
  * Wait for an op the library accepted (sub == 0) and return its result and
- * blamed rank; a refused submission is its own result. rq is read only
- * after the submission ran, hence the pointer.
+ * blamed rank (kcoll_wait_status; -ETIMEDOUT if still pending); a refused
+ * submission is its own result. rq is read only after the submission ran,
+ * hence the pointer.
  */
 static int lib_wait(int sub, struct kcoll_req **rq, int timeout_ms, int *err_rank)
 {
-	int r = sub ? sub : kcoll_wait(*rq, timeout_ms);
+	struct kcoll_status st = { .reserved = { 7, 7 } };
+	int r;
 
-	*err_rank = sub ? -1 : kcoll_req_err_rank(*rq);
-	return r;
+	*err_rank = -1;
+	if (sub)
+		return sub;
+	r = kcoll_wait_status(*rq, timeout_ms, &st);
+	if (r != 1)
+		return r ? r : -ETIMEDOUT;
+	if (st.reserved[0] || st.reserved[1] || (!st.result && st.err_rank != -1))
+		return -EPROTO;	/* the status is not what kcoll.h promises */
+	*err_rank = st.err_rank;
+	return st.result;
 }
 
 /* Child: record an op's result and blamed rank (sub: its submission's). */
@@ -1591,7 +1601,10 @@ static void sc_staller(int me)
 	r = kcoll_allreduce(c, s, d, 64, KCOLL_I32, KCOLL_SUM, &rq);
 	if (!staller_timed) {
 		ch_rec(me, 0, -1);	/* t_ns[0]: submitted */
-		rec_wait(me, r, &rq, 5000);
+		/* The old way: the blamed rank read from the freed request,
+		 * right here where no other thread submits. */
+		t = r ? r : kcoll_wait(rq, 5000);
+		ch_rec(me, t, r ? -1 : kcoll_req_err_rank(rq));
 	} else {
 		ch_rec(me, r, -1);		/* [0] submitted */
 		t = r ? r : kcoll_timedwait(rq, 100, &res);

@@ -111,7 +111,19 @@ int kcoll_wait(struct kcoll_req *req, int timeout_ms);
  * forever) passed with it still pending (it stays valid), -EINVAL for a
  * bad or freed request. A dead daemon completes it with -ENOTCONN. */
 int kcoll_timedwait(struct kcoll_req *req, int timeout_ms, int *result);
-/* After a failed request: the rank the daemon blamed, or -1. */
+
+/* What a finished request reports (1.6). */
+struct kcoll_status {
+	int result;		/* the operation's result: 0 or a negative errno */
+	int err_rank;		/* after a failure, the rank blamed for it; else -1 */
+	uint32_t reserved[2];	/* zeroed */
+};
+/* kcoll_timedwait that also reports the blamed rank, taken before the
+ * request is freed (timeout_ms 0: a test). Returns as kcoll_timedwait. */
+int kcoll_wait_status(struct kcoll_req *req, int timeout_ms, struct kcoll_status *status);
+/* The rank blamed for a failed request. It reads the request after
+ * kcoll_wait/kcoll_test freed it: right only while no other thread submits
+ * on the connection in between. Prefer kcoll_wait_status. */
 int kcoll_req_err_rank(const struct kcoll_req *req);
 
 /* Shared-memory buffers the daemon maps too: collectives on them are zero-copy. */

@@ -3,7 +3,7 @@
  * libkcoll: requests on the ring. Taking a request slot, queueing its SQE,
  * reaping CQEs, waiting on the CQ doorbell (spin, then futex in slices that
  * notice a dead daemon), and kcoll_test / kcoll_wait / kcoll_timedwait /
- * kcoll_req_err_rank.
+ * kcoll_wait_status / kcoll_req_err_rank.
  * Locking: lib.h.
  */
 #include <errno.h>
@@ -242,12 +242,12 @@ int kcoll_wait(struct kcoll_req *rq, int timeout_ms)
 	return r;
 }
 
-int kcoll_timedwait(struct kcoll_req *rq, int timeout_ms, int *result)
+int kcoll_wait_status(struct kcoll_req *rq, int timeout_ms, struct kcoll_status *st)
 {
 	struct kcoll *k;
 	int r;
 
-	if (!rq || !result || rq->state == REQ_FREE)
+	if (!rq || !st || rq->state == REQ_FREE)
 		return -EINVAL;
 	k = rq->k;
 	if (rq->lane_comm && rq->state == REQ_PENDING && !kc_lane_req_progress(rq, timeout_ms))
@@ -256,9 +256,28 @@ int kcoll_timedwait(struct kcoll_req *rq, int timeout_ms, int *result)
 	if (r)
 		return r == -ETIMEDOUT ? 0 : r;
 	pthread_mutex_lock(&k->ring_lock);
-	*result = req_finish(rq);
+	/* Read before req_finish: the slot is free for the next submission
+	 * the moment ring_lock is dropped. */
+	*st = (struct kcoll_status){
+		.result = rq->res,
+		.err_rank = rq->res && rq->err_rank != KCOLL_RANK_NONE ? (int)rq->err_rank : -1,
+	};
+	req_finish(rq);
 	pthread_mutex_unlock(&k->ring_lock);
 	return 1;
+}
+
+int kcoll_timedwait(struct kcoll_req *rq, int timeout_ms, int *result)
+{
+	struct kcoll_status st;
+	int r;
+
+	if (!result)
+		return -EINVAL;
+	r = kcoll_wait_status(rq, timeout_ms, &st);
+	if (r == 1)
+		*result = st.result;
+	return r;
 }
 
 int kcoll_req_err_rank(const struct kcoll_req *rq)

@@ -66,19 +66,19 @@ static void *rank_slice(const struct bench_rank *b, size_t param)
 
 static int wait_req(struct bench_rank *b, struct kcoll_req *req, const char *what)
 {
-	int r = kcoll_wait(req, b->wait_ms);
+	struct kcoll_status st;
+	int r = kcoll_wait_status(req, b->wait_ms, &st);
 
-	if (r == -ETIMEDOUT)
-		return kb_say_fail(b->rank, r, -1, "%s still pending after %d s", what,
+	if (r == 0)
+		return kb_say_fail(b->rank, -ETIMEDOUT, -1, "%s still pending after %d s", what,
 				   b->wait_ms / 1000);
-	if (r) {
-		int blamed = kcoll_req_err_rank(req);
-
-		if (blamed >= 0)
-			return kb_say_fail(b->rank, r, blamed, "%s failed (daemon blames rank %d)",
-					   what, blamed);
-		return kb_say_fail(b->rank, r, -1, "%s failed", what);
-	}
+	if (r < 0)
+		return kb_say_fail(b->rank, r, -1, "%s: wait failed", what);
+	if (st.result && st.err_rank >= 0)
+		return kb_say_fail(b->rank, st.result, st.err_rank, "%s failed (daemon blames rank %d)", what,
+				   st.err_rank);
+	if (st.result)
+		return kb_say_fail(b->rank, st.result, -1, "%s failed", what);
 	return 0;
 }
 

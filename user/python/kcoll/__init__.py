@@ -35,7 +35,7 @@ class KcollError(RuntimeError):
 
     errno: positive errno; code: the negative value libkcoll returned;
     strerror: kcoll_strerror's sentence; rank: the rank kcolld blamed
-    (kcoll_req_err_rank) for a failed collective, else None.
+    (kcoll_wait_status) for a failed collective, else None.
     """
 
     def __init__(self, code, what, rank=None):
@@ -321,12 +321,6 @@ class Request:
     def done(self):
         return self.result is not None
 
-    def _finish(self, res):
-        # The library freed the request; its err_rank stays readable until
-        # the slot is reused by a later submission on this connection.
-        er = _lc.kcoll_req_err_rank(self._h) if res else -1
-        self._settle(res, er if er >= 0 else None)
-
     def _settle(self, res, err_rank):
         self.err_rank = err_rank
         self.result = res
@@ -346,14 +340,8 @@ class Request:
         return True
 
     def _poll(self):
-        if self._closed():
-            return
-        res = ctypes.c_int()
-        r = _lc.kcoll_test(self._h, ctypes.byref(res))
-        if r < 0:
-            raise KcollError(r, f"{self._what}: test")
-        if r == 1:
-            self._finish(res.value)
+        if not self._closed():
+            self._wait_ms(0)
 
     def test(self):
         """True once the operation is complete (raises if it failed)."""
@@ -375,14 +363,14 @@ class Request:
         return self.done
 
     def _wait_ms(self, ms):
-        # kcoll_timedwait: 0 while pending (the request stays valid), 1 and
-        # the operation's result once done (then freed).
-        res = ctypes.c_int()
-        r = _lc.kcoll_timedwait(self._h, ms, ctypes.byref(res))
+        # kcoll_wait_status: 0 while pending (the request stays valid), 1
+        # and the result and blamed rank once done (then freed).
+        st = _lib.Status()
+        r = _lc.kcoll_wait_status(self._h, ms, ctypes.byref(st))
         if r < 0:
             raise KcollError(r, f"{self._what}: wait")
         if r == 1:
-            self._finish(res.value)
+            self._settle(st.result, st.err_rank if st.result and st.err_rank >= 0 else None)
 
 
 # ---- communicators -------------------------------------------------------------

@@ -20,6 +20,11 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("bytes", ctypes.c_uint8 * UNIQUE_ID_BYTES)]
 
 
+class Status(ctypes.Structure):
+    """struct kcoll_status: a finished request's result and blamed rank."""
+    _fields_ = [("result", ctypes.c_int), ("err_rank", ctypes.c_int), ("reserved", ctypes.c_uint32 * 2)]
+
+
 # KV-cache transfers (<kcoll/kcoll.h>, <linux/kcoll.h>); kcoll.kv uses them.
 SEG_DESC_BYTES = 128
 XFER_MAX_ENTRIES = 4096
@@ -94,7 +99,7 @@ _protos = {
     "kcoll_test": (_i, [_p, ctypes.POINTER(_i)]),
     "kcoll_wait": (_i, [_p, _i]),
     "kcoll_timedwait": (_i, [_p, _i, ctypes.POINTER(_i)]),
-    "kcoll_req_err_rank": (_i, [_p]),
+    "kcoll_wait_status": (_i, [_p, _i, ctypes.POINTER(Status)]),
     "kcoll_mem_alloc": (_i, [_p, _sz, _pp]),
     "kcoll_mem_free": (_i, [_p, _p]),
     "kcoll_mem_deregister": (_i, [_p, _p]),
