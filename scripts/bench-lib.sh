@@ -53,3 +53,25 @@ bench_kcolld_stop() {
 		wait "$daemon_pid" 2>/dev/null || true
 	fi
 }
+
+# bench_tcpcap_ring OUT ADDRS PORT SECONDS: the raw TCP ring of a netns
+# cluster (scripts/netns-cluster.sh, the hosts 0..n-1 of the comma list
+# ADDRS): kcoll-tcpcap ring on every host at once, each streaming to its
+# ring neighbour for SECONDS; rank 0's JSON (every link, the aggregate and
+# the ring all-reduce bound) into OUT. Dies, with the ranks' stderr, if
+# any rank fails. Needs bin, tmp, die() and the cluster's environment.
+bench_tcpcap_ring() {
+	local out=$1 addrs=$2 port=$3 secs=$4 n i rc=0 pids=()
+	local cluster
+	cluster="$(dirname "${BASH_SOURCE[0]}")/netns-cluster.sh"
+	n=$(tr ',' '\n' <<<"$addrs" | wc -l)
+	for ((i = 1; i < n; i++)); do
+		timeout -k 5 60 "$cluster" exec "$i" "$bin/kcoll-tcpcap" ring -r "$i" "$addrs" -p "$port" \
+			-t "$secs" >/dev/null 2>"$tmp/cap-$i.err" &
+		pids+=($!)
+	done
+	timeout -k 5 60 "$cluster" exec 0 "$bin/kcoll-tcpcap" ring -r 0 "$addrs" -p "$port" -t "$secs" \
+		--json >"$out" 2>"$tmp/cap-0.err" || rc=1
+	for i in "${pids[@]}"; do wait "$i" || rc=1; done
+	[ "$rc" -eq 0 ] || { cat "$tmp"/cap-*.err >&2; die "kcoll-tcpcap ring failed"; }
+}

@@ -181,19 +181,9 @@ ranks() {	# round N parts...: the torch ranks, one round
 # scripts/cluster-anchors.sh does); the slowest link bounds a ring
 # all-reduce's busbw, for kcoll and gloo alike.
 capacity() {	# round
-	local i pids=() rc=0 addrs=()
+	local i addrs=()
 	for ((i = 0; i < hosts; i++)); do addrs+=("10.10.0.$((i + 1))"); done
-	local list
-	list=$(IFS=,; echo "${addrs[*]}")
-	for ((i = 1; i < hosts; i++)); do
-		timeout -k 5 60 "$top/scripts/netns-cluster.sh" exec "$i" "$bin/kcoll-tcpcap" ring -r "$i" \
-			"$list" -p 17670 -t 3 2>"$tmp/cap-$i.err" >/dev/null &
-		pids+=($!)
-	done
-	timeout -k 5 60 "$top/scripts/netns-cluster.sh" exec 0 "$bin/kcoll-tcpcap" ring -r 0 "$list" \
-		-p 17670 -t 3 --json >"$tmp/cap.json" 2>"$tmp/cap-0.err" || rc=1
-	for i in "${pids[@]}"; do wait "$i" || rc=1; done
-	[ "$rc" -eq 0 ] || { cat "$tmp"/cap-*.err >&2; die "kcoll-tcpcap ring failed"; }
+	bench_tcpcap_ring "$tmp/cap.json" "$(IFS=,; echo "${addrs[*]}")" 17670 3
 	record "$1" cap tcpcap "$hosts" "$tmp/cap.json"
 }
 

@@ -71,6 +71,7 @@ fi
 BUILD=${1:-build}
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/scripts/plot-lib.sh"	# plot_py, plot_busbw
+. "$top/scripts/bench-lib.sh"	# bench_tcpcap_ring
 cd "$top"
 bin="$top/$BUILD/bin"
 export KCOLL_CLUSTER_PREFIX=${KCOLL_CLUSTER_PREFIX:-kca}
@@ -171,17 +172,8 @@ record() {	# round system file: tag a tool's JSON document
 }
 
 capacity() {	# round
-	local out="$tmp/cap.json" pids=() i rc=0
-	for ((i = 1; i < hosts; i++)); do
-		timeout -k 5 60 "$cluster" exec "$i" "$bin/kcoll-tcpcap" ring -r "$i" "$addr_list" \
-			-p "$port" -t "$cap_seconds" 2>"$tmp/cap-$i.err" &
-		pids+=($!)
-	done
-	timeout -k 5 60 "$cluster" exec 0 "$bin/kcoll-tcpcap" ring -r 0 "$addr_list" -p "$port" \
-		-t "$cap_seconds" --json >"$out" 2>"$tmp/cap-0.err" || rc=1
-	for p in "${pids[@]}"; do wait "$p" || rc=1; done
-	[ "$rc" -eq 0 ] || { cat "$tmp"/cap-*.err >&2; die "kcoll-tcpcap ring failed"; }
-	record "$1" tcpcap "$out"
+	bench_tcpcap_ring "$tmp/cap.json" "$addr_list" "$port" "$cap_seconds"
+	record "$1" tcpcap "$tmp/cap.json"
 }
 
 openmpi() {	# round part args...
