@@ -29,6 +29,12 @@ for f in sbin/kcolld bin/kcollctl bin/kcoll-bench lib/libkcoll.so.1 lib/libkcoll
 	[ -e "$D$P/$f" ] || miss="$miss $f"
 done
 ok "$([ -z "$miss" ]; echo $?)" "the expected files are there${miss:+ (missing:$miss)}"
+miss=
+for f in "$D$P"/bin/* "$D$P"/sbin/*; do
+	f=${f##*/}
+	compgen -G "$D$P/share/man/man[18]/$f.[18]" >/dev/null || miss="$miss $f"
+done
+ok "$([ -z "$miss" ]; echo $?)" "every installed program has its man page in man1 or man8${miss:+ (none for:$miss)}"
 [ "$(readlink "$D$P/lib/libkcoll.so")" = libkcoll.so.1 ]
 ok $? "libkcoll.so is a relative link to the soname libkcoll.so.1"
 bad=$(find "$D$P/bin" "$D$P/sbin" -type f ! -perm 0755; find "$D$P/include" "$D$P/share" -type f ! -perm 0644)
