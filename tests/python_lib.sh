@@ -46,6 +46,24 @@ torch_checks() {
 	# (4 ranks importing torch on 2 busy cores passed 60 s) and still
 	# ends a hang.
 	[ -n "${KCOLL_TEST_SAN:-}" ] && specs=("2 env")
+	# No kcolld on the socket: init_process_group raises, saying what to
+	# do, and the half-made group's finalizer stays quiet (it raised
+	# AttributeError, "Exception ignored", before).
+	local out
+	out=$(KCOLL_SOCKET=/nonexistent/kcolld.sock timeout 60 "$PY" -c '
+import gc, socket
+import torch.distributed as dist
+import kcoll.torch
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+try:
+    dist.init_process_group("kcoll", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    print("no error")
+except RuntimeError as e:
+    print("raised:", e)
+gc.collect()
+' 2>&1)
+	grep -q "^raised:.*kcolld is not running" <<<"$out" && ! grep -q "Exception ignored" <<<"$out"
+	ok $? "init_process_group(\"kcoll\") without kcolld raises, saying to start it, and nothing more: $(head -c 300 <<<"$out" | tr '\n' ' ')"
 	for spec in "${specs[@]}"; do
 		set -- $spec
 		launch 150 "$TOP/tests/python/torch_rank.py" "$1" "torch $1 $2://" 120 "$2"

@@ -356,8 +356,11 @@ class ProcessGroupKcoll(ProcessGroup):
 
     def __del__(self):
         # Operations still queued finish first; their requests keep the
-        # communicator (and it the connection) until then.
-        self._queue.put(None)
+        # communicator (and it the connection) until then. A group whose
+        # __init__ raised (no kcolld, a failed join) has no queue.
+        q = getattr(self, "_queue", None)
+        if q is not None:
+            q.put(None)
 
     def getBackendName(self):
         return BACKEND
