@@ -14,7 +14,12 @@ trap cleanup EXIT
 "$B/bin/kcolld" --bogus >/dev/null 2>&1; [ $? -eq 2 ]; ok $? "kcolld: unknown option exits 2"
 "$B/bin/kcolld" -L loud -f 2>&1 | grep -q "unknown log level"; ok $? "kcolld: bad log level is named"
 "$B/bin/kcollctl" >/dev/null 2>&1; [ $? -eq 2 ]; ok $? "kcollctl without a command exits 2"
-"$B/bin/kcollctl" frobnicate >/dev/null 2>&1; [ $? -eq 2 ]; ok $? "kcollctl: unknown command exits 2"
+err=$("$B/bin/kcollctl" frobnicate 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l <<<"$err")" -eq 1 ] && grep -q "unknown command 'frobnicate'.*--help" <<<"$err"
+ok $? "kcollctl: unknown command exits 2 with one line naming it and --help (got $rc: $err)"
+err=$("$B/bin/kcollctl" status extra 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l <<<"$err")" -eq 1 ] && grep -q "unexpected argument 'extra'.*--help" <<<"$err"
+ok $? "kcollctl: an extra argument exits 2 with one line naming it (got $rc: $err)"
 out=$("$B/bin/kcollctl" plan --local 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "local goes with 'anomalies' and 'events'" <<<"$out"
 ok $? "kcollctl: --local with another command than anomalies or events exits 2 and says why"

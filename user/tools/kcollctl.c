@@ -327,8 +327,7 @@ int main(int argc, char **argv)
 		} else if (cmd && !strcmp(cmd, "set") && nargs < 2 && argv[i][0] != '-') {
 			args[nargs++] = argv[i];
 		} else if (argv[i][0] == '-' || cmd) {
-			fprintf(stderr, "kcollctl: unexpected argument '%s'\n", argv[i]);
-			usage(stderr);
+			fprintf(stderr, "kcollctl: unexpected argument '%s' (try kcollctl --help)\n", argv[i]);
 			return 2;
 		} else {
 			cmd = argv[i];
@@ -390,7 +389,7 @@ int main(int argc, char **argv)
 			       kcoll_version(), KCOLL_ABI_VERSION, kcoll_reduce_impl());
 		return 0;
 	}
-	fprintf(stderr, "kcollctl: unknown command '%s'\n", cmd);
-	usage(stderr);
+	fprintf(stderr, "kcollctl: unknown command '%s': status, config, metrics, set, anomalies, events, "
+		"plan, top, gpu or version (try kcollctl --help)\n", cmd);
 	return 2;
 }
