@@ -149,6 +149,52 @@ for i, dt in enumerate(DTYPES):
         ok = ok and torch.equal(t, g)
     rep.check(ok, f"broadcast {name(dt)} from rank {root}")
 
+# ---- reduce and gather: run as all_reduce / all_gather, the root keeps the result --------
+for i, dt in enumerate(DTYPES):
+    root = (i + 1) % world
+    bad = []
+    for op in ("SUM", "MIN", "PRODUCT", "AVG"):
+        mine = data(rank, dt, op)
+        t = mine.clone()
+        dist.reduce(t, dst=root, op=OPS[op])
+        if rank == root and not same(t, reference(dt, op), dt, op):
+            bad.append(f"{op} vs reference")
+        if rank != root and not torch.equal(t, mine):
+            bad.append(f"{op}: a non-root tensor changed")
+        if gloo_can(dt, op):
+            g = mine.clone()
+            dist.reduce(g, dst=root, op=OPS[op], group=gloo)
+            if rank == root and not torch.equal(t, g):
+                bad.append(f"{op} vs gloo")
+    rep.check(not bad, f"reduce {name(dt)} to rank {root}: SUM MIN PRODUCT AVG vs reference"
+              + ("" if dt == torch.bfloat16 else " and gloo (not AVG)") + ", other ranks' tensors unchanged",
+              f"wrong: {bad}")
+for i, dt in enumerate(DTYPES):
+    root = i % world
+    src = data(rank, dt, "MIN")
+    outs = [torch.zeros(N, dtype=dt) for _ in range(world)] if rank == root else None
+    dist.gather(src, gather_list=outs, dst=root)
+    ok = rank != root or all(torch.equal(o, data(r, dt, "MIN")) for r, o in enumerate(outs))
+    if gloo_can(dt):
+        gouts = [torch.zeros(N, dtype=dt) for _ in range(world)] if rank == root else None
+        dist.gather(src, gather_list=gouts, dst=root, group=gloo)
+        ok = ok and (rank != root or all(torch.equal(o, g) for o, g in zip(outs, gouts)))
+    rep.check(ok, f"gather {name(dt)} to rank {root} vs reference" + ("" if dt == torch.bfloat16 else " and gloo"))
+# 4 MiB: the root's reduce is cut and shared in place, the others' scratch
+# copies are cut alike (not shared); a strided view; async.
+big = torch.arange(1 << 20, dtype=torch.float32) + rank
+col = torch.full((64, 3), float(rank + 1))[:, 1]
+wb = dist.reduce(big, dst=world - 1, async_op=True)
+wc = dist.reduce(col, dst=0, op=R.MAX, async_op=True)
+wb.wait()
+wc.wait()
+want_big = torch.arange(1 << 20, dtype=torch.float32) * world + sum(range(world))
+rep.check((torch.equal(big, want_big) if rank == world - 1
+           else torch.equal(big, torch.arange(1 << 20, dtype=torch.float32) + rank))
+          and torch.equal(col, torch.full((64,), float(world if rank == 0 else rank + 1))),
+          "async reduce of 4 MiB (cut, shared on the root) and of a strided column: right on the root, "
+          "unchanged elsewhere")
+
 # ---- async ops ----------------------------------------------------------------------------
 ts = [torch.full((1000,), float(rank + k)) for k in range(6)]
 works = [dist.all_reduce(t, async_op=True) for t in ts]
@@ -237,6 +283,8 @@ rep.raises(RuntimeError, lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32
            "all_reduce BAND: RuntimeError naming the gloo alternative", ["BAND", "gloo"])
 rep.raises(RuntimeError, lambda: dist.send(torch.ones(1), dst=(rank + 1) % world),
            "send: RuntimeError naming the gloo alternative", ["send", "gloo"])
+rep.raises(RuntimeError, lambda: dist.scatter(torch.ones(2), [torch.ones(2)] * world if rank == 0 else None),
+           "scatter: RuntimeError naming the gloo alternative", ["scatter", "gloo"])
 rep.raises(RuntimeError, lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)),
            "all_reduce int16: RuntimeError naming the dtype", ["int16"])
 rep.raises(RuntimeError, lambda: dist.all_reduce(torch.ones(2, device="meta")),

@@ -84,6 +84,14 @@ def _reduce_op(opts):
     return getattr(opts, "reduceOp", opts)
 
 
+def _root(opts, size):
+    """The root rank of a rooted op's options (0 without options)."""
+    root = getattr(opts, "rootRank", 0) if opts is not None else 0
+    if not 0 <= root < size:
+        raise RuntimeError(f"kcoll: root rank {root} is not in the group (0..{size - 1})")
+    return root
+
+
 def _python_caller(pg):
     """Is the collective called by torch.distributed's Python API (which
     calls work.wait() from Python), rather than from C++ through pybind
@@ -405,7 +413,7 @@ class ProcessGroupKcoll(ProcessGroup):
             self._shared.busy.update(keys)
         return _Held(req, keys, self._shared)
 
-    def _cut(self, t, d):
+    def _cut(self, t, d, share=True):
         """How an all_reduce or broadcast of d (t, or t's contiguous copy)
         runs: None, as one kcoll op; or (ends, middle, put_back): d's first
         and last _END_BYTES staged in one small tensor, its middle in place,
@@ -416,7 +424,7 @@ class ProcessGroupKcoll(ProcessGroup):
         nbytes = d.numel() * d.element_size()
         if not self._share_min or nbytes < max(self._share_min, 4 * _END_BYTES):
             return None
-        if d is t:
+        if d is t and share:
             self._shared.ensure(t)
         h = _END_BYTES // d.element_size()
         flat = d.view(-1)
@@ -441,32 +449,68 @@ class ProcessGroupKcoll(ProcessGroup):
             tensors = [tensors]
         op = _op(_reduce_op(opts))
         t = _one(tensors, "allreduce")
-        d = _dense(t)
-        cut = self._cut(t, d)
+        return self._allreduce(tensors, t, _dense(t), op)
+
+    def _allreduce(self, result, t, d, op, share=True):
+        """All-reduce d (t, or t's contiguous copy) and copy it back into t;
+        the Work's result is result. share=False: d is scratch of our own,
+        not worth sharing with kcolld."""
+        cut = self._cut(t, d, share)
         if cut is None:
             req = self._comm.allreduce(d, op=op)
-            return self._work(self._held(req, [t]), lambda: _back(tensors, [(t, d)]))
+            return self._work(self._held(req, [t]), lambda: _back(result, [(t, d)]))
         ends, middle, put_back = cut
         req = _Reqs([self._comm.allreduce(ends, op=op), self._comm.allreduce(middle, op=op)])
-        return self._work(self._held(req, [t]), lambda: (put_back(), _back(tensors, [(t, d)]))[1])
+        return self._work(self._held(req, [t]), lambda: (put_back(), _back(result, [(t, d)]))[1])
+
+    def reduce(self, tensors, opts=None):
+        """reduce to opts.rootRank, as an all_reduce (kcolld has no rooted
+        reduce, so it costs as much as one): the root's tensor gets the
+        result, the others reduce a copy and keep theirs as it was."""
+        self._enter()
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        op = _op(_reduce_op(opts))
+        t = _one(tensors, "reduce")
+        d = _dense(t)
+        if self.rank() == _root(opts, self.size()):
+            return self._allreduce(tensors, t, d, op)
+        scratch = d.clone() if d is t else d
+        return self._allreduce(tensors, scratch, scratch, op, share=False)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         self._enter()
-        outs = _one(output_tensors, "allgather")
         src = _dense(_one(input_tensors, "allgather"))
-        if len(outs) != self.size():
-            raise RuntimeError(f"kcoll: allgather needs {self.size()} output tensors, got {len(outs)}")
-        for o in outs:
-            _check(o)
-            if o.numel() != src.numel() or o.dtype != src.dtype:
-                raise RuntimeError("kcoll: allgather output tensors must match the input's size and dtype")
+        return self._gather(output_tensors, src, _one(output_tensors, "allgather"), "allgather")
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        """gather to opts.rootRank, as an all_gather (every rank receives
+        every piece, so it costs as much as one); only the root's list is
+        filled."""
+        self._enter()
+        root = _root(opts, self.size())
+        src = _dense(_one(input_tensors, "gather"))
+        outs = _one(output_tensors, "gather") if self.rank() == root else None
+        return self._gather(output_tensors, src, outs, "gather")
+
+    def _gather(self, result, src, outs, what):
+        """All-gather src into one flat tensor, then copy its pieces into
+        outs (None: a gather's other ranks keep nothing); the Work's result
+        is result."""
+        if outs is not None:
+            if len(outs) != self.size():
+                raise RuntimeError(f"kcoll: {what} needs {self.size()} output tensors, got {len(outs)}")
+            for o in outs:
+                _check(o)
+                if o.numel() != src.numel() or o.dtype != src.dtype:
+                    raise RuntimeError(f"kcoll: {what} output tensors must match the input's size and dtype")
         flat = torch.empty(src.numel() * self.size(), dtype=src.dtype)
         req = self._comm.allgather(src, flat)
 
         def finish():
-            for o, piece in zip(outs, flat.split(src.numel())):
+            for o, piece in zip(outs or [], flat.split(src.numel())):
                 o.copy_(piece.view(o.shape))
-            return output_tensors
+            return result
         return self._work(req, finish)
 
     def _allgather_base(self, output, input, opts=None):
@@ -497,7 +541,7 @@ class ProcessGroupKcoll(ProcessGroup):
     def broadcast(self, tensors, opts=None):
         self._enter()
         t = _one(tensors, "broadcast")
-        root = opts.rootRank if opts is not None else 0
+        root = _root(opts, self.size())
         d = _dense(t)
         cut = self._cut(t, d)
         if cut is None:
@@ -513,8 +557,9 @@ class ProcessGroupKcoll(ProcessGroup):
 
     # ---- what kcoll does not do (yet): say so, and what to use -------------------
 
-    def _unsupported(self, what):
-        raise RuntimeError(f"kcoll: {what} is not supported by the kcoll backend; {_GLOO_HINT}")
+    def _unsupported(self, what, instead=None):
+        also = f" ({instead} is)" if instead else ""
+        raise RuntimeError(f"kcoll: {what} is not supported by the kcoll backend{also}; {_GLOO_HINT}")
 
     def send(self, *a, **k):
         self._unsupported("send")
@@ -524,12 +569,6 @@ class ProcessGroupKcoll(ProcessGroup):
 
     def recv_anysource(self, *a, **k):
         self._unsupported("recv")
-
-    def reduce(self, *a, **k):
-        self._unsupported("reduce (all_reduce is)")
-
-    def gather(self, *a, **k):
-        self._unsupported("gather (all_gather is)")
 
     def scatter(self, *a, **k):
         self._unsupported("scatter")
@@ -547,7 +586,7 @@ class ProcessGroupKcoll(ProcessGroup):
         self._unsupported("all_gather_coalesced")
 
     def monitored_barrier(self, *a, **k):
-        self._unsupported("monitored_barrier (barrier is)")
+        self._unsupported("monitored_barrier", "barrier")
 
 
 def _back(result, pairs):
