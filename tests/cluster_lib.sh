@@ -46,6 +46,24 @@ pick_python() {
 	[ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 }
 
+# py_asan_preload: for an ASan build (KCOLL_TEST_SAN), the ASan runtime
+# first in every python the test starts, libstdc++ right after it: an ASan
+# libkcoll loads into python only so, and without libstdc++ next ASan finds
+# no __cxa_throw to intercept once torch loads. Python's own allocations at
+# exit are not ours to judge (no leak check). Returns 1, with why set, when
+# the compiler has no such libraries to preload.
+py_asan_preload() {
+	local asan cxx
+	[ -n "${KCOLL_TEST_SAN:-}" ] || return 0
+	asan=$(${CC:-gcc} -print-file-name=libasan.so 2>/dev/null)
+	cxx=$(${CC:-gcc} -print-file-name=libstdc++.so.6 2>/dev/null)
+	if [ ! -f "$asan" ] || [ ! -f "$cxx" ]; then
+		why="ASan build: no libasan.so/libstdc++.so.6 to preload into python (gcc -print-file-name)"
+		return 1
+	fi
+	export LD_PRELOAD="$asan $cxx" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
+}
+
 # cluster_prefix NAME: the namespaces' prefix (KCOLL_CLUSTER_PREFIX, also P).
 cluster_prefix() {
 	export KCOLL_CLUSTER_PREFIX=$1

@@ -7,10 +7,10 @@
 # the torch 2.x root. Sourced right after `set -u`; the test sets PY, the
 # python3 that runs launch.py and the ranks (a plain path, or torch2_enter's
 # wrapper that enters the root).
+# ok, skip, pick_python and py_asan_preload come from cluster_lib.sh.
 shopt -s lastpipe	# emit, at the end of a pipe, counts in this shell
-B=${KCOLL_BUILD:?run through tests/run.sh}
-TOP=${KCOLL_TOP:?run through tests/run.sh}
-n=0 failed=0
+. "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
+TOP=$top
 export PYTHONPATH="$TOP/user/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1	# leave no __pycache__ in the source tree
 export KCOLL_LIB="$B/lib/libkcoll.so.1"
@@ -30,8 +30,6 @@ launch() {	# TIMEOUT_S launch.py-args...: run it, number its lines, catch a hang
 	rc=${PIPESTATUS[0]}
 	if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then ok 1 "launch.py $* finished within $limit s"; fi
 }
-skip() { n=$((n + 1)); echo "ok $n # SKIP $1"; }
-ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
 
 # The torch.distributed backend with $PY: torch_rank.py at 2 ranks (env://),
 # 3 (file://) and 4 (tcp://): every collective x dtype x op against a

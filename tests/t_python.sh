@@ -12,22 +12,8 @@
 # python3-numpy, python3-torch; the first python3 on PATH may lack them.
 set -u
 . "${KCOLL_TOP:?run through tests/run.sh}/tests/python_lib.sh"
-PY=/usr/bin/python3
-[ -x "$PY" ] || PY=$(command -v python3)
-
-if [ -n "${KCOLL_TEST_SAN:-}" ]; then
-	# An ASan libkcoll loads into python only with the ASan runtime first in
-	# the process, and libstdc++ right after it (else ASan finds no
-	# __cxa_throw to intercept once torch loads); python's own allocations
-	# at exit are not ours to judge.
-	asan=$(${CC:-gcc} -print-file-name=libasan.so 2>/dev/null)
-	cxx=$(${CC:-gcc} -print-file-name=libstdc++.so.6 2>/dev/null)
-	if [ ! -f "$asan" ] || [ ! -f "$cxx" ]; then
-		skip "ASan build: no libasan.so/libstdc++.so.6 to preload into python (gcc -print-file-name)"
-		echo "1..$n"; exit 0
-	fi
-	export LD_PRELOAD="$asan $cxx" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
-fi
+pick_python
+py_asan_preload || { skip "$why"; echo "1..$n"; exit 0; }
 
 if ! "$PY" -c 'import numpy' 2>/dev/null; then
 	skip "numpy missing for $PY (apt-get install python3-numpy): package tests"

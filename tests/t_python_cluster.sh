@@ -32,15 +32,7 @@ need_netns
 export PYTHONPATH="$top/user/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1	# leave no __pycache__ in the source tree
 export KCOLL_LIB="$B/lib/libkcoll.so.1"
-if [ -n "${KCOLL_TEST_SAN:-}" ]; then
-	# As in t_python.sh: the ASan runtime first in python, libstdc++ after it.
-	asan=$(${CC:-gcc} -print-file-name=libasan.so 2>/dev/null)
-	cxx=$(${CC:-gcc} -print-file-name=libstdc++.so.6 2>/dev/null)
-	if [ ! -f "$asan" ] || [ ! -f "$cxx" ]; then
-		skip_all "ASan build: no libasan.so/libstdc++.so.6 to preload into python (gcc -print-file-name)"
-	fi
-	export LD_PRELOAD="$asan $cxx" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
-fi
+py_asan_preload || skip_all "$why"
 
 cluster_tmp pycluster
 chmod 755 "$T"

@@ -19,13 +19,7 @@ export PYTHONPATH="$top/user/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 export KCOLL_LIB="$B/lib/libkcoll.so.1"
 
-if [ -n "${KCOLL_TEST_SAN:-}" ]; then
-	# As in t_python.sh: an ASan libkcoll loads into python only with the
-	# ASan runtime first in the process; python's own memory is not ours.
-	asan=$(${CC:-gcc} -print-file-name=libasan.so 2>/dev/null)
-	[ -f "$asan" ] || skip_all "ASan build: no libasan.so to preload into python (gcc -print-file-name)"
-	export LD_PRELOAD="$asan" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
-fi
+py_asan_preload || skip_all "$why"
 "$PY" -c 'import numpy' 2>/dev/null || skip_all "numpy missing for $PY (apt-get install python3-numpy)"
 
 timeout -k 5 120 "$PY" "$top/tests/python/kv_check.py" local 2>&1 | emit

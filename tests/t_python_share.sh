@@ -11,19 +11,8 @@
 # Needs /usr/bin/python3 with torch and numpy (python3-torch, python3-numpy).
 set -u
 . "${KCOLL_TOP:?run through tests/run.sh}/tests/python_lib.sh"
-PY=/usr/bin/python3
-[ -x "$PY" ] || PY=$(command -v python3)
-
-if [ -n "${KCOLL_TEST_SAN:-}" ]; then
-	# As in t_python.sh: the ASan runtime first in python, libstdc++ after it.
-	asan=$(${CC:-gcc} -print-file-name=libasan.so 2>/dev/null)
-	cxx=$(${CC:-gcc} -print-file-name=libstdc++.so.6 2>/dev/null)
-	if [ ! -f "$asan" ] || [ ! -f "$cxx" ]; then
-		skip "ASan build: no libasan.so/libstdc++.so.6 to preload into python (gcc -print-file-name)"
-		echo "1..$n"; exit 0
-	fi
-	export LD_PRELOAD="$asan $cxx" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
-fi
+pick_python
+py_asan_preload || { skip "$why"; echo "1..$n"; exit 0; }
 
 if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
 	skip "torch missing for $PY (apt-get install python3-torch python3-numpy): zero-copy tensor tests"
