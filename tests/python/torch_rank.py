@@ -16,6 +16,8 @@ import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tap import Report  # noqa: E402
+import torch_ref  # noqa: E402
+from torch_ref import DTYPES, OPS, name, same  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -37,38 +39,15 @@ rep.check(dist.get_backend() == "kcoll" and dist.get_world_size() == world and d
 gloo = dist.new_group(backend="gloo")
 
 R = dist.ReduceOp
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
-          torch.int32, torch.int64]
-OPS = {"SUM": R.SUM, "PRODUCT": R.PRODUCT, "MIN": R.MIN, "MAX": R.MAX, "AVG": R.AVG}
 N = 257
 
 
-def name(dt):
-    return str(dt).replace("torch.", "")
-
-
 def data(r, dt, op, n=N):
-    """Rank r's input: small integers, so every reduction is exact."""
-    g = torch.Generator().manual_seed(1000 * r + 10 * DTYPES.index(dt) + list(OPS).index(op))
-    lo, hi = ((-1 if dt != torch.uint8 else 1), 3) if op == "PRODUCT" else \
-        ((-5 if dt != torch.uint8 else 0), 10)
-    return torch.randint(lo, hi, (n,), generator=g).to(dt)
+    return torch_ref.data(r, dt, op, n)
 
 
 def reference(dt, op, n=N):
-    wide = torch.float64 if dt.is_floating_point else torch.int64
-    x = torch.stack([data(r, dt, op, n).to(wide) for r in range(world)])
-    if op == "AVG":
-        s = x.sum(0)
-        return (s / world if dt.is_floating_point else torch.div(s, world, rounding_mode="trunc")).to(dt)
-    return {"SUM": x.sum(0), "PRODUCT": x.prod(0), "MIN": x.min(0).values,
-            "MAX": x.max(0).values}[op].to(dt)
-
-
-def same(a, b, dt, op):
-    if op == "AVG" and dt.is_floating_point:  # kcolld rounds the sum, then the quotient
-        return torch.allclose(a.double(), b.double(), rtol=2.0 ** -7)
-    return torch.equal(a, b)
+    return torch_ref.reference(dt, op, n, world)
 
 
 def gloo_can(dt, op="SUM"):
