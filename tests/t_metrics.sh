@@ -106,7 +106,7 @@ curl -sS -D "$T/h0" -o "$T/s0" "http://$A/metrics"; rc=$?
 	grep -qi "^content-type: text/plain; version=0.0.4" "$T/h0"
 ok $? "GET /metrics: 200, text/plain; version=0.0.4"
 
-"$B/bin/kcoll-bench" allreduce -N 2 -b 1K -e 16M -n 10 -w 2 --json -s "$T/on.sock" >"$T/bench.json" \
+"$B/bin/kcoll-bench" allreduce -N 2 -b 1K -e 16M -n 200 -w 2 --json -s "$T/on.sock" >"$T/bench.json" \
 	2>"$T/bench.err" &
 bpid=$!
 pids+=("$bpid")
@@ -116,7 +116,7 @@ while kill -0 "$bpid" 2>/dev/null; do
 	kill -0 "$bpid" 2>/dev/null && during=$((during + 1))
 	scrapes+=("$T/s$i")
 	i=$((i + 1))
-	sleep 0.2
+	sleep 0.05
 done
 wait "$bpid"; brc=$?
 curl -sSf -o "$T/s$i" "http://$A/metrics"
