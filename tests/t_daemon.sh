@@ -7,7 +7,7 @@ B=${KCOLL_BUILD:?run through tests/run.sh}
 T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/daemon.XXXXXX")
 n=0 failed=0
 ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
-cleanup() { [ -f "$T/d.pid" ] && kill -KILL "$(cat "$T/d.pid")" 2>/dev/null; rm -rf "$T"; }
+cleanup() { local p; p=$(cat "$T/d.pid" 2>/dev/null) && kill -KILL "$p" 2>/dev/null; rm -rf "$T"; }
 trap cleanup EXIT
 
 "$B/bin/kcolld" --help | grep -q "Usage: kcolld"; ok $? "kcolld --help prints usage"
@@ -36,6 +36,18 @@ pid=$(cat "$T/d.pid" 2>/dev/null)
 "$B/bin/kcollctl" -s "$T/d.sock" status | grep -q "kcolld 1"; ok $? "kcollctl status (table)"
 "$B/bin/kcollctl" -s "$T/d.sock" status --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["pid"] > 0 and "counters" in d and "communicators" in d'
 ok $? "kcollctl status --json parses and has pid, counters, communicators"
+# A communicator's state through its life (tests/python/comm_state.py; the
+# python and ASan preload of the python tests, cluster_lib.sh).
+cs=0
+while IFS=$'\t' read -r res what; do
+	cs=$((cs + 1))
+	[ "$res" = ok ]; ok $? "comm state: $what"
+done < <(. "$KCOLL_TOP/tests/cluster_lib.sh"; pick_python
+	 py_asan_preload || { echo "$why" >"$T/cs.err"; exit; }
+	 KCOLL_SOCKET="$T/d.sock" PYTHONPATH="$KCOLL_TOP/user/python" KCOLL_LIB="$B/lib/libkcoll.so.1" \
+		 exec timeout -k 5 90 "$PY" "$KCOLL_TOP/tests/python/comm_state.py" "$B/bin/kcollctl" \
+		 "$T/d.sock" 2>"$T/cs.err")
+[ $cs -eq 10 ]; ok $? "comm state: all 10 checks ran (ran $cs; stderr: $(tail -c 300 "$T/cs.err" | tr '\n' ' '))"
 "$B/bin/kcollctl" config --json | python3 -c 'import json,sys; k={x["name"] for x in json.load(sys.stdin)}; assert "KCOLL_TIMEOUT_MS" in k and "KCOLL_SOCKET" in k'
 ok $? "kcollctl config --json lists the knobs"
 KCOLL_SPIN_US=7 "$B/bin/kcollctl" config | grep -E "^KCOLL_SPIN_US +7 .*\[set\]" -q; ok $? "kcollctl config shows a knob set in the environment"

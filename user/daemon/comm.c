@@ -383,6 +383,15 @@ static void post_list(struct kd_op *list, int cancel_rank)
 	}
 }
 
+const char *kd_comm_state_name(const struct kd_comm *comm)
+{
+	static const char *const names[] = { "forming", "active", "aborted" };
+
+	if (comm->state == KD_COMM_ABORTED && comm->left)
+		return "ended";
+	return (unsigned)comm->state < 3 ? names[comm->state] : "?";
+}
+
 bool kd_comm_abort(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags, uint64_t from_seq)
 {
 	struct kd_op *failed;
@@ -393,6 +402,8 @@ bool kd_comm_abort(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags,
 		return false;
 	}
 	comm->state = KD_COMM_ABORTED;
+	comm->left = flags & KD_ABORT_F_LEFT;
+	flags &= ~KD_ABORT_F_LEFT;
 	comm->limit_seq = from_seq;
 	comm->abort_err = err;
 	comm->abort_rank = rank;
@@ -433,6 +444,7 @@ void kd_comm_member_gone(struct kd_comm *comm, uint32_t rank, int err)
 		from = comm->mh ? comm->exec_seq : 0;
 		if (comm->limit_seq > from) {
 			comm->state = KD_COMM_ABORTED;
+			comm->left = err == -ECANCELED;
 			comm->limit_seq = from;
 			comm->abort_err = op_err;
 			comm->abort_rank = rank;

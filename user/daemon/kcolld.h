@@ -104,6 +104,9 @@ struct kd_client {
 
 enum kd_comm_state { KD_COMM_FORMING, KD_COMM_ACTIVE, KD_COMM_ABORTED };
 
+/* "forming", "active", "aborted", or "ended" (aborted by a member leaving). */
+const char *kd_comm_state_name(const struct kd_comm *comm);
+
 struct kd_mh;
 struct kd_pconn;
 
@@ -182,6 +185,8 @@ struct kd_comm {
 	int abort_err;
 	uint32_t abort_rank;
 	uint32_t abort_flags;
+	bool left;		/* aborted because a member left (kcoll_comm_destroy),
+				 * not by a failure: status calls it "ended" */
 	uint64_t limit_seq;	/* aborted: ops from this one on fail (UINT64_MAX: none) */
 	uint32_t nlocal;	/* ranks on this host: an op runs once they all arrived */
 	struct kd_mh *mh;	/* multi-host state, NULL while single-host */
@@ -376,7 +381,8 @@ void kd_comm_activate(struct kd_comm *comm);
 /* Forming comm could not be formed: tell the local ranks why. */
 void kd_comm_form_fail(struct kd_comm *comm, int err, const char *msg);
 /* Fail ops from from_seq on with err naming rank; true if this aborted it
- * now (false: it already was, from an earlier op). */
+ * now (false: it already was, from an earlier op). KD_ABORT_F_LEFT in flags:
+ * the cause is a member that left, not a failure (it reaches no CQE). */
 bool kd_comm_abort(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags, uint64_t from_seq);
 /* Multi-host: bitmap of local ranks that submitted op seq. */
 void kd_comm_submitted(struct kd_comm *comm, uint64_t seq, uint64_t bits[4]);

@@ -88,7 +88,8 @@ void net_on_ctrl(struct kd_pconn *pc, const struct kd_phdr *h)
 		uint32_t rank = m->rank < comm->nranks ? m->rank : KCOLL_RANK_NONE;
 
 		hh->answered = true;
-		if (!kd_comm_abort(comm, err, rank, m->flags & KCOLL_CQE_F_MISSING, m->from_seq))
+		if (!kd_comm_abort(comm, err, rank, m->flags & (KCOLL_CQE_F_MISSING | KD_ABORT_F_LEFT),
+				   m->from_seq))
 			;	/* already aborted from an earlier op */
 		else if (m->flags & KD_ABORT_F_LEFT)
 			kc_dbg("comm %s: rank %d on host %u (%s) left; ops from %llu on fail", comm->name,
