@@ -62,6 +62,22 @@ gc.collect()
 ' 2>&1)
 	grep -q "^raised:.*kcolld is not running" <<<"$out" && ! grep -q "Exception ignored" <<<"$out"
 	ok $? "init_process_group(\"kcoll\") without kcolld raises, saying to start it, and nothing more: $(head -c 300 <<<"$out" | tr '\n' ' ')"
+	# python3 -m kcoll: the set-up report (kcoll/__main__.py).
+	out=$(timeout 60 "$PY" -m kcoll --json 2>&1); rc=$?
+	[ $rc -eq 0 ] && "$PY" -c '
+import json, sys
+r = json.loads(sys.argv[1])
+d, t = r["daemon"], r["torch"]
+sys.exit(0 if d["ok"] and d["socket"] == sys.argv[2] and d["allreduce_us"] > 0 and
+         r["kcoll"]["libkcoll"] == sys.argv[3] and t["backend"] == "kcoll" and
+         isinstance(t["cuda_available"], bool) else 1)' "$out" "$KCOLL_SOCKET" "$KCOLL_LIB"
+	ok $? "python3 -m kcoll --json: rc 0, this daemon ran a one-rank all-reduce, this libkcoll, backend 'kcoll' registered (rc $rc: $(head -c 300 <<<"$out" | tr '\n' ' '))"
+	out=$(KCOLL_SOCKET=/nonexistent/kcolld.sock timeout 60 "$PY" -m kcoll 2>&1); rc=$?
+	[ $rc -eq 1 ] && grep -q "^kcolld: /nonexistent/kcolld.sock: NOT usable: .*kcolld is not running" <<<"$out" &&
+		grep -q "^torch.distributed backend 'kcoll': registered" <<<"$out"
+	ok $? "python3 -m kcoll without kcolld: rc 1, says the daemon is not running (rc $rc: $(head -c 400 <<<"$out" | tr '\n' ' '))"
+	"$PY" -m kcoll --timeout 0 >/dev/null 2>&1; rc=$?
+	[ $rc -eq 2 ]; ok $? "python3 -m kcoll --timeout 0: usage error, rc 2 (rc $rc)"
 	for spec in "${specs[@]}"; do
 		set -- $spec
 		launch 150 "$TOP/tests/python/torch_rank.py" "$1" "torch $1 $2://" 120 "$2"
