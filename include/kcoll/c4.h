@@ -176,6 +176,8 @@ struct kcoll_c4_link {
 	uint64_t rate;		/* last evaluation, B/s (0: not judged) */
 	uint64_t usual;		/* its usual rate: average while it kept up with the median */
 	uint64_t last_t;	/* its last observation */
+	uint64_t cleared_t;	/* when its slow verdict last cleared (0: never): the
+				 * link's keys are on probation after (c4.c) */
 	/* observations added up until they make a sample (min_obs_*) */
 	uint64_t acc_bytes, acc_busy, acc_t;
 	bool slow;

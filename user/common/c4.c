@@ -161,6 +161,27 @@ int kcoll_c4_complete(struct kcoll_c4 *c, uint32_t rank, uint64_t now)
 	return 0;
 }
 
+/*
+ * Just healed: the planner brings streams back to a link heal_hold_ms after
+ * its verdict cleared, and their first seconds there (TCP restarting after
+ * idle, a busy host's scheduling) must not raise it again on the usual
+ * margin: a link that flaps steers flows back and forth. For heal_hold_ms +
+ * 2 windows after a verdict on (host h, link l) cleared, either direction's,
+ * or on our own link l, its keys take 4 times the margin; a link still
+ * degraded (10x and worse) is caught at once.
+ */
+static bool on_probation(const struct kcoll_c4 *c, uint32_t h, uint32_t l, uint64_t now)
+{
+	uint64_t p = ((uint64_t)c->p.heal_hold_ms + 2ull * c->p.window_ms) * MS;
+	uint64_t t[4] = { c->link[h][l][0].cleared_t, c->link[h][l][1].cleared_t,
+			  c->culprit[h][l].cleared_ns, c->culprit[c->self][l].cleared_ns };
+
+	for (int i = 0; i < 4; i++)
+		if (t[i] && now - t[i] < p)
+			return true;
+	return false;
+}
+
 static uint64_t since_ms(uint64_t now, uint64_t t)
 {
 	return now > t ? DIV64(now - t, MS) : 0;
@@ -530,9 +551,12 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 			for (uint32_t d = 0; d < 2; d++) {
 				struct kcoll_c4_link *k = &c->link[h][l][d];
 				bool bad, good;
+				uint64_t sr = c->p.slow_ratio_pct;
 
 				if (h == c->self)
 					continue;
+				if (on_probation(c, h, l, now))
+					sr *= 4;
 				/* Slow: the median is more than slow_ratio_pct of its rate,
 				 * and so is its own usual rate (when the whole collective
 				 * slows down, the links that wait find their data already
@@ -546,11 +570,10 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				if (!k->rate || busy[h][l][d] < c->p.min_busy_pct)
 					bad = false;
 				else if (n >= 2)
-					bad = k->usual ? k->rate * c->p.slow_ratio_pct < m * 100 &&
-							 k->rate * c->p.slow_ratio_pct < k->usual * 100 :
-							 k->rate * c->p.slow_ratio_pct < m * 50;
+					bad = k->usual ? k->rate * sr < m * 100 && k->rate * sr < k->usual * 100 :
+							 k->rate * sr < m * 50;
 				else
-					bad = k->usual && k->rate * c->p.slow_ratio_pct < k->usual * 50;
+					bad = k->usual && k->rate * sr < k->usual * 50;
 				/* No traffic is no evidence: a slow link the planner emptied
 				 * stays slow for probe_ms, then is tried again. */
 				if (!k->rate)
@@ -579,8 +602,10 @@ static int judge_links(struct kcoll_c4 *c, uint64_t now)
 				if (!k->slow && k->bad >= c->p.raise_evals -
 				    (c->p.raise_evals > 1 && bpf_corrob(c->bpf[h][l][d].state) ? 1 : 0))
 					k->slow = true;
-				else if (k->slow && k->good >= c->p.clear_evals)
+				else if (k->slow && k->good >= c->p.clear_evals) {
 					k->slow = k->covered = false;
+					k->cleared_t = now;
+				}
 			}
 	/* Attribute: per link, is every peer seen on it slow? */
 	for (uint32_t l = 0; l < c->nlinks; l++) {
