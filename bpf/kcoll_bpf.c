@@ -131,39 +131,58 @@ static int sys_is_shared(void)
 	return !strcmp(src, "sysfs") || !strcmp(src, "none");
 }
 
-/* The pin directory must be on bpffs; mount it on /sys/fs/bpf if that is where it goes. */
-static int ensure_bpffs(struct kcoll_bpf *b)
+int kcoll_bpffs_ensure(const char *dir, const char *example, char *msg, size_t len)
 {
 	char parent[PATH_MAX];
 	struct statfs st;
 	char *slash;
 
-	snprintf(parent, sizeof(parent), "%s", b->pin_dir);
+	msg[0] = '\0';
+	snprintf(parent, sizeof(parent), "%s", dir);
 	slash = strrchr(parent, '/');
-	if (!slash || slash == parent)
-		return fail(b, -EINVAL, "pin directory '%s' must be a subdirectory of a bpf "
-			    "filesystem, e.g. %s", b->pin_dir, KCOLL_BPF_PIN_DEFAULT);
+	if (!slash || slash == parent) {
+		snprintf(msg, len, "pin directory '%s' must be a subdirectory of a bpf filesystem, e.g. %s",
+			 dir, example);
+		return -EINVAL;
+	}
 	*slash = '\0';
-	if (statfs(parent, &st))
-		return fail(b, -errno, "pin directory parent %s: %s (mount bpffs there: "
-			    "mount -t bpf bpf %s)", parent, strerror(errno), parent);
+	if (statfs(parent, &st)) {
+		int err = -errno;
+
+		snprintf(msg, len, "pin directory parent %s: %s (mount bpffs there: mount -t bpf bpf %s)",
+			 parent, strerror(-err), parent);
+		return err;
+	}
 	if ((unsigned long)st.f_type == BPF_FS_MAGIC)
 		return 0;
-	if (strcmp(parent, "/sys/fs/bpf"))
-		return fail(b, -ENOTSUP, "%s is not a bpf filesystem: mount one there "
-			    "(mount -t bpf bpf %s) or pin under /sys/fs/bpf", parent, parent);
-	if (!sys_is_shared())
-		return fail(b, -ENOTSUP, "/sys/fs/bpf is not a bpf filesystem in this mount namespace "
-			    "(ip netns exec remounts /sys; a bpffs mounted here would be private to "
-			    "it): run from the root namespace (kcoll-bpf --netns NAME), or pin under "
-			    "a bpffs every reader sees (--pin / KCOLL_BPF_PIN)");
+	if (strcmp(parent, "/sys/fs/bpf")) {
+		snprintf(msg, len, "%s is not a bpf filesystem: mount one there (mount -t bpf bpf %s) or "
+			 "pin under /sys/fs/bpf (--pin)", parent, parent);
+		return -ENOTSUP;
+	}
+	if (!sys_is_shared()) {
+		snprintf(msg, len, "/sys/fs/bpf is not a bpf filesystem in this mount namespace (ip netns "
+			 "exec remounts /sys; a bpffs mounted here would be private to it): run from the "
+			 "root namespace (kcoll-bpf --netns NAME), or pin under a bpffs every reader sees "
+			 "(--pin / KCOLL_BPF_PIN)");
+		return -ENOTSUP;
+	}
 	if (mount("bpf", parent, "bpf", 0, "mode=0700")) {
 		int err = -errno;
 
-		return fail(b, err, "/sys/fs/bpf is not a bpf filesystem and mounting one failed: "
-			    "%s (as root: mount -t bpf bpf /sys/fs/bpf)", strerror(-err));
+		snprintf(msg, len, "/sys/fs/bpf is not a bpf filesystem and mounting one failed: %s (as "
+			 "root: mount -t bpf bpf /sys/fs/bpf)", strerror(-err));
+		return err;
 	}
 	return 0;
+}
+
+static int ensure_bpffs(struct kcoll_bpf *b)
+{
+	char msg[512];
+	int err = kcoll_bpffs_ensure(b->pin_dir, KCOLL_BPF_PIN_DEFAULT, msg, sizeof(msg));
+
+	return err ? fail(b, err, "%s", msg) : 0;
 }
 
 static void close_maps(struct kcoll_bpf *b)

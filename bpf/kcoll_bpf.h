@@ -49,6 +49,14 @@ extern "C" {
 
 #define KCOLL_BPF_PIN_DEFAULT "/sys/fs/bpf/kcoll"
 
+/*
+ * Pin directory dir must sit directly in a bpf filesystem: when its parent is
+ * /sys/fs/bpf and none is mounted there, mount one (root; not from a private
+ * mount namespace such as ip netns exec's). 0, or a negative errno with msg
+ * saying what to do (example: a pin directory to name).
+ */
+int kcoll_bpffs_ensure(const char *dir, const char *example, char *msg, size_t len);
+
 #define KCOLL_BPF_OPEN_READ	0x1	/* open the pins only; -ENOENT when not attached */
 #define KCOLL_BPF_TRACK_ALL	0x2	/* at attach: count every IPv4 TCP/UDP flow */
 #define KCOLL_BPF_NO_SOCKOPS	0x4	/* at attach: no sockops (no retrans/RTT) */

@@ -12,20 +12,16 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
+#include "kcoll_bpf.h"
 #include "kcoll_steer.h"
 #include "steer.h"
 #include "steer.skel.h"
-
-#ifndef BPF_FS_MAGIC
-#define BPF_FS_MAGIC 0xcafe4a11
-#endif
 
 /* Before the tracker's filters (prio 0xc0): what it counts on the home
  * interface is then what really leaves there. */
@@ -99,22 +95,13 @@ static int open_maps(const char *pin, int fd[M_NR], char *msg, size_t len)
 	return 0;
 }
 
+/* The pins' directory in a bpffs (mounted on /sys/fs/bpf if need be). */
 static int check_bpffs(const char *pin, char *msg, size_t len)
 {
-	char parent[PATH_MAX];
-	struct statfs st;
-	char *slash;
+	char m[512];
+	int err = kcoll_bpffs_ensure(dir_of(pin), KCOLL_STEER_PIN_DEFAULT, m, sizeof(m));
 
-	snprintf(parent, sizeof(parent), "%s", dir_of(pin));
-	slash = strrchr(parent, '/');
-	if (!slash || slash == parent)
-		return say(msg, len, -EINVAL, "pin directory '%s' must be a subdirectory of a bpf "
-			   "filesystem, e.g. %s", dir_of(pin), KCOLL_STEER_PIN_DEFAULT);
-	*slash = '\0';
-	if (statfs(parent, &st) || (unsigned long)st.f_type != BPF_FS_MAGIC)
-		return say(msg, len, -ENOTSUP, "%s is not a bpf filesystem: mount one "
-			   "(mount -t bpf bpf %s) or pin elsewhere (--pin)", parent, parent);
-	return 0;
+	return err ? say(msg, len, err, "%s", m) : 0;
 }
 
 static int load_and_pin(const char *pin, char *msg, size_t len)
