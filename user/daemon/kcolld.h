@@ -104,8 +104,12 @@ struct kd_client {
 
 enum kd_comm_state { KD_COMM_FORMING, KD_COMM_ACTIVE, KD_COMM_ABORTED };
 
-/* "forming", "active", "aborted", or "ended" (aborted by a member leaving). */
-const char *kd_comm_state_name(const struct kd_comm *comm);
+/* How status and metrics show a communicator: its state, or
+ * KD_COMM_SHOWN_ENDED for one aborted by a member leaving (comm->left). */
+#define KD_COMM_SHOWN_ENDED	3
+#define KD_COMM_NSHOWN		4
+extern const char *const kd_comm_shown_names[KD_COMM_NSHOWN];	/* "forming" ... "ended" */
+unsigned kd_comm_shown(const struct kd_comm *comm);
 
 struct kd_mh;
 struct kd_pconn;

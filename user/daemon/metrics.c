@@ -319,8 +319,7 @@ static void render_kv(struct out *o)
 
 static void render_daemon(struct out *o)
 {
-	static const char *const state[] = { "forming", "active", "aborted", "ended" };
-	uint32_t nclients = 0, inflight = 0, ncomms[4] = { 0 };
+	uint32_t nclients = 0, inflight = 0, ncomms[KD_COMM_NSHOWN] = { 0 };
 
 	for (struct kd_client *c = kd.clients; c; c = c->next) {
 		if (!c->ring)
@@ -329,8 +328,7 @@ static void render_daemon(struct out *o)
 		inflight += atomic_load(&c->inflight);
 	}
 	for (struct kd_comm *m = kd.comms; m; m = m->next)
-		if ((unsigned)m->state < 3)
-			ncomms[m->state == KD_COMM_ABORTED && m->left ? 3 : m->state]++;
+		ncomms[kd_comm_shown(m)]++;
 	head(o, "kcoll_build_info", "gauge", "Always 1; the kcolld version as a label");
 	put(o, "kcoll_build_info{version=\"%s\"} 1\n", KCOLL_VERSION);
 	head(o, "kcoll_uptime_seconds", "gauge", "Seconds since kcolld started");
@@ -346,8 +344,8 @@ static void render_daemon(struct out *o)
 	head(o, "kcoll_ops_in_flight", "gauge", "Operations submitted by clients and not completed yet");
 	put(o, "kcoll_ops_in_flight %u\n", inflight);
 	head(o, "kcoll_communicators", "gauge", "Communicators by state");
-	for (int s = 0; s < 4; s++)
-		put(o, "kcoll_communicators{state=\"%s\"} %u\n", state[s], ncomms[s]);
+	for (int s = 0; s < KD_COMM_NSHOWN; s++)
+		put(o, "kcoll_communicators{state=\"%s\"} %u\n", kd_comm_shown_names[s], ncomms[s]);
 }
 
 static void render_c4(struct out *o)
