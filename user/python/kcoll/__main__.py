@@ -7,6 +7,7 @@ torch offer (the "kcoll" torch.distributed backend; CUDA tensors). Exit
 status 0 when the all-reduce worked, 1 when it did not, 2 on bad usage.
 The text to paste into a bug report; --json for scripts."""
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -15,11 +16,9 @@ import time
 import kcoll
 from kcoll import _lib
 
-DEFAULT_SOCKET = "/run/kcoll/kcolld.sock"  # KCOLL_DEFAULT_SOCKET, kcoll.h
-
 
 def _daemon(socket_path, timeout_ms):
-    d = {"socket": socket_path or os.environ.get("KCOLL_SOCKET") or DEFAULT_SOCKET,
+    d = {"socket": socket_path or os.environ.get("KCOLL_SOCKET") or _lib.DEFAULT_SOCKET,
          "ok": False}
     try:
         conn = kcoll.Connection(socket_path, timeout_ms=timeout_ms)
@@ -60,7 +59,7 @@ def _torch():
          "cuda_available": bool(torch.cuda.is_available())}
     try:
         import torch.distributed as dist
-        import kcoll.torch  # noqa: F401 (registers the backend)
+        importlib.import_module("kcoll.torch")  # registers the backend
         t["backend"] = "kcoll" if "kcoll" in [str(b).lower() for b in _backends(dist)] else None
         if not t["backend"]:
             t["error"] = "kcoll.torch imported but torch.distributed lists no 'kcoll' backend"
@@ -107,7 +106,7 @@ def _text(r):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m kcoll", description=__doc__.split("\n\n")[0])
     ap.add_argument("-s", "--socket", help="kcolld's socket (default: $KCOLL_SOCKET, else "
-                    f"{DEFAULT_SOCKET})")
+                    f"{_lib.DEFAULT_SOCKET})")
     ap.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                     help="give up on the daemon after this long (default 5)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")

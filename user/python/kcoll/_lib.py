@@ -10,6 +10,7 @@ import os
 import pathlib
 
 UNIQUE_ID_BYTES = 128  # KCOLL_UNIQUE_ID_BYTES in <kcoll/kcoll.h>
+DEFAULT_SOCKET = "/run/kcoll/kcolld.sock"  # KCOLL_DEFAULT_SOCKET in <kcoll/kcoll.h>
 
 # enum kcoll_dtype / enum kcoll_redop in <linux/kcoll.h>; the ABI fixes these.
 F32, F64, F16, BF16, I8, U8, I32, U32, I64, U64 = range(10)
