@@ -383,13 +383,6 @@ static void post_list(struct kd_op *list, int cancel_rank)
 	}
 }
 
-const char *const kd_comm_shown_names[KD_COMM_NSHOWN] = { "forming", "active", "aborted", "ended" };
-
-unsigned kd_comm_shown(const struct kd_comm *comm)
-{
-	return comm->state == KD_COMM_ABORTED && comm->left ? KD_COMM_SHOWN_ENDED : (unsigned)comm->state;
-}
-
 bool kd_comm_abort(struct kd_comm *comm, int err, uint32_t rank, uint32_t flags, uint64_t from_seq)
 {
 	struct kd_op *failed;

@@ -104,13 +104,6 @@ struct kd_client {
 
 enum kd_comm_state { KD_COMM_FORMING, KD_COMM_ACTIVE, KD_COMM_ABORTED };
 
-/* How status and metrics show a communicator: its state, or
- * KD_COMM_SHOWN_ENDED for one aborted by a member leaving (comm->left). */
-#define KD_COMM_SHOWN_ENDED	3
-#define KD_COMM_NSHOWN		4
-extern const char *const kd_comm_shown_names[KD_COMM_NSHOWN];	/* "forming" ... "ended" */
-unsigned kd_comm_shown(const struct kd_comm *comm);
-
 struct kd_mh;
 struct kd_pconn;
 
@@ -210,6 +203,25 @@ struct kd_comm {
 	atomic_ulong ops_done;
 	struct kd_comm *next;
 };
+
+/* How status and metrics show a communicator: its state, or
+ * KD_COMM_SHOWN_ENDED for one aborted by a member leaving (comm->left).
+ * Inline here so that status.c and metrics.c need nothing from comm.c,
+ * which calls into them (scripts/layering.py keeps the daemon acyclic). */
+#define KD_COMM_SHOWN_ENDED	3
+#define KD_COMM_NSHOWN		4
+
+static inline unsigned kd_comm_shown(const struct kd_comm *comm)
+{
+	return comm->state == KD_COMM_ABORTED && comm->left ? KD_COMM_SHOWN_ENDED : (unsigned)comm->state;
+}
+
+static inline const char *kd_comm_shown_name(unsigned shown)
+{
+	static const char *const names[KD_COMM_NSHOWN] = { "forming", "active", "aborted", "ended" };
+
+	return shown < KD_COMM_NSHOWN ? names[shown] : "?";
+}
 
 struct kd_stats {
 	atomic_ulong ops_ok;

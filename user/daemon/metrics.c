@@ -345,7 +345,7 @@ static void render_daemon(struct out *o)
 	put(o, "kcoll_ops_in_flight %u\n", inflight);
 	head(o, "kcoll_communicators", "gauge", "Communicators by state");
 	for (int s = 0; s < KD_COMM_NSHOWN; s++)
-		put(o, "kcoll_communicators{state=\"%s\"} %u\n", kd_comm_shown_names[s], ncomms[s]);
+		put(o, "kcoll_communicators{state=\"%s\"} %u\n", kd_comm_shown_name(s), ncomms[s]);
 }
 
 static void render_c4(struct out *o)

@@ -113,7 +113,7 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 			put(&o, "%s{\"id\":\"%s\",\"uid\":%d,\"nranks\":%u,\"joined\":%u,\"state\":\"%s\","
 				"\"ops_done\":%lu,\"ops_pending\":%u}",
 				m == kd.comms ? "" : ",", m->name, m->uid, m->nranks, m->joined,
-				kd_comm_shown_names[kd_comm_shown(m)], atomic_load(&m->ops_done), comm_pending(m));
+				kd_comm_shown_name(kd_comm_shown(m)), atomic_load(&m->ops_done), comm_pending(m));
 			pthread_mutex_unlock(&m->lock);
 		}
 		put(&o, "]}\n");
@@ -143,7 +143,7 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 	for (struct kd_comm *m = kd.comms; m; m = m->next) {
 		pthread_mutex_lock(&m->lock);
 		put(&o, "%-17s %-6d %u/%-5u %-8s %-10lu %u\n", m->name, m->uid, m->joined, m->nranks,
-		    kd_comm_shown_names[kd_comm_shown(m)], atomic_load(&m->ops_done), comm_pending(m));
+		    kd_comm_shown_name(kd_comm_shown(m)), atomic_load(&m->ops_done), comm_pending(m));
 		pthread_mutex_unlock(&m->lock);
 	}
 	return o.len;
