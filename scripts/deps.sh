@@ -16,7 +16,8 @@ set -euo pipefail
 pkgs=(build-essential clang llvm pkg-config gcc-multilib libbpf-dev libibverbs-dev
       libnl-3-dev libnl-route-3-dev openmpi-bin libopenmpi-dev iproute2 bpftool
       python3 python3-mpi4py python3-numpy mpich libmpich-dev procps iputils-ping
-      curl python3-prometheus-client python3-torch libclang-rt-dev debootstrap)
+      curl python3-prometheus-client python3-torch libclang-rt-dev debootstrap
+      python3-venv python3-wheel)
 list=0
 for a in "$@"; do
 	case "$a" in

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make install / uninstall into a staging DESTDIR: the layout, then a program
 # built only from what was installed (pkg-config, shared and static) doing an
-# all-reduce through the test daemon, the installed kcolld and tools running
+# all-reduce through the test daemon, the Python package installed by make
+# install and by pip into a venv, the installed kcolld and tools running
 # from their new home, the systemd unit pointing at them, and uninstall
 # taking back exactly what install put there.
 set -u
@@ -115,6 +116,46 @@ assert kcoll.__file__.startswith(sys.argv[1]), kcoll.__file__
 assert kcoll._lib.path == "libkcoll.so.1", kcoll._lib.path
 assert len(kcoll.get_unique_id()) == 128' "$D$pydir" 2>&1)
 	ok $? "the installed Python package ($pydir/kcoll) loads the installed libkcoll and talks to kcolld${out:+: $out}"
+fi
+
+# pip: user/python/pyproject.toml built offline into a virtual environment
+# (how torch users install packages), the venv's python3 -m kcoll going
+# through the installed libkcoll to kcolld, then pip uninstall. A copy of
+# user/python is built: setuptools writes build/ and kcoll.egg-info beside
+# what it builds.
+vpy=/usr/bin/python3
+mkv=$($vpy -c 'import venv, ensurepip' 2>&1)
+if [ -n "${KCOLL_TEST_SAN:-}" ]; then
+	n=$((n + 1)); echo "ok $n # SKIP pip install of the Python package with an ASan libkcoll (the plain pass runs it)"
+elif [ -n "$mkv" ] || ! $vpy -c 'import wheel' 2>/dev/null; then
+	n=$((n + 1)); echo "ok $n # SKIP no venv/ensurepip or wheel for $vpy (apt-get install python3-venv python3-wheel, as scripts/deps.sh does): pip install of the Python package"
+else
+	mkdir "$T/pysrc" && cp -r "$KCOLL_TOP/user/python/pyproject.toml" "$KCOLL_TOP/user/python/kcoll" "$T/pysrc/" &&
+		rm -rf "$T/pysrc/kcoll/__pycache__"
+	out=$($vpy -m venv --system-site-packages "$T/venv" 2>&1 &&
+		"$T/venv/bin/pip" install --no-index --no-build-isolation --disable-pip-version-check -q "$T/pysrc" 2>&1)
+	ok $? "pip install --no-index --no-build-isolation user/python into a venv${out:+: $out}"
+	want=$(sed -n 's/^KCOLL_VERSION *:= *//p' "$KCOLL_TOP/Makefile")
+	out=$(cd "$T" && env -u KCOLL_LIB -u PYTHONPATH LD_LIBRARY_PATH="$D$P/lib" "$T/venv/bin/python" -c '
+import importlib.metadata as md, kcoll, sys
+assert kcoll.__file__.startswith(sys.argv[1]), "imported " + kcoll.__file__
+assert kcoll._lib.path == "libkcoll.so.1", kcoll._lib.path
+assert md.version("kcoll") == sys.argv[2] == kcoll.version(), (md.version("kcoll"), sys.argv[2], kcoll.version())
+' "$T/venv/lib" "$want" 2>&1)
+	ok $? "the venv imports its own kcoll $want (pyproject.toml, the Makefile and libkcoll agree) over the installed libkcoll${out:+: $out}"
+	out=$(cd "$T" && env -u KCOLL_LIB -u PYTHONPATH LD_LIBRARY_PATH="$D$P/lib" "$T/venv/bin/python" -m kcoll --json \
+		-s "$KCOLL_SOCKET" 2>&1); rc=$?
+	chk=$(printf '%s' "$out" | $vpy -c '
+import json, sys
+r = json.load(sys.stdin)
+torch = r.get("torch") or {}
+print("ok" if r["daemon"]["ok"] and (torch.get("version") is None or torch.get("backend") == "kcoll")
+      else "daemon %s, torch backend %s" % (r["daemon"], torch.get("backend")))' 2>&1)
+	ok "$([ $rc -eq 0 ] && [ "$chk" = ok ]; echo $?)" "the venv's python -m kcoll: an all-reduce through kcolld, torch's kcoll backend registered (exit $rc${chk:+, $chk})"
+	out=$("$T/venv/bin/pip" uninstall -y -q kcoll 2>&1) &&
+		! (cd "$T" && env -u PYTHONPATH "$T/venv/bin/python" -c 'import kcoll' 2>/dev/null) &&
+		[ -z "$(find "$T/venv/lib" -name 'kcoll*' -print -quit)" ]
+	ok $? "pip uninstall kcoll leaves nothing of it in the venv${out:+: $out}"
 fi
 
 # The installed programs run from their new home.
