@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Build a Debian 13 "trixie" root holding python3 (3.13), python3-torch 2.x
-# and python3-numpy, so tests/t_python_torch2.sh can run kcoll's torch
-# backend under torch 2.x (Debian 12, the host, ships torch 1.13 only).
+# and python3-numpy (and venv and setuptools, to pip-install kcoll's
+# package), so tests/t_python_torch2.sh can run kcoll's torch backend under
+# torch 2.x (Debian 12, the host, ships torch 1.13 only).
 #
 #   scripts/torch2-root.sh          build the root unless it is complete
 #   scripts/torch2-root.sh --check  exit 0 if the root is complete, 1 if not
 #   scripts/torch2-root.sh --help
 #
 # The root lives at ${KCOLL_TORCH2_ROOT:-/var/cache/kcoll/torch2-root}. The
-# file .kcoll-torch2-done in it (written last, holding the torch version)
-# marks a complete root; one with .kcoll-torch2-partial (written first) is
-# half-built (an earlier run was killed) and is removed and built again. An
+# file .kcoll-torch2-done in it (written last, holding the torch version
+# and the package list) marks a complete root; a complete root of an older
+# package list gets the missing packages installed into it; one with
+# .kcoll-torch2-partial (written first) is half-built (an earlier run was
+# killed) and is removed and built again. An
 # existing non-empty directory with neither is refused, never removed. A
 # lock ($root.lock) serializes builders; tests/t_python_torch2.sh waits on
 # it while a build runs.
@@ -22,14 +25,16 @@ set -euo pipefail
 root=${KCOLL_TORCH2_ROOT:-/var/cache/kcoll/torch2-root}
 stamp=$root/.kcoll-torch2-done
 suite=trixie
-pkgs=(python3 python3-torch python3-numpy)
+pkgs=(python3 python3-torch python3-numpy python3-venv python3-setuptools)
+want="packages: ${pkgs[*]}"
+complete() { [ -f "$stamp" ] && grep -qxF "$want" "$stamp"; }
 
 die() { echo "torch2-root.sh: $*" >&2; exit 1; }
 say() { echo "torch2-root: $*"; }
 
 case "${1:-}" in
 -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
---check) [ -f "$stamp" ]; exit ;;
+--check) complete; exit ;;
 "") ;;
 *) die "unknown option '$1' (try --help)" ;;
 esac
@@ -55,14 +60,17 @@ if ! flock -n 9; then
 	say "another build holds $root.lock; waiting for it"
 	flock 9
 fi
-if [ -f "$stamp" ]; then
-	say "$root is complete ($(cat "$stamp"))"
+if complete; then
+	say "$root is complete ($(head -1 "$stamp"))"
 	exit 0
 fi
+# A complete root of an older package list: add what it lacks, in place.
+update=
+[ -f "$stamp" ] && update=1
 
 # A half-built root (this script's marker in it) is removed; never through
 # a mount an earlier run left, and never a directory this script did not make.
-if [ -e "$root" ]; then
+if [ -z "$update" ] && [ -e "$root" ]; then
 	if [ -f "$root/.kcoll-torch2-partial" ]; then
 		grep -q " $root[/ ]" /proc/self/mountinfo &&
 			die "$root has mounts left (see /proc/self/mountinfo): unmount them first"
@@ -81,17 +89,24 @@ curl -fsS --max-time 20 -o /dev/null "$mirror/dists/$suite/Release" 2>/dev/null 
 
 t0=$SECONDS
 log=$root.log
-mkdir -p "$root"
-: >"$root/.kcoll-torch2-partial"
-say "debootstrap --variant=minbase $suite $root from $mirror (log: $log)"
-# debootstrap mounts /proc and /sys in the root while it works: in a
-# private mount namespace, so that a killed run leaves none on the host.
-unshare --mount --propagation private \
-	debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$log" 2>&1 ||
-	{ tail -20 "$log" >&2; die "debootstrap failed after $((SECONDS - t0)) s (log: $log)"; }
-base_kb=$(du -sk "$root/var/cache/apt/archives" | cut -f1)
-say "minbase done in $((SECONDS - t0)) s ($((base_kb / 1024)) MB of packages)"
-rm -f "$root"/var/cache/apt/archives/*.deb
+base_kb=0
+if [ -n "$update" ]; then
+	# Stays a complete root of its old list (usable) until the stamp changes.
+	say "$root has an older package list ($(grep '^packages:' "$stamp" || echo "packages: python3 python3-torch python3-numpy")): adding the rest"
+	: >"$log"
+else
+	mkdir -p "$root"
+	: >"$root/.kcoll-torch2-partial"
+	say "debootstrap --variant=minbase $suite $root from $mirror (log: $log)"
+	# debootstrap mounts /proc and /sys in the root while it works: in a
+	# private mount namespace, so that a killed run leaves none on the host.
+	unshare --mount --propagation private \
+		debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$log" 2>&1 ||
+		{ tail -20 "$log" >&2; die "debootstrap failed after $((SECONDS - t0)) s (log: $log)"; }
+	base_kb=$(du -sk "$root/var/cache/apt/archives" | cut -f1)
+	say "minbase done in $((SECONDS - t0)) s ($((base_kb / 1024)) MB of packages)"
+	rm -f "$root"/var/cache/apt/archives/*.deb
+fi
 
 # The host's resolver and apt Acquire settings (as scripts/fresh-root.sh).
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
@@ -123,7 +138,7 @@ ver=$(unshare --mount --propagation private bash -c '
 	mount -t proc proc "$1/proc"
 	chroot "$1" /usr/bin/python3 -c "import sys, torch; print(\"python\", sys.version.split()[0], \"torch\", torch.__version__)"
 ' inner "$root" 2>>"$log") || { tail -20 "$log" >&2; die "torch does not import in $root (log: $log)"; }
-echo "$ver" >"$stamp"
+printf '%s\n%s\n' "$ver" "$want" >"$stamp.new" && mv "$stamp.new" "$stamp"
 rm -f "$root/.kcoll-torch2-partial"
 rm -f "$log"
 say "$root complete: $ver; $((SECONDS - t0)) s, $(((base_kb + pkg_kb) / 1024)) MB downloaded, $(du -sm "$root" | cut -f1) MB on disk"
