@@ -151,6 +151,7 @@ if [ -n "$PYDIR" ]; then
 	for f in "$top"/user/python/kcoll/*.py; do
 		put 0644 "$f" "$PYDIR/kcoll"
 	done
+	put 0644 "$top/user/python/_kcoll_torch.py" "$PYDIR"	# kcoll.torch's registration
 fi
 
 # Headers and pkg-config.

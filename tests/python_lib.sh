@@ -70,8 +70,8 @@ r = json.loads(sys.argv[1])
 d, t = r["daemon"], r["torch"]
 sys.exit(0 if d["ok"] and d["socket"] == sys.argv[2] and d["allreduce_us"] > 0 and
          r["kcoll"]["libkcoll"] == sys.argv[3] and t["backend"] == "kcoll" and
-         isinstance(t["cuda_available"], bool) else 1)' "$out" "$KCOLL_SOCKET" "$KCOLL_LIB"
-	ok $? "python3 -m kcoll --json: rc 0, this daemon ran a one-rank all-reduce, this libkcoll, backend 'kcoll' registered (rc $rc: $(head -c 300 <<<"$out" | tr '\n' ' '))"
+         t["autoload"] is False and isinstance(t["cuda_available"], bool) else 1)' "$out" "$KCOLL_SOCKET" "$KCOLL_LIB"
+	ok $? "python3 -m kcoll --json: rc 0, this daemon ran a one-rank all-reduce, this libkcoll, backend 'kcoll' registered by import kcoll.torch (no pip entry point here) (rc $rc: $(head -c 300 <<<"$out" | tr '\n' ' '))"
 	out=$(KCOLL_SOCKET=/nonexistent/kcolld.sock timeout 60 "$PY" -m kcoll 2>&1); rc=$?
 	[ $rc -eq 1 ] && grep -q "^kcolld: /nonexistent/kcolld.sock: NOT usable: .*kcolld is not running" <<<"$out" &&
 		grep -q "^torch.distributed backend 'kcoll': registered" <<<"$out"
@@ -122,8 +122,29 @@ torch2_missing() {	# WHY: SKIP, or not ok where the root is required; exit
 	echo "1..$n"
 	exit $failed
 }
+# torch2_wrap EXE: print the path of a wrapper that runs EXE (a path in
+# the root) chrooted in the root, in a private mount namespace that binds
+# the tree, /tmp, /dev, /proc and /sys (and KCOLL_TEST_TMP) at their paths.
+torch2_wrap() {
+	local exe=$1 binds w
+	w=$torch2_dir/$(basename "$exe").$RANDOM
+	binds=("$TOP" /tmp /dev /proc /sys)
+	case "${KCOLL_TEST_TMP:-/tmp}" in /tmp|/tmp/*|"$TOP"/*) ;; *) binds+=("$KCOLL_TEST_TMP") ;; esac
+	cat >"$w" <<PYWRAP
+#!/usr/bin/env bash
+exec unshare --mount --propagation private bash -c '
+	set -e
+	r=\$1 cwd=\$2 exe=\$3; shift 3
+	while [ "\$1" != -- ]; do mkdir -p "\$r\$1"; mount --rbind "\$1" "\$r\$1"; shift; done
+	shift
+	exec chroot "\$r" /bin/sh -c "cd \\"\\\$0\\" 2>/dev/null; exe=\\"\\\$1\\"; shift; exec \\"\\\$exe\\" \\"\\\$@\\"" "\$cwd" "\$exe" "\$@"
+' torch2-exec ${torch2_root@Q} "\$PWD" ${exe@Q} ${binds[*]@Q} -- "\$@"
+PYWRAP
+	chmod +x "$w"
+	echo "$w"
+}
 torch2_enter() {
-	local root=$torch2_root wait_s t0 w ver binds
+	local root=$torch2_root wait_s t0 ver
 	[ "$(id -u)" -eq 0 ] || torch2_missing "needs root for its mount namespace and chroot"
 	if ! "$TOP/scripts/torch2-root.sh" --check && [ -e "$root.lock" ] && ! flock -n "$root.lock" true; then
 		wait_s=${KCOLL_TORCH2_WAIT:-900}
@@ -139,23 +160,10 @@ torch2_enter() {
 
 	# PY: the root's python3, entered through a private mount namespace (it
 	# and its mounts end with the last process in it).
-	w=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/torch2.XXXXXX")
-	# shellcheck disable=SC2064 # w is this call's
-	trap "rm -rf '$w'" EXIT
-	binds=("$TOP" /tmp /dev /proc /sys)
-	case "${KCOLL_TEST_TMP:-/tmp}" in /tmp|/tmp/*|"$TOP"/*) ;; *) binds+=("$KCOLL_TEST_TMP") ;; esac
-	cat >"$w/python3" <<PYWRAP
-#!/usr/bin/env bash
-exec unshare --mount --propagation private bash -c '
-	set -e
-	r=\$1 cwd=\$2; shift 2
-	while [ "\$1" != -- ]; do mkdir -p "\$r\$1"; mount --rbind "\$1" "\$r\$1"; shift; done
-	shift
-	exec chroot "\$r" /bin/sh -c "cd \\"\\\$0\\" 2>/dev/null; exec /usr/bin/python3 \\"\\\$@\\"" "\$cwd" "\$@"
-' torch2-python3 ${root@Q} "\$PWD" ${binds[*]@Q} -- "\$@"
-PYWRAP
-	chmod +x "$w/python3"
-	PY=$w/python3
+	torch2_dir=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/torch2.XXXXXX")
+	# shellcheck disable=SC2064 # the folder is this call's
+	trap "rm -rf '$torch2_dir'" EXIT
+	PY=$(torch2_wrap /usr/bin/python3)
 
 	# Debian's torch 2.6 is built without libuv, yet its TCPStore (env://
 	# and tcp://) asks for libuv unless USE_LIBUV=0 ("use_libuv was
@@ -168,6 +176,23 @@ PYWRAP
 	*) ok 1 "the root's python3 and torch are 3.x and 2.x (got: $ver)" ;; esac
 	"$PY" -c 'import kcoll, sys; sys.exit(0 if kcoll._lib.path == sys.argv[1] else 1)' "$KCOLL_LIB"
 	ok $? "kcoll in the root loads this tree's libkcoll ($KCOLL_LIB)"
+}
+# torch 2.5+ registering a pip-installed kcoll's backend as it starts: the
+# package pip-installed (offline) into a venv of the root's python3, then
+# tests/python/torch_autoload.py run by the venv's python.
+torch2_autoload_checks() {
+	local src=$torch2_dir/pysrc venv=$torch2_dir/venv out rc
+	mkdir "$src" && cp -r "$TOP"/user/python/{pyproject.toml,_kcoll_torch.py,kcoll} "$src/" &&
+		rm -rf "$src/kcoll/__pycache__"
+	out=$("$PY" -m venv --system-site-packages "$venv" 2>&1 &&
+		"$(torch2_wrap "$venv/bin/pip")" install --no-index --no-build-isolation \
+			--disable-pip-version-check -q "$src" 2>&1)
+	rc=$?
+	ok $rc "pip install user/python into a venv of the root's python3${out:+: $out}"
+	[ $rc -eq 0 ] || return
+	timeout -k 5 300 "$(torch2_wrap "$venv/bin/python")" "$TOP/tests/python/torch_autoload.py" 2>&1 | emit
+	rc=${PIPESTATUS[0]}
+	[ "$rc" -eq 0 ] || ok 1 "torch_autoload.py exited with status $rc"
 }
 torch2_leave() {
 	! grep -q " $torch2_root/" /proc/self/mountinfo

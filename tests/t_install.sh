@@ -114,8 +114,12 @@ else
 import kcoll, sys
 assert kcoll.__file__.startswith(sys.argv[1]), kcoll.__file__
 assert kcoll._lib.path == "libkcoll.so.1", kcoll._lib.path
-assert len(kcoll.get_unique_id()) == 128' "$D$pydir" 2>&1)
-	ok $? "the installed Python package ($pydir/kcoll) loads the installed libkcoll and talks to kcolld${out:+: $out}"
+assert len(kcoll.get_unique_id()) == 128
+import importlib.util
+if importlib.util.find_spec("torch"):
+    import kcoll.torch, _kcoll_torch
+    assert _kcoll_torch.__file__.startswith(sys.argv[1]), _kcoll_torch.__file__' "$D$pydir" 2>&1)
+	ok $? "the installed Python package ($pydir/kcoll, and kcoll.torch where torch is) loads the installed libkcoll and talks to kcolld${out:+: $out}"
 fi
 
 # pip: user/python/pyproject.toml built offline into a virtual environment
@@ -130,7 +134,7 @@ if [ -n "${KCOLL_TEST_SAN:-}" ]; then
 elif [ -n "$mkv" ] || ! $vpy -c 'import wheel' 2>/dev/null; then
 	n=$((n + 1)); echo "ok $n # SKIP no venv/ensurepip or wheel for $vpy (apt-get install python3-venv python3-wheel, as scripts/deps.sh does): pip install of the Python package"
 else
-	mkdir "$T/pysrc" && cp -r "$KCOLL_TOP/user/python/pyproject.toml" "$KCOLL_TOP/user/python/kcoll" "$T/pysrc/" &&
+	mkdir "$T/pysrc" && cp -r "$KCOLL_TOP"/user/python/{pyproject.toml,_kcoll_torch.py,kcoll} "$T/pysrc/" &&
 		rm -rf "$T/pysrc/kcoll/__pycache__"
 	out=$($vpy -m venv --system-site-packages "$T/venv" 2>&1 &&
 		"$T/venv/bin/pip" install --no-index --no-build-isolation --disable-pip-version-check -q "$T/pysrc" 2>&1)
@@ -154,7 +158,7 @@ print("ok" if r["daemon"]["ok"] and (torch.get("version") is None or torch.get("
 	ok "$([ $rc -eq 0 ] && [ "$chk" = ok ]; echo $?)" "the venv's python -m kcoll: an all-reduce through kcolld, torch's kcoll backend registered (exit $rc${chk:+, $chk})"
 	out=$("$T/venv/bin/pip" uninstall -y -q kcoll 2>&1) &&
 		! (cd "$T" && env -u PYTHONPATH "$T/venv/bin/python" -c 'import kcoll' 2>/dev/null) &&
-		[ -z "$(find "$T/venv/lib" -name 'kcoll*' -print -quit)" ]
+		[ -z "$(find "$T/venv/lib" -name '*kcoll*' -print -quit)" ]
 	ok $? "pip uninstall kcoll leaves nothing of it in the venv${out:+: $out}"
 fi
 

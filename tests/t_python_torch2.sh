@@ -4,7 +4,9 @@
 # torch_checks: every collective x dtype x op against a reference and gloo in
 # the same processes, async ops, strided and empty tensors, mismatched and
 # skipped ops raise instead of hanging, DDP parity with gloo, imported twice,
-# kcolld killed mid-training), run by the python3 (3.13) and python3-torch
+# kcolld killed mid-training; then the package pip-installed into a venv,
+# where torch registers the backend with no import of kcoll.torch), run by
+# the python3 (3.13) and python3-torch
 # (2.x) of a Debian 13 root that scripts/torch2-root.sh builds at
 # ${KCOLL_TORCH2_ROOT:-/var/cache/kcoll/torch2-root}. Debian 12 ships torch
 # 1.13 only. This tree's libkcoll and kcolld (the host's, at $KCOLL_SOCKET)
@@ -16,6 +18,7 @@ set -u
 . "${KCOLL_TOP:?run through tests/run.sh}/tests/python_lib.sh"
 torch2_enter
 torch_checks
+torch2_autoload_checks
 torch2_leave
 echo "1..$n"
 exit $failed

@@ -59,8 +59,11 @@ def _torch():
          "cuda_available": bool(torch.cuda.is_available())}
     try:
         import torch.distributed as dist
+        # Registered by import torch alone: the pip-installed entry point
+        # (_kcoll_torch.autoload, torch 2.5+).
+        t["autoload"] = _has_kcoll(dist)
         importlib.import_module("kcoll.torch")  # registers the backend
-        t["backend"] = "kcoll" if "kcoll" in [str(b).lower() for b in _backends(dist)] else None
+        t["backend"] = "kcoll" if _has_kcoll(dist) else None
         if not t["backend"]:
             t["error"] = "kcoll.torch imported but torch.distributed lists no 'kcoll' backend"
     except Exception as e:  # any import failure is what this tool reports
@@ -69,12 +72,12 @@ def _torch():
     return t
 
 
-def _backends(dist):
+def _has_kcoll(dist):
     b = getattr(dist, "Backend", None)
     names = getattr(b, "backend_list", None)
     if names is None:  # torch 1.13: the registered names are Backend's attributes
         names = [v for k, v in vars(b).items() if k.isupper() and isinstance(v, str)]
-    return names
+    return "kcoll" in [str(n).lower() for n in names]
 
 
 def report(socket_path=None, timeout_ms=5000):
@@ -99,8 +102,15 @@ def _text(r):
         out.append(f"torch: {t['version']}, CUDA {t['cuda'] or 'not built in'}"
                    f"{', a GPU is available' if t['cuda_available'] else ''}")
         out.append("torch.distributed backend 'kcoll': " +
-                   ("registered (CPU tensors)" if t.get("backend") else f"NOT registered: {t['error']}"))
+                   (f"registered (CPU tensors; {_how(t)})" if t.get("backend")
+                    else f"NOT registered: {t['error']}"))
     return "\n".join(out)
+
+
+def _how(t):
+    if t.get("autoload"):
+        return "by import torch itself: no import kcoll.torch needed"
+    return "by import kcoll.torch"
 
 
 def main(argv=None):

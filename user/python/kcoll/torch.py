@@ -4,6 +4,9 @@
     import kcoll.torch
     dist.init_process_group("kcoll", init_method="env://", rank=r, world_size=n)
 
+Installed by pip, under torch 2.5 and later the import is not needed:
+torch registers the backend as it starts (_kcoll_torch.autoload).
+
 A ProcessGroup written in Python (torch 1.13 and 2.x let Python subclass
 c10d's ProcessGroup; C++ callers such as DDP's reducer reach the Python
 methods through pybind's trampoline). Tested on torch 1.13 (Debian 12) and
@@ -26,16 +29,15 @@ inside the tensor's storage are shared with kcolld in place on first use
 import atexit
 import collections
 import ctypes
-import inspect
 import os
 import queue
 import sys
 import threading
 
 import torch
-import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work, _create_work_from_future
 
+import _kcoll_torch
 import kcoll
 from kcoll import _lib
 
@@ -601,18 +603,8 @@ def _create(store, rank, size, timeout):
     return ProcessGroupKcoll(store, rank, size, timeout)
 
 
-def _register():
-    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
-        return  # imported again (importlib.reload, a second copy of the package)
-    params = inspect.signature(dist.Backend.register_backend).parameters
-    if "devices" in params:
-        # torch 2.x: say which devices the backend serves so a default
-        # "cpu:gloo,cuda:nccl"-style mapping does not route CUDA here.
-        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
-    else:
-        dist.Backend.register_backend(BACKEND, _create)
-
-
-_register()
+# Unless registered already: imported again (importlib.reload, a second
+# copy of the package), or by _kcoll_torch.autoload (torch 2.5+, pip).
+_kcoll_torch.register(_create)
 
 __all__ = ["ProcessGroupKcoll", "BACKEND"]
