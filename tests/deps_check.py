@@ -219,7 +219,7 @@ def commands_of(path):
 
 
 PY_GLOBS = ["tests/*.py", "tests/python/*.py", "scripts/*.py", "examples/*.py",
-            "user/python/kcoll/*.py"]
+            "user/python/kcoll/*.py", "user/python/*.py"]
 IMPORT = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -228,10 +228,10 @@ def py_imports(top):
     files that are not the tree's own."""
     own = {"kcoll"}
     files = sorted({f for g in PY_GLOBS for f in glob.glob(os.path.join(top, g))})
-    # Top-level modules of the tree; the kcoll package's own files are
-    # kcoll.NAME (its torch.py is not torch).
+    # Top-level modules of the tree (user/python/_kcoll_torch.py too); the
+    # kcoll package's own files are kcoll.NAME (its torch.py is not torch).
     own |= {os.path.splitext(os.path.basename(f))[0] for f in files
-            if not os.path.relpath(f, top).startswith("user/python/")}
+            if not os.path.relpath(f, top).startswith("user/python/kcoll/")}
     uses = {}
     for f in files:
         for n, line in enumerate(open(f, errors="replace"), 1):
