@@ -9,6 +9,7 @@ all_reduce / all_gather, which gloo has."""
 import datetime
 import gc
 import importlib
+import inspect
 import os
 import sys
 import time
@@ -389,6 +390,15 @@ except RuntimeError as e:
     rep.check("ETIMEDOUT" in str(e) and f"rank {last} blamed" in str(e) and took < 8,
               late_label, f"{e} after {took:.1f} s")
 dist.barrier(group=gloo)  # nobody leaves before the late rank has its answer
+
+# ---- a device-mixed backend string (torch 2.x): refused as the group is made ------------
+mixed = "mixed backend string 'cpu:kcoll,cuda:gloo': RuntimeError at new_group, naming the way"
+if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+    rep.raises(RuntimeError, lambda: dist.new_group(backend="cpu:kcoll,cuda:gloo"), mixed,
+               ["'cpu:kcoll,cuda:gloo'", "dist.new_group(backend='kcoll')"])
+    dist.barrier(group=gloo)
+else:
+    rep.skip(mixed, f"torch {torch.__version__} has no device:backend strings")
 
 dist.destroy_process_group()
 rep.check(True, "destroy_process_group")

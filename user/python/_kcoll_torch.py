@@ -43,7 +43,7 @@ def _create(store, rank, size, timeout):
         import kcoll.torch
     except Exception as e:
         raise RuntimeError(f"kcoll: the torch.distributed backend 'kcoll' cannot load: {e}") from e
-    return kcoll.torch.ProcessGroupKcoll(store, rank, size, timeout)
+    return kcoll.torch._create(store, rank, size, timeout)
 
 
 def autoload():

@@ -65,7 +65,8 @@ def _op(reduce_op):
 def _check(t):
     if t.device.type != "cpu":
         raise RuntimeError(f"kcoll: {t.device.type} tensors are not supported by the kcoll torch "
-                           "backend yet (CPU tensors only); use nccl or gloo for them")
+                           "backend yet (CPU tensors only); use nccl or gloo for them, in a "
+                           "group of their own (dist.new_group)")
     if t.dtype not in _SUPPORTED:
         raise RuntimeError(f"kcoll: dtype {t.dtype} is not supported (f16, bf16, f32, f64, i8, u8, "
                            f"i32, i64); {_GLOO_HINT}")
@@ -599,7 +600,33 @@ def _back(result, pairs):
     return result
 
 
+def _device_backends():
+    """The device -> backend map of the group torch 2.x is making, as the
+    _new_process_group_helper frame that called the creator holds it (the
+    creator's arguments do not carry it); None where that is not found."""
+    f = sys._getframe(1)
+    for _ in range(8):
+        if f is None:
+            return None
+        if f.f_code.co_name == "_new_process_group_helper":
+            get = getattr(f.f_locals.get("backend_config"), "get_device_backend_map", None)
+            return dict(get()) if get else None
+        f = f.f_back
+    return None
+
+
 def _create(store, rank, size, timeout):
+    m = _device_backends()
+    if m and set(m.values()) != {BACKEND}:
+        # torch uses a ProcessGroup a creator returns as the whole group:
+        # "cuda:nccl,cpu:kcoll" would drop nccl, "cpu:kcoll,cuda:nccl"
+        # would send CUDA tensors here. Refuse it now, not at the first
+        # CUDA collective.
+        spec = ",".join(f"{d}:{b}" for d, b in m.items())
+        raise RuntimeError(f"kcoll: backend '{spec}': kcoll cannot serve only some devices of a "
+                           "group (torch gives a process group written in Python, as kcoll's is, "
+                           "every device of it); make the group with the other backend and a "
+                           "second one for CPU tensors: dist.new_group(backend='kcoll')")
     return ProcessGroupKcoll(store, rank, size, timeout)
 
 
