@@ -27,6 +27,7 @@ static const struct kcoll_knob knobs[] = {
 	{ "KCOLL_BENCH_LAUNCH", "", "kcoll-bench --hosts: command template starting a rank on host %h (empty: scripts/netns-cluster.sh exec %h)" },
 	{ "KCOLL_MPI_MIN_BYTES", "16M", "libkcoll_mpi.so: smallest MPI collective (bytes, K/M suffixes) sent to kcolld, and smallest MPI_Alloc_mem block taken from kcoll memory" },
 	{ "KCOLL_MPI_DEBUG", "0", "libkcoll_mpi.so: 1 = per-rank summary at MPI_Finalize, 2 = also one line per call" },
+	{ "KCOLL_LIB", "", "Python package kcoll: the libkcoll.so.1 to load, and no other (empty: the build tree's build/lib/libkcoll.so.1 next to the package, else the loader's libkcoll.so.1)" },
 	{ "KCOLL_TORCH_AUTOLOAD", "1", "pip-installed kcoll under torch 2.5+: torch registers the \"kcoll\" backend as it starts (no import kcoll.torch needed; libkcoll loads when the first kcoll group is made); 0 = off" },
 	{ "KCOLL_TORCH_SHARE_MIN_BYTES", "1048576", "kcoll.torch: an all_reduce or broadcast of a CPU tensor of at least this many bytes (K/M/G suffixes) runs as its first and last 4 KiB plus a zero-copy middle, the whole pages inside the tensor's storage shared with kcolld in place on first use (kcoll_mem_share); the same value on every rank; 0 = off" },
 	{ "KCOLL_TORCH_SHARE_MAX_BYTES", "1073741824", "kcoll.torch: storages each process group keeps shared with kcolld (and alive) at most, least recently used dropped first (K/M/G suffixes)" },
