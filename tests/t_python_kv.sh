@@ -8,7 +8,9 @@
 # those behind them go on), the GIL released. Then across two hosts of a netns cluster
 # (SKIP without root or namespaces): tagged batches from host 1 into host
 # 0, every byte checked when its tag arrives; the full queue with batches
-# in flight across hosts. Then the prefill/decode
+# in flight across hosts; once with malloc'd numpy arrays, once with
+# segments in kcolld-mapped memory (Agent.alloc; over RDMA in the VM tier's
+# t_kv_rdma.sh). Then the prefill/decode
 # example (examples/kv_connector.py) on one host and across the pair.
 # Needs /usr/bin/python3 with numpy. Bounded: about 20-40 s. TAP.
 set -u
@@ -65,6 +67,8 @@ else
 		"$C" up -H 2 >"$T/up.log" 2>&1
 		if ok $? "cluster of 2 hosts up (prefix $P)"; then
 			pair kv-pair "$top/tests/python/kv_check.py" owner DIR 8 -- init DIR 8
+			pair kv-pair-mapped "$top/tests/python/kv_check.py" owner DIR 8 mapped -- \
+				init DIR 8 mapped
 			pair kv-connector "$top/examples/kv_connector.py" decode DIR --layers 8 -- \
 				prefill DIR --layers 8
 		else

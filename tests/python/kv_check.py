@@ -6,9 +6,14 @@ $KCOLL_SOCKET; tests/t_python_kv.sh runs it and numbers the lines.
                              kcolld-mapped memory, > 4096 blocks, merging),
                              notifications once and in order per sender,
                              errors as exceptions that write nothing, the GIL
-  kv_check.py owner DIR N    host 0 of a pair: a segment, its descriptor in
+  kv_check.py owner DIR N [mapped]
+                             host 0 of a pair: a segment, its descriptor in
                              DIR/desc; N tagged batches, every byte checked
-  kv_check.py init DIR N     host 1: N batches of random blocks with a tag each
+  kv_check.py init DIR N [mapped]
+                             host 1: N batches of random blocks with a tag each
+  mapped: both segments in memory kcolld maps (Agent.alloc), which kcolld
+  moves over RDMA where it has a device (tests/vm/t_kv_rdma.sh); else numpy
+  arrays of malloc'd memory, moved over TCP.
 
 Prints "ok - ..." / "not ok - ..." lines.
 """
@@ -359,11 +364,15 @@ def pair_plan(seed, n, size):
     return src, plans
 
 
-def owner_side(d, n):
+def owner_side(d, n, mapped):
     size = 16 << 20
     a = kv.Agent("owner")
-    dst = np.zeros(size, np.uint8)
-    seg = a.register(dst, nr_notify=1)
+    if mapped:
+        dst, seg = a.alloc(size, nr_notify=1)
+        dst[:] = 0
+    else:
+        dst = np.zeros(size, np.uint8)
+        seg = a.register(dst, nr_notify=1)
     with open(os.path.join(d, "desc.tmp"), "wb") as f:
         f.write(seg.desc)
     os.rename(os.path.join(d, "desc.tmp"), os.path.join(d, "desc"))
@@ -408,7 +417,7 @@ def wait_file(path, seconds=60):
     return False
 
 
-def init_side(d, n):
+def init_side(d, n, mapped):
     size = 16 << 20
     for _ in range(300):
         if os.path.exists(os.path.join(d, "desc")):
@@ -416,7 +425,11 @@ def init_side(d, n):
         time.sleep(0.1)
     a = kv.Agent("init")
     src, plans = pair_plan(11, n, size)
-    seg = a.register(src)
+    if mapped:
+        buf, seg = a.alloc(size)
+        buf[:] = src
+    else:
+        seg = a.register(src)
     rem = a.import_desc(open(os.path.join(d, "desc"), "rb").read())
     reqs = []
     t0 = time.monotonic()
@@ -456,7 +469,7 @@ if __name__ == "__main__":
     if mode == "local":
         local()
     elif mode == "owner":
-        owner_side(sys.argv[2], int(sys.argv[3]))
+        owner_side(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["mapped"])
     else:
-        init_side(sys.argv[2], int(sys.argv[3]))
+        init_side(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["mapped"])
     sys.exit(1 if failed else 0)

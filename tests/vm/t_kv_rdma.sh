@@ -13,6 +13,7 @@
 #      counter is exactly 20 and every slice holds its writer's pattern
 #   2b. notifications: messages with batches over RDMA, each once, in order,
 #      after their bytes; bad input, the full queue, the owner gone
+#   2c. the same through the Python agent (kcoll.kv, tests/python/kv_check.py)
 #   3. the owner unregisters during a flood: the initiator gets -EIDRM or
 #      -ECONNRESET, no hang, the buffer does not change after unregister,
 #      a neighbouring segment is untouched, the next write says -EIDRM
@@ -167,6 +168,42 @@ rb1=$(counter 1 rdma_bytes)
 [ $((${rb1:-0} - ${rb0:-0})) -ge $((8 * 1024 * 1024)) ]
 ok $? "notif: the batches went over RDMA (${rb0:-?} -> ${rb1:-?} bytes)"
 [ $p0rc -eq 0 ] || dump
+
+# ---- 2c. the Python agent (kcoll.kv; tests/python/kv_check.py owner/init
+# with Agent.alloc'd segments, which kcolld moves over RDMA): 8 tagged
+# batches of ~1000 scattered blocks, every byte there when its tag comes,
+# the counter, the full notification queue with batches in flight, an
+# entry past the end, the owner's segment gone; the bytes went over RDMA.
+PY=/usr/bin/python3
+if ! "$PY" -c 'import numpy' 2>/dev/null; then
+	n=$((n + 1)); echo "ok $n # SKIP the Python agent over RDMA: no numpy for $PY (apt-get install python3-numpy)"
+else
+	mkdir -p "$T/py"
+	top=$(cd "$(dirname "$0")/../.." && pwd)
+	kvpy() { on "$1" env PYTHONPATH="$top/user/python" PYTHONDONTWRITEBYTECODE=1 \
+		KCOLL_LIB="$(cd "$B" && pwd)/lib/libkcoll.so.1" timeout -k 5 240 "$PY" "$top/tests/python/kv_check.py" "${@:2}"; }
+	b0=$(counter 1 bytes) rb0=$(counter 1 rdma_bytes)
+	kvpy 0 owner "$T/py" 8 mapped >"$T/pyowner.out" 2>&1 &
+	owner=$!
+	kvpy 1 init "$T/py" 8 mapped >"$T/pyinit.out" 2>&1
+	irc=$?
+	wait $owner; orc=$?
+	for f in pyinit pyowner; do
+		while IFS= read -r line; do
+			case $line in
+			"ok - "*) ok 0 "python: ${line#ok - }" ;;
+			"not ok - "*) ok 1 "python: ${line#not ok - }" ;;
+			*) echo "# $line" ;;
+			esac
+		done <"$T/$f.out"
+	done
+	[ $irc -eq 0 ] && [ $orc -eq 0 ]; ok $? "python: initiator and owner exit 0 (init $irc, owner $orc)"
+	b1=$(counter 1 bytes) rb1=$(counter 1 rdma_bytes)
+	db=$((${b1:-0} - ${b0:-0})) drb=$((${rb1:-0} - ${rb0:-0}))
+	[ $drb -ge $((4 * 1024 * 1024)) ] && [ $((drb * 10)) -ge $((db * 9)) ]
+	ok $? "python: the batches went over RDMA ($drb of the initiator's $db bytes)"
+	[ $irc -eq 0 ] || dump
+fi
 
 # ---- 3. unregister during a flood
 mkdir -p "$T/b"
