@@ -92,7 +92,7 @@ log=$root.log
 base_kb=0
 if [ -n "$update" ]; then
 	# Stays a complete root of its old list (usable) until the stamp changes.
-	say "$root has an older package list ($(grep '^packages:' "$stamp" || echo "packages: python3 python3-torch python3-numpy")): adding the rest"
+	say "$root has an older package list ($(grep '^packages:' "$stamp" || echo "no package list")): adding the rest"
 	: >"$log"
 else
 	mkdir -p "$root"

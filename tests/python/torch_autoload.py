@@ -16,8 +16,6 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def rank_main(rank, world, init):
     import torch
