@@ -157,6 +157,25 @@ gc.collect()
 rep.check(shape_ok and mapped and kept and kcoll_maps() == before,
           "kcoll.empty: writable array in a kcolld mapping, freed with its last view",
           f"shape_ok {shape_ok} mapped {mapped} kept {kept} after {kcoll_maps()} before {before}")
+# close() with an array of its memory still alive: the array stays valid,
+# the connection refuses new work, and it disconnects with the last view.
+c2 = kcoll.Connection()
+kept_arr = c2.empty(1000, "float32")
+maps_open = kcoll_maps()
+c2.close()
+kept_arr[:] = 5  # must still be valid memory
+refused = False
+try:
+    c2.empty(4)
+except ValueError:
+    refused = True
+held = kcoll_maps() == maps_open and c2.closed and c2._h is not None
+del kept_arr
+gc.collect()
+rep.check(refused and held and kcoll_maps() == maps_open - 1 and c2._h is None,
+          "Connection.close() with a kcoll.empty array alive: the array stays valid, the connection "
+          "refuses new work, disconnects once the array is gone",
+          f"refused {refused} held {held} maps {kcoll_maps()} (open {maps_open}) handle {c2._h}")
 z = kcoll.empty(0, "int32")
 rep.check(z.shape == (0,) and z.dtype == np.int32, "kcoll.empty of zero elements")
 zr = np.zeros(0, np.float32)

@@ -198,6 +198,11 @@ class Connection:
                     del os.environ["KCOLL_TIMEOUT_MS"]
         _check(r, f"connect to kcolld ({socket_path or os.environ.get('KCOLL_SOCKET') or 'default socket'})")
         self._h = h
+        self._closed = False
+        # kcoll memory (empty()) still viewed: libkcoll unmaps it when it
+        # disconnects, so close() leaves that to the last one's release.
+        self._mem_live = 0
+        self._mem_lock = threading.RLock()  # RLock: a release may run in GC inside it
         # What lives on this connection in libkcoll (communicators, KV
         # segments and imports): handle value -> the C function freeing it.
         self._children = {}
@@ -205,9 +210,14 @@ class Connection:
 
     @property
     def handle(self):
-        if not self._h:
+        if self._closed or not self._h:
             raise ValueError("kcoll: connection is closed")
         return self._h
+
+    @property
+    def closed(self):
+        """True once close() ran: nothing new can be done on it."""
+        return self._closed or not getattr(self, "_h", None)
 
     def _adopt(self, h, free):
         """Record h (a c_void_p) as freed by free(h) at close() unless its
@@ -225,20 +235,28 @@ class Connection:
     def close(self):
         """Destroy the communicators and KV segments still open on this
         connection (their pending requests fail with ECANCELED), then
-        disconnect. Buffers from empty() must not be used afterwards.
+        disconnect. Arrays from empty() stay valid: the disconnect (which
+        unmaps them) waits until the last of them is gone.
 
         Safe whatever the order in which the garbage collector finalizes a
         connection and its communicators (at interpreter exit it may take
         the connection first): a communicator destroyed here is not
         destroyed again by its own destroy()."""
-        if getattr(self, "_h", None):
+        if getattr(self, "_h", None) and not self._closed:
+            self._closed = True
             with self._children_lock:
                 left = list(self._children.items())
                 self._children.clear()
             for h, free in reversed(left):
                 free(ctypes.c_void_p(h))
-            _lc.kcoll_disconnect(self._h)
-            self._h = None
+            with self._mem_lock:
+                if not self._mem_live:
+                    self._disconnect()
+
+    def _disconnect(self):
+        h, self._h = self._h, None
+        if h:
+            _lc.kcoll_disconnect(h)
 
     def __del__(self):
         # Communicators, requests and kcoll.empty arrays hold their
@@ -266,7 +284,9 @@ class Connection:
         if nbytes == 0:
             return np.empty(shape, dt)
         ptr = ctypes.c_void_p()
-        _check(_lc.kcoll_mem_alloc(self.handle, nbytes, ctypes.byref(ptr)), f"mem_alloc {nbytes} bytes")
+        with self._mem_lock:
+            _check(_lc.kcoll_mem_alloc(self.handle, nbytes, ctypes.byref(ptr)), f"mem_alloc {nbytes} bytes")
+            self._mem_live += 1
         owner_t = type("KcollMemory", (ctypes.c_uint8 * nbytes,), {"__del__": _mem_release})
         owner = owner_t.from_address(ptr.value)
         # The array's base chain ends at owner: its __del__ frees the memory
@@ -278,8 +298,12 @@ class Connection:
 
 def _mem_release(owner):
     conn = owner.conn
-    if conn._h:
-        _lc.kcoll_mem_free(conn._h, ctypes.c_void_p(owner.ptr))
+    with conn._mem_lock:
+        conn._mem_live -= 1
+        if conn._h:
+            _lc.kcoll_mem_free(conn._h, ctypes.c_void_p(owner.ptr))
+            if conn._closed and not conn._mem_live:
+                conn._disconnect()
 
 
 _default = None
@@ -334,7 +358,7 @@ class Request:
 
     def _closed(self):
         """The connection is gone, and with it the request: it failed."""
-        if self._comm._conn._h:
+        if not self._comm._conn.closed:
             return False
         self._settle(-_errno.ECANCELED, None)
         return True
@@ -408,7 +432,7 @@ class Comm:
         return _lc.kcoll_comm_size(self._handle())
 
     def _handle(self):
-        if not self._h or not self._conn._h:
+        if not self._h or self._conn.closed:
             raise ValueError("kcoll: communicator is destroyed" +
                              (" (its connection was closed)" if self._h else ""))
         return self._h

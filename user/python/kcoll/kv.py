@@ -209,7 +209,7 @@ class Segment:
 
     @property
     def handle(self):
-        if not self._h or not self._agent._conn._h:
+        if not self._h or self._agent._conn.closed:
             raise ValueError("kcoll.kv: segment is closed")
         return self._h
 
@@ -275,7 +275,7 @@ class Remote:
 
     @property
     def handle(self):
-        if not self._h or not self._agent._conn._h:
+        if not self._h or self._agent._conn.closed:
             raise ValueError("kcoll.kv: remote segment is closed")
         return self._h
 
