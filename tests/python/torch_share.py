@@ -16,7 +16,8 @@ syntax, and groups made with them in the environment (MIN_BYTES=0 is the
 control); a group keeps a dropped tensor's memory while it shares it and
 frees it when destroy_process_group ends the group (torch 2.6 refused
 that destroy before kcoll.torch kept the group's name); DDP shares its
-bucket once and matches gloo. Runs under torch 1.13 and 2.x
+bucket once and matches gloo; kcoll.torch.empty's tensors are zero-copy
+from their first op in every dtype and outlive their group. Runs under torch 1.13 and 2.x
 (t_python_torch2_share.sh). KCOLL_CTL names kcollctl."""
 import ctypes
 import gc
@@ -160,6 +161,66 @@ got = quiet_copied(lambda: dist.all_reduce(y, group=off))
 rep.check(got >= nbytes and not off._shared.entries and torch.equal(y, torch.full((n,), float(world))),
           f"control, a group made with KCOLL_TORCH_SHARE_MIN_BYTES=0: nothing shared, kcolld "
           f"copied {got} bytes (at least {nbytes})")
+
+# ---- kcoll.torch.empty: mapped from the first op, any dtype, outlives its group ----------
+
+
+def kcoll_bufs():
+    """kcoll_mem_alloc mappings in this process."""
+    with open("/proc/self/maps") as f:
+        return sum("kcoll-buf" in ln for ln in f)
+
+
+e = kcoll.torch.empty(n)
+e.fill_(1)
+got = quiet_copied(lambda: dist.all_reduce(e))  # its first op
+rep.check(e.dtype == torch.get_default_dtype() and e.shape == (n,) and got <= 8 * ends * world
+          and torch.equal(e, torch.full((n,), float(world))) and pg._shared.key(e) not in pg._shared.entries,
+          f"kcoll.torch.empty({n}): a {e.dtype} tensor whose first all_reduce is zero-copy (kcolld "
+          f"copied {got} bytes, at most {8 * ends * world}), no kcoll_mem_share", f"shape {tuple(e.shape)}")
+bad = []
+for dt in (torch.bfloat16, torch.float16, torch.int64, torch.uint8):
+    m = count(dt) // 2
+    t = kcoll.torch.empty((2, m), dtype=dt)
+    t.copy_(data(rank, dt, "SUM", 2 * m).view(2, m))
+    dist.all_reduce(t)
+    if t.dtype != dt or t.shape != (2, m) or not same(t.view(-1), reference(dt, "SUM", 2 * m), dt, "SUM"):
+        bad.append(name(dt))
+rep.check(not bad, "kcoll.torch.empty((2, m), dtype=bf16 / f16 / i64 / u8): all_reduce SUM exact",
+          f"wrong: {bad}")
+threads = set(kcoll.torch._progress_threads)
+sub2 = dist.new_group(backend="kcoll")
+sub2_thread = (set(kcoll.torch._progress_threads) - threads).pop()
+maps0 = kcoll_bufs()
+k = kcoll.torch.empty(4, 1000, group=sub2)
+k.fill_(float(rank))
+dist.all_reduce(k, group=sub2)
+row = k[1]
+one_map = kcoll_bufs() == maps0 + 1 and torch.equal(k, torch.full((4, 1000), float(sum(range(world)))))
+del k
+dist.destroy_process_group(sub2)
+del sub2
+gc.collect()
+row.fill_(3)  # must still be memory of ours
+dist.all_reduce(row)  # another group: plain memory to it
+kept = kcoll_bufs() == maps0 + 1 and torch.equal(row, torch.full((1000,), 3.0 * world))
+del row
+# Progress threads hold their group's last op (and its tensors) until the
+# next one or their end: one more op here, and sub's thread gone.
+dist.all_reduce(torch.ones(4))
+sub2_thread.join(10)
+gc.collect()
+rep.check(one_map and kept and kcoll_bufs() == maps0,
+          "kcoll.torch.empty(4, 1000, group=sub): one kcoll-buf mapping; after destroy_process_group(sub) "
+          "a view of it still written and all_reduced on the default group; unmapped with that view",
+          f"one map {one_map} kept {kept} maps now {kcoll_bufs()} before {maps0}")
+z0 = kcoll.torch.empty(0, dtype=torch.int32)
+rep.check(z0.shape == (0,) and z0.dtype == torch.int32, "kcoll.torch.empty(0): an empty tensor")
+rep.raises(ValueError, lambda: kcoll.torch.empty(8, group=gloo),
+           "kcoll.torch.empty(group=<a gloo group>): ValueError, names the kcoll backend",
+           want=("not a kcoll one", "backend='kcoll'"))
+rep.raises(TypeError, lambda: kcoll.torch.empty(8, dtype=torch.complex64),
+           "kcoll.torch.empty(dtype=complex64): TypeError")
 
 # ---- async ops, a small tensor, a strided one ------------------------------------------
 works, want = [], []

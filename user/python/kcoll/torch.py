@@ -630,8 +630,46 @@ def _create(store, rank, size, timeout):
     return ProcessGroupKcoll(store, rank, size, timeout)
 
 
+def empty(*size, dtype=None, group=None):
+    """A CPU tensor in memory that kcolld maps for group's connection
+    (default: the default group), like torch.empty(*size, dtype=dtype).
+
+    Collectives of that group on it are zero-copy from the first op, with
+    no kcoll_mem_share (whose first use copies the pages) and for every
+    dtype kcoll takes, bf16 included. Freed once the tensor and every view
+    of it are gone; it stays valid after the group is destroyed (other
+    groups see plain memory and share or copy it as usual)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    size = tuple(int(d) for d in size)
+    if any(d < 0 for d in size):
+        raise ValueError(f"kcoll.torch.empty: negative dimension in {size}")
+    dtype = dtype or torch.get_default_dtype()
+    if dtype not in _SUPPORTED:
+        raise TypeError(f"kcoll.torch.empty: dtype {dtype} is not one kcoll takes (f16, bf16, f32, "
+                        "f64, i8, u8, i32, i64)")
+    if group is None:
+        if not torch.distributed.is_initialized():
+            raise RuntimeError("kcoll.torch.empty: no default process group: call "
+                               "dist.init_process_group('kcoll') first, or pass group=")
+        group = torch.distributed.distributed_c10d._get_default_group()
+    if not isinstance(group, ProcessGroupKcoll):
+        name = getattr(group, "name", lambda: type(group).__name__)()
+        raise ValueError(f"kcoll.torch.empty: group is a {name} group, not a kcoll one: pass a "
+                         "group made with backend 'kcoll' (dist.new_group(backend='kcoll'))")
+    n = 1
+    for d in size:
+        n *= d
+    if n == 0:
+        return torch.empty(size, dtype=dtype)
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    raw = group._conn.empty(nbytes, "uint8")  # bytes: numpy has no bf16
+    # frombuffer holds raw, and raw its kcoll memory, for the tensor's life.
+    return torch.frombuffer(raw, dtype=dtype).view(size)
+
+
 # Unless registered already: imported again (importlib.reload, a second
 # copy of the package), or by _kcoll_torch.autoload (torch 2.5+, pip).
 _kcoll_torch.register(_create)
 
-__all__ = ["ProcessGroupKcoll", "BACKEND"]
+__all__ = ["ProcessGroupKcoll", "BACKEND", "empty"]
