@@ -19,6 +19,7 @@ priority required (debootstrap's minbase) and the README's prerequisites
 (make, git, ca-certificates).
 """
 import argparse
+import ast
 import glob
 import os
 import re
@@ -234,11 +235,30 @@ def py_imports(top):
             if not os.path.relpath(f, top).startswith("user/python/kcoll/")}
     uses = {}
     for f in files:
-        for n, line in enumerate(open(f, errors="replace"), 1):
-            m = IMPORT.match(line)
-            if m and m.group(1) not in own and m.group(1) != "__future__":
-                uses.setdefault(m.group(1), []).append("%s:%d" % (os.path.relpath(f, top), n))
+        for mod, n in imports_of(f):
+            if mod not in own and mod != "__future__":
+                uses.setdefault(mod, []).append("%s:%d" % (os.path.relpath(f, top), n))
     return uses
+
+
+def imports_of(path):
+    """(top-level module, line) for each absolute import in a Python file:
+    from its syntax tree (a docstring line that starts with "from" is not
+    an import), or line by line if this Python cannot parse it."""
+    with open(path, errors="replace") as f:
+        text = f.read()
+    try:
+        tree = ast.parse(text, path)
+    except SyntaxError:
+        return [(m.group(1), n) for n, line in enumerate(text.splitlines(), 1)
+                for m in [IMPORT.match(line)] if m]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name.split(".")[0], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.module.split(".")[0], node.lineno))
+    return found
 
 
 def module_files(mods):

@@ -67,8 +67,8 @@ else
 		"$C" up -H 2 >"$T/up.log" 2>&1
 		if ok $? "cluster of 2 hosts up (prefix $P)"; then
 			pair kv-pair "$top/tests/python/kv_check.py" owner DIR 8 -- init DIR 8
-			pair kv-pair-mapped "$top/tests/python/kv_check.py" owner DIR 8 mapped -- \
-				init DIR 8 mapped
+			pair kv-pair-mapped "$top/tests/python/kv_check.py" owner DIR 8 mapped \
+				-- init DIR 8 mapped
 			pair kv-connector "$top/examples/kv_connector.py" decode DIR --layers 8 -- \
 				prefill DIR --layers 8
 		else
