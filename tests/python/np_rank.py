@@ -176,6 +176,20 @@ rep.check(refused and held and kcoll_maps() == maps_open - 1 and c2._h is None,
           "Connection.close() with a kcoll.empty array alive: the array stays valid, the connection "
           "refuses new work, disconnects once the array is gone",
           f"refused {refused} held {held} maps {kcoll_maps()} (open {maps_open}) handle {c2._h}")
+# kcoll.mem_alloc: raw bytes of kcoll memory, viewed as any dtype.
+raw = kcoll.mem_alloc(4 * 1000 + 3)
+mv = raw[:4000].view(np.float32)
+mv[:] = rank + 1
+maps_raw = kcoll_maps()
+comm.allreduce(mv).wait()
+rep.check(raw.dtype == np.uint8 and raw.shape == (4003,) and maps_raw == before + 1
+          and np.array_equal(mv, np.full(1000, float(sum(range(1, world + 1))), np.float32)),
+          "kcoll.mem_alloc(4003): uint8 bytes in a kcolld mapping; a float32 view of them all-reduced",
+          f"dtype {raw.dtype} shape {raw.shape} maps {maps_raw} (before {before})")
+del raw, mv
+gc.collect()
+rep.raises(ValueError, lambda: kcoll.empty((2, -3), "float32"), "kcoll.empty with a negative dimension: ValueError",
+           want=("negative",))
 z = kcoll.empty(0, "int32")
 rep.check(z.shape == (0,) and z.dtype == np.int32, "kcoll.empty of zero elements")
 zr = np.zeros(0, np.float32)

@@ -24,8 +24,8 @@ from ._lib import AVG, BF16, F16, F32, F64, I8, I32, I64, MAX, MIN, PROD, SUM, U
 from ._lib import UNIQUE_ID_BYTES
 
 __all__ = ["KcollError", "Connection", "Comm", "Request", "connection", "get_unique_id", "empty",
-           "version", "SUM", "PROD", "MIN", "MAX", "AVG", "F32", "F64", "F16", "BF16", "I8", "U8",
-           "I32", "U32", "I64", "U64", "UNIQUE_ID_BYTES"]
+           "mem_alloc", "version", "SUM", "PROD", "MIN", "MAX", "AVG", "F32", "F64", "F16", "BF16",
+           "I8", "U8", "I32", "U32", "I64", "U64", "UNIQUE_ID_BYTES"]
 
 _lc = _lib.lib
 
@@ -277,9 +277,12 @@ class Connection:
         import numpy as np
         dt = np.dtype(dtype)
         dtype_of(dt)  # refuse what no collective could take, before allocating
+        dims = [int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,))]
+        if any(d < 0 for d in dims):
+            raise ValueError(f"kcoll: negative dimension in shape {shape}")
         n = 1
-        for d in (shape if isinstance(shape, (tuple, list)) else (shape,)):
-            n *= int(d)
+        for d in dims:
+            n *= d
         nbytes = n * dt.itemsize
         if nbytes == 0:
             return np.empty(shape, dt)
@@ -294,6 +297,12 @@ class Connection:
         owner.conn = self
         owner.ptr = ptr.value
         return np.frombuffer(owner, dtype=dt, count=n).reshape(shape)
+
+    def mem_alloc(self, nbytes):
+        """nbytes of kcoll memory (kcoll_mem_alloc) as a writable uint8 numpy
+        array, to view as any dtype (arr.view(np.float32)) or fill with
+        anything; empty(nbytes, "uint8")."""
+        return self.empty(int(nbytes), "uint8")
 
 
 def _mem_release(owner):
@@ -325,6 +334,10 @@ def get_unique_id():
 
 def empty(shape, dtype="float32"):
     return connection().empty(shape, dtype)
+
+
+def mem_alloc(nbytes):
+    return connection().mem_alloc(nbytes)
 
 
 # ---- requests ----------------------------------------------------------------

@@ -470,8 +470,8 @@ class Agent:
         dt = np.dtype(dtype)
         shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        # Bytes, viewed as any dtype (Connection.empty takes collective dtypes only).
-        arr = self._conn.empty(nbytes, "uint8").view(dt).reshape(shape)
+        # Bytes, viewed as any dtype (empty() takes collective dtypes only).
+        arr = self._conn.mem_alloc(nbytes).view(dt).reshape(shape)
         return arr, self.register(arr, nr_notify)
 
     def import_desc(self, desc):

@@ -663,7 +663,7 @@ def empty(*size, dtype=None, group=None):
     if n == 0:
         return torch.empty(size, dtype=dtype)
     nbytes = n * torch.empty((), dtype=dtype).element_size()
-    raw = group._conn.empty(nbytes, "uint8")  # bytes: numpy has no bf16
+    raw = group._conn.mem_alloc(nbytes)  # bytes: numpy has no bf16
     # frombuffer holds raw, and raw its kcoll memory, for the tensor's life.
     return torch.frombuffer(raw, dtype=dtype).view(size)
 
