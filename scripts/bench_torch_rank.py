@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import kcoll.torch  # noqa: F401  registers the "kcoll" backend
+import kcoll.torch  # registers the "kcoll" backend; kcoll.torch.empty
 
 
 def to_bytes(v):
@@ -91,9 +91,9 @@ class Bench:
         return self.slowest((time.perf_counter() - t0) / iters)
 
     def shm_tensor(self, count):
-        """A float32 tensor in memory kcolld maps, allocated on the kcoll
-        group's own connection (the one its collectives use)."""
-        return torch.from_numpy(self.kpg._conn.empty(count, "float32"))
+        """A float32 tensor in memory kcolld maps for the kcoll group
+        (kcoll.torch.empty)."""
+        return kcoll.torch.empty(count, dtype=torch.float32, group=self.kpg)
 
     def check(self, what, t):
         want = float(self.world)
