@@ -216,6 +216,13 @@ rep.check(one_map and kept and kcoll_bufs() == maps0,
           f"one map {one_map} kept {kept} maps now {kcoll_bufs()} before {maps0}")
 z0 = kcoll.torch.empty(0, dtype=torch.int32)
 rep.check(z0.shape == (0,) and z0.dtype == torch.int32, "kcoll.torch.empty(0): an empty tensor")
+g = kcoll.torch.empty([3, 5], device="cpu", requires_grad=True)
+rep.check(g.shape == (3, 5) and g.requires_grad and g.is_leaf and g.device.type == "cpu",
+          "kcoll.torch.empty([3, 5], device='cpu', requires_grad=True): a leaf that requires grad",
+          f"shape {tuple(g.shape)} requires_grad {g.requires_grad} leaf {g.is_leaf}")
+rep.raises(ValueError, lambda: kcoll.torch.empty(8, device="cuda"),
+           "kcoll.torch.empty(device='cuda'): ValueError saying kcoll memory is host memory",
+           want=("host memory",))
 rep.raises(ValueError, lambda: kcoll.torch.empty(8, group=gloo),
            "kcoll.torch.empty(group=<a gloo group>): ValueError, names the kcoll backend",
            want=("not a kcoll one", "backend='kcoll'"))

@@ -630,9 +630,10 @@ def _create(store, rank, size, timeout):
     return ProcessGroupKcoll(store, rank, size, timeout)
 
 
-def empty(*size, dtype=None, group=None):
+def empty(*size, dtype=None, device=None, requires_grad=False, group=None):
     """A CPU tensor in memory that kcolld maps for group's connection
-    (default: the default group), like torch.empty(*size, dtype=dtype).
+    (default: the default group), like torch.empty(*size, dtype=dtype,
+    device=device, requires_grad=requires_grad); device must be the CPU.
 
     Collectives of that group on it are zero-copy from the first op, with
     no kcoll_mem_share (whose first use copies the pages) and for every
@@ -644,6 +645,9 @@ def empty(*size, dtype=None, group=None):
     size = tuple(int(d) for d in size)
     if any(d < 0 for d in size):
         raise ValueError(f"kcoll.torch.empty: negative dimension in {size}")
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"kcoll.torch.empty: device {device}: kcoll memory is host memory (CPU "
+                         "tensors only); allocate device tensors with torch.empty")
     dtype = dtype or torch.get_default_dtype()
     if dtype not in _SUPPORTED:
         raise TypeError(f"kcoll.torch.empty: dtype {dtype} is not one kcoll takes (f16, bf16, f32, "
@@ -661,11 +665,11 @@ def empty(*size, dtype=None, group=None):
     for d in size:
         n *= d
     if n == 0:
-        return torch.empty(size, dtype=dtype)
+        return torch.empty(size, dtype=dtype, requires_grad=requires_grad)
     nbytes = n * torch.empty((), dtype=dtype).element_size()
     raw = group._conn.mem_alloc(nbytes)  # bytes: numpy has no bf16
     # frombuffer holds raw, and raw its kcoll memory, for the tensor's life.
-    return torch.frombuffer(raw, dtype=dtype).view(size)
+    return torch.frombuffer(raw, dtype=dtype).view(size).requires_grad_(requires_grad)
 
 
 # Unless registered already: imported again (importlib.reload, a second
