@@ -15,6 +15,7 @@ request completes (the Request keeps a reference to them). docs/python.md.
 """
 import ctypes
 import errno as _errno
+import math
 import os
 import sys
 import threading
@@ -210,14 +211,14 @@ class Connection:
 
     @property
     def handle(self):
-        if self._closed or not self._h:
+        if self._closed:
             raise ValueError("kcoll: connection is closed")
         return self._h
 
     @property
     def closed(self):
         """True once close() ran: nothing new can be done on it."""
-        return self._closed or not getattr(self, "_h", None)
+        return self._closed
 
     def _adopt(self, h, free):
         """Record h (a c_void_p) as freed by free(h) at close() unless its
@@ -280,9 +281,7 @@ class Connection:
         dims = [int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,))]
         if any(d < 0 for d in dims):
             raise ValueError(f"kcoll: negative dimension in shape {shape}")
-        n = 1
-        for d in dims:
-            n *= d
+        n = math.prod(dims)
         nbytes = n * dt.itemsize
         if nbytes == 0:
             return np.empty(shape, dt)

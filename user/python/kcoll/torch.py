@@ -29,6 +29,7 @@ inside the tensor's storage are shared with kcolld in place on first use
 import atexit
 import collections
 import ctypes
+import math
 import os
 import queue
 import sys
@@ -661,9 +662,7 @@ def empty(*size, dtype=None, device=None, requires_grad=False, group=None):
         name = getattr(group, "name", lambda: type(group).__name__)()
         raise ValueError(f"kcoll.torch.empty: group is a {name} group, not a kcoll one: pass a "
                          "group made with backend 'kcoll' (dist.new_group(backend='kcoll'))")
-    n = 1
-    for d in size:
-        n *= d
+    n = math.prod(size)
     if n == 0:
         return torch.empty(size, dtype=dtype, requires_grad=requires_grad)
     nbytes = n * torch.empty((), dtype=dtype).element_size()
