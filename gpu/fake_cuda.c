@@ -704,3 +704,92 @@ FAKE_EXPORT int cuMemGetHandleForAddressRange(void *handle, unsigned long long d
 	memcpy(handle, &fd, sizeof(fd));
 	return KCOLL_CUDA_SUCCESS;
 }
+
+/*
+ * The driver calls a program that holds device memory of its own makes
+ * (tests/python/cuda_rank.py, through ctypes): allocate, copy in and out,
+ * synchronize a stream. The same calls reach the real driver on a GPU.
+ * Streams are always complete here; kcoll_fake_cuda_stream_syncs() counts
+ * cuStreamSynchronize calls, so a test can tell that a consumer
+ * synchronized the stream a producer named.
+ */
+static atomic_uint stream_syncs;
+
+FAKE_EXPORT int cuMemAlloc_v2(unsigned long long *dptr, size_t size)
+{
+	void *p;
+
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	if (!cur_ctx)
+		return KCOLL_CUDA_INVALID_CONTEXT;
+	if (!size)
+		return KCOLL_CUDA_INVALID_VALUE;
+	p = kcoll_fake_cuda_alloc(size);
+	if (!p)
+		return KCOLL_CUDA_OUT_OF_MEMORY;
+	*dptr = (uintptr_t)p;
+	return KCOLL_CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int cuMemFree_v2(unsigned long long dptr)
+{
+	unsigned long long base, id;
+	size_t size;
+
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	if (!fake_find(dptr, &base, &size, &id) || base != dptr || (id >> 63))
+		return KCOLL_CUDA_INVALID_VALUE;
+	kcoll_fake_cuda_free((void *)(uintptr_t)dptr);
+	return KCOLL_CUDA_SUCCESS;
+}
+
+/* dptr .. dptr + len inside one allocation or opened mapping. */
+static int fake_range(unsigned long long dptr, size_t len)
+{
+	unsigned long long base, id;
+	size_t size;
+
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	if (!cur_ctx)
+		return KCOLL_CUDA_INVALID_CONTEXT;
+	if (!fake_find(dptr, &base, &size, &id) || len > size - (dptr - base))
+		return KCOLL_CUDA_INVALID_VALUE;
+	return KCOLL_CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int cuMemcpyHtoD_v2(unsigned long long dst, const void *src, size_t len)
+{
+	int err = fake_range(dst, len);
+
+	if (!err)
+		memcpy((void *)(uintptr_t)dst, src, len);
+	return err;
+}
+
+FAKE_EXPORT int cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t len)
+{
+	int err = fake_range(src, len);
+
+	if (!err)
+		memcpy(dst, (const void *)(uintptr_t)src, len);
+	return err;
+}
+
+FAKE_EXPORT int cuStreamSynchronize(void *stream)
+{
+	(void)stream;
+	if (!initialized)
+		return KCOLL_CUDA_NOT_INITIALIZED;
+	if (!cur_ctx)
+		return KCOLL_CUDA_INVALID_CONTEXT;
+	atomic_fetch_add(&stream_syncs, 1);
+	return KCOLL_CUDA_SUCCESS;
+}
+
+FAKE_EXPORT unsigned int kcoll_fake_cuda_stream_syncs(void)
+{
+	return atomic_load(&stream_syncs);
+}

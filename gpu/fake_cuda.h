@@ -37,5 +37,11 @@ void kcoll_fake_cuda_set(const struct kcoll_fake_cuda *cfg);
  */
 void *kcoll_fake_cuda_alloc(size_t size);
 void kcoll_fake_cuda_free(void *p);
+/*
+ * It also answers the driver calls of a program that holds device memory
+ * of its own (cuMemAlloc_v2, cuMemFree_v2, cuMemcpyHtoD_v2/DtoH_v2,
+ * cuStreamSynchronize), and counts the stream synchronizations.
+ */
+unsigned int kcoll_fake_cuda_stream_syncs(void);
 
 #endif /* KCOLL_GPU_FAKE_CUDA_H */
