@@ -102,7 +102,7 @@ GPU_CARRY_SKIP_SO := linux-vdso libc.so libm.so libpthread.so libdl.so librt.so 
 # it: carried with its own dependencies for test_gpudirect.
 GPU_CARRY_DLOPEN := $(shell /sbin/ldconfig -p 2>/dev/null | awk '$$1 == "libibverbs.so.1" { print $$NF; exit }')
 .PHONY: gpu-carry
-gpu-carry: $(GPU_CARRY_BINS) $(GPU_FAKE_CUDA) $(GPU_LIB)
+gpu-carry: $(GPU_CARRY_BINS) $(GPU_FAKE_CUDA) $(GPU_LIB) $(LIB)/libkcoll.so.1
 	$(if $(GPU_LIB),,$(error gpu-carry: no nvcc ($(NVCC)), so no libkcoll_gpu.so to carry))
 	$(call msg,CARRY,$(GPU_CARRY))
 	$(Q)rm -rf $(GPU_CARRY) && mkdir -p $(GPU_CARRY)/bin $(GPU_CARRY)/lib \
@@ -111,6 +111,7 @@ gpu-carry: $(GPU_CARRY_BINS) $(GPU_FAKE_CUDA) $(GPU_LIB)
 	$(Q)cp -p $(filter $(TBIN)/%,$(GPU_CARRY_BINS)) $(GPU_CARRY)/tests/
 	$(Q)cp -p $(GPU_FAKE_CUDA) $(GPU_CARRY)/tests/fixtures/
 	$(Q)cp -p $(GPU_LIB) $(GPU_CARRY)/lib/
+	$(Q)cp -p $(LIB)/libkcoll.so.1 $(GPU_CARRY)/lib/
 	$(Q){ ldd $(GPU_CARRY_BINS) $(GPU_LIB) $(GPU_CARRY_DLOPEN); echo "x => $(GPU_CARRY_DLOPEN) (0)"; } | \
 		awk '$$2 == "=>" && $$3 ~ /^\// { print $$3 }' | \
 		grep -v $(foreach s,$(GPU_CARRY_SKIP_SO),-e /$(s)) | sort -u | \

@@ -24,8 +24,8 @@
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-} build=${KCOLL_BUILD:-} parts_sel= budget=450 mode=auto bench_max=()
-ALL_PARTS=(test_gpu test_gpudirect ipc test_gpu_ring test_gpu_mh bench_reduce bench_allreduce_2
-	bench_allreduce_4 bench_staging bench_kv bench_nccl)
+ALL_PARTS=(test_gpu test_gpudirect ipc test_gpu_ring test_gpu_mh python_cuda bench_reduce
+	bench_allreduce_2 bench_allreduce_4 bench_staging bench_kv bench_nccl)
 
 usage() { sed -n '6,21p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -261,6 +261,42 @@ run_kv() {
 	record bench_kv bench "$status" "$why" $((SECONDS - t0)) "\"exit\": $rc, \"results\": $res"
 }
 
+# The Python package on device memory (tests/python/cuda_rank.py, what
+# t_python_cuda.sh runs on the fake): 2 ranks with __cuda_array_interface__
+# buffers from the driver in use, against the check's kcolld, whose log must
+# count the device ops as run on the GPU (17: the fake-only stream check
+# adds 3 more there).
+run_python_cuda() {
+	local t0=$SECONDS log=$out/python_cuda.log rc before after why status want=17
+	local py=python3
+	[ -x /usr/bin/python3 ] && py=/usr/bin/python3
+	if ! "$py" -c 'import numpy' >/dev/null 2>&1; then
+		record python_cuda test skipped "no python3 with numpy on this machine ($py)" 0
+		return
+	fi
+	if [ ! -f "$B/lib/libkcoll.so.1" ]; then
+		record python_cuda test fail "$B/lib/libkcoll.so.1 is missing (make gpu-carry carries it)" 0
+		return
+	fi
+	start_daemon || { record python_cuda test fail "kcolld did not start" 0; return; }
+	[ "$mode" = fake ] && want=20
+	before=$(grep -c 'runs on GPU' "$work/kcolld.log")
+	PYTHONPATH=$top/user/python PYTHONDONTWRITEBYTECODE=1 KCOLL_LIB=$B/lib/libkcoll.so.1 \
+		KCOLL_SOCKET=$work/kcolld.sock KCOLL_TEST_TMP=$work \
+		KCOLL_TEST_CUDA=$([ "$mode" = fake ] && echo fake || echo gpu) \
+		limited "$log" 90 "$py" "$top/tests/python/launch.py" "$top/tests/python/cuda_rank.py" 2 \
+		"cuda 2" 75
+	rc=$?
+	after=$(grep -c 'runs on GPU' "$work/kcolld.log")
+	grep -E '^not ok' "$log" | head -20 | sed 's/^/#   /' | tee -a "$tap"
+	why="$(grep -c '^ok' "$log") checks passed, $(grep -c '^not ok' "$log") failed, $((after - before)) ops ran on the GPU ($want wanted)"
+	status=pass
+	if [ "$rc" -ne 0 ] || [ $((after - before)) -lt "$want" ]; then
+		status=fail why="exit $rc: $why"
+	fi
+	record python_cuda test "$status" "$why" $((SECONDS - t0)) "\"exit\": $rc, \"ops_on_gpu\": $((after - before))"
+}
+
 run_nccl() {
 	local t0=$SECONDS log=$out/bench_nccl.log js=$out/bench_nccl.json res=null rc status why
 	limited "$log" 150 python3 "$top/scripts/gpu-nccl-bench.py" --out "$js" --ranks 2 \
@@ -295,6 +331,7 @@ for p in "${parts[@]}"; do
 	test_gpudirect) run_test test_gpudirect 60 ;;
 	test_gpu_ring) run_test test_gpu_ring 200 ;;
 	test_gpu_mh) run_test test_gpu_mh 120 ;;
+	python_cuda) run_python_cuda ;;
 	ipc)
 		t0=$SECONDS
 		limited "$out/ipc.log" 60 "$B/bin/kcoll-gpu-bench" -j "$out/ipc.json" ipc

@@ -14,7 +14,7 @@ n=0 failed=0
 ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
 skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
 trap 'rm -rf "$T"' EXIT
-PARTS="test_gpu test_gpudirect ipc test_gpu_ring test_gpu_mh bench_reduce bench_allreduce_2 bench_allreduce_4 bench_staging bench_kv bench_nccl"
+PARTS="test_gpu test_gpudirect ipc test_gpu_ring test_gpu_mh python_cuda bench_reduce bench_allreduce_2 bench_allreduce_4 bench_staging bench_kv bench_nccl"
 
 if ! "$PY" -c 'import json' 2>/dev/null; then
 	echo "1..0 # SKIP no python3 to check the JSON with"
@@ -49,8 +49,8 @@ for p in d["parts"]:
         assert verdict.endswith(p["reason"][len("no GPU: "):]), (verdict, p["reason"])
 PYEOF
 ok $? "JSON: gpu null, every part present in order, each skipped with the doctor's reason"
-grep -c '# SKIP no GPU: ' "$T/stdout" | grep -qx 11 && grep -qx "1..11" "$T/stdout"
-ok $? "TAP: 11 parts, each a SKIP with 'no GPU: <reason>', plan 1..11"
+grep -c '# SKIP no GPU: ' "$T/stdout" | grep -qx 12 && grep -qx "1..12" "$T/stdout"
+ok $? "TAP: 12 parts, each a SKIP with 'no GPU: <reason>', plan 1..12"
 grep -E '^(ok|not ok|1\.\.)' "$T/stdout" | cmp -s - <(grep -E '^(ok|not ok|1\.\.)' "$T/o/gpu-check.tap")
 ok $? "gpu-check.tap holds the TAP lines printed"
 OUT=$T/env-out "$S" --build "$B" --parts bench_kv,test_gpu "${force[@]}" >"$T/stdout2" 2>&1 &&
@@ -68,7 +68,7 @@ if [ ! -f "$B/tests/fixtures/libcuda-fake.so" ] || [ ! -x "$B/bin/kcoll-gpu-benc
 	skip "GPU mode rehearsed on the fake driver" "needs $B/tests/fixtures/libcuda-fake.so and bin/kcoll-gpu-bench (make check builds them)"
 else
 	"$S" --build "$B" --out "$T/f" --fake --max-bytes 1M \
-		--parts ipc,bench_reduce,bench_allreduce_2,bench_kv >"$T/fstdout" 2>&1; rc=$?
+		--parts ipc,python_cuda,bench_reduce,bench_allreduce_2,bench_kv >"$T/fstdout" 2>&1; rc=$?
 	[ $rc -eq 0 ] || sed 's/^/# /' "$T/fstdout" | tail -30
 	"$PY" - "$T/f/gpu-check.json" <<'PYEOF'
 import json, sys
@@ -83,8 +83,10 @@ ar = st["bench_allreduce_2"]
 assert ar["results"]["rows"] and all(r["result_ok"] for r in ar["results"]["rows"]), ar
 assert ar["ops_on_gpu"] > 0, ar     # kcolld took the on-GPU path
 assert "host memory" in st["bench_kv"]["reason"], st["bench_kv"]
+pc = st["python_cuda"]   # deps.sh installs numpy: no skip here
+assert pc["status"] == "pass" and pc["ops_on_gpu"] >= 20, pc
 PYEOF
-	ok $(( rc | $? )) "GPU mode on the fake driver: ipc, reduce, 2-rank all-reduce (on GPU in kcolld) pass, KV not applicable"
+	ok $(( rc | $? )) "GPU mode on the fake driver: ipc, Python on device memory (20 ops on GPU in kcolld), reduce, 2-rank all-reduce (on GPU) pass, KV not applicable"
 fi
 echo "1..$n"
 exit $failed

@@ -10,8 +10,10 @@ A thin ctypes layer over libkcoll (no compiled extension):
     comm.allreduce(buf, op="sum").wait()
 
 Buffers: numpy arrays, bytearray, anything else with the buffer protocol,
-CPU torch tensors. They must be C-contiguous, and stay alive until the
-request completes (the Request keeps a reference to them). docs/python.md.
+torch tensors, and CUDA device memory (objects with __cuda_array_interface__:
+CuPy, Numba, torch CUDA tensors; kcolld takes device buffers as the C API
+does). They must be C-contiguous, and stay alive until the request
+completes (the Request keeps a reference to them). docs/python.md.
 """
 import ctypes
 import errno as _errno
@@ -114,20 +116,62 @@ class _Buf:
     def __init__(self, obj, writable, dtype=None):
         torch = sys.modules.get("torch")  # never imported here: only if the caller has
         if torch is not None and isinstance(obj, torch.Tensor):
-            self._torch(obj, dtype)
+            self._torch(torch, obj, dtype)
+        elif hasattr(obj, "__cuda_array_interface__"):
+            self._cuda(obj, obj.__cuda_array_interface__, writable, dtype)
         else:
             self._buffer(obj, writable, dtype)
 
-    def _torch(self, t, dtype):
-        if t.device.type != "cpu":
-            raise RuntimeError(f"kcoll: {t.device.type} tensors are not supported from Python yet: "
-                               "use CPU tensors (or the C API, which takes CUDA buffers)")
+    def _torch(self, torch, t, dtype):
+        if t.device.type not in ("cpu", "cuda"):
+            raise RuntimeError(f"kcoll: {t.device.type} tensors are not supported: use CPU or "
+                               "CUDA tensors")
         if not t.is_contiguous():
             raise ValueError("kcoll: tensor is not contiguous (use .contiguous())")
         self.dtype = dtype_of(t.dtype) if dtype is None else dtype_of(dtype)
         self.nbytes = t.numel() * t.element_size()
         self.addr = t.data_ptr()
         self.keep = t
+        if t.is_cuda:
+            # kcolld reads it once the op is queued: the work torch queued
+            # on the tensor's stream must be done by then.
+            torch.cuda.current_stream(t.device).synchronize()
+        self._count()
+
+    def _cuda(self, obj, cai, writable, dtype):
+        """Device memory described by the CUDA Array Interface (v2, v3)."""
+        shape, typestr = tuple(cai["shape"]), cai["typestr"]
+        addr, readonly = cai["data"]
+        kind, itemsize = typestr[1:2], int(typestr[2:] or 0)
+        if typestr[:1] == ">" and itemsize > 1:
+            raise TypeError(f"kcoll: big-endian device array ({typestr}) is not supported")
+        count = math.prod(shape)
+        strides = cai.get("strides")
+        if strides is not None and count > 1:
+            want, step = [], itemsize
+            for d in reversed(shape):
+                want.append(step)
+                step *= d
+            if any(d > 1 and st != w for d, st, w in zip(shape, strides, reversed(want))):
+                raise ValueError("kcoll: device array is not C-contiguous (cupy: "
+                                 "cupy.ascontiguousarray; torch: .contiguous())")
+        if readonly and writable:
+            raise ValueError("kcoll: receive buffer is read-only")
+        if dtype is None:
+            if kind not in _BY_KIND or itemsize not in _BY_KIND[kind]:
+                raise TypeError(f"kcoll: device array type {typestr!r} has no kcoll data type "
+                                "(f16, f32, f64, i8, u8, i32, u32, i64, u64); or pass dtype=")
+            self.dtype = _BY_KIND[kind][itemsize]
+        else:
+            self.dtype = dtype_of(dtype)
+        self.nbytes = count * itemsize
+        self.addr = addr or 0
+        self.keep = obj
+        # v3: the producer's stream, to be synchronized before the memory
+        # is read (1: legacy default stream, 2: per-thread default stream).
+        stream = cai.get("stream") if cai.get("version", 0) >= 3 else None
+        if stream is not None and self.nbytes:
+            _cuda_sync(stream)
         self._count()
 
     def _buffer(self, obj, writable, dtype):
@@ -162,6 +206,27 @@ class _Buf:
             raise ValueError(f"kcoll: {self.nbytes} bytes is not a whole number of "
                              f"{size}-byte elements")
         self.count = self.nbytes // size
+
+
+_cuda_lib = None
+
+
+def _cuda_sync(stream):
+    """cuStreamSynchronize(stream) through the CUDA driver this process
+    already has loaded (it holds device memory, so it has one)."""
+    global _cuda_lib
+    if _cuda_lib is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+        except OSError as e:
+            raise RuntimeError("kcoll: a device array names a CUDA stream, but this process "
+                               f"has no CUDA driver (libcuda.so.1) loaded: {e}") from None
+        lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+        _cuda_lib = lib
+    r = _cuda_lib.cuStreamSynchronize(ctypes.c_void_p(stream))
+    if r:
+        raise RuntimeError(f"kcoll: cuStreamSynchronize of the device array's stream {stream:#x} "
+                           f"failed: CUresult {r}")
 
 
 # ---- connection --------------------------------------------------------------

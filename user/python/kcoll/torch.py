@@ -66,8 +66,8 @@ def _op(reduce_op):
 def _check(t):
     if t.device.type != "cpu":
         raise RuntimeError(f"kcoll: {t.device.type} tensors are not supported by the kcoll torch "
-                           "backend yet (CPU tensors only); use nccl or gloo for them, in a "
-                           "group of their own (dist.new_group)")
+                           "backend (CPU tensors only); use nccl or gloo for them, in a group of "
+                           "their own (dist.new_group), or kcoll.Comm, which takes CUDA memory")
     if t.dtype not in _SUPPORTED:
         raise RuntimeError(f"kcoll: dtype {t.dtype} is not supported (f16, bf16, f32, f64, i8, u8, "
                            f"i32, i64); {_GLOO_HINT}")

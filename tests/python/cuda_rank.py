@@ -1,0 +1,221 @@
+# SPDX-License-Identifier: MIT
+"""One rank of the device-memory tests of the kcoll package: buffers that
+export __cuda_array_interface__ (as CuPy, Numba and torch CUDA tensors do),
+allocated and filled through the CUDA driver API with ctypes, the driver
+being the first libcuda.so.1 the loader finds: the fake (gpu/fake_cuda.c)
+in t_python_cuda.sh, the real one on a GPU (scripts/gpu-check.sh). Every
+collective on device buffers against numpy, a host-memory rank beside
+device-memory ranks, the producer's stream synchronized, refusals. Run by
+launch.py; KCOLL_TEST_CUDA says which driver ("fake" or "gpu")."""
+import ctypes
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tap import Report  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import kcoll  # noqa: E402
+
+rep = Report()
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+uids = [bytes.fromhex(u) for u in os.environ["KCOLL_TEST_UIDS"].split(",")]
+FAKE = os.environ.get("KCOLL_TEST_CUDA") == "fake"
+N = 4099  # odd: the tails are reduced too
+DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "uint32", "int64", "uint64"]
+
+cu = ctypes.CDLL("libcuda.so.1")
+u64, vp = ctypes.c_ulonglong, ctypes.c_void_p
+cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(u64), ctypes.c_size_t]
+cu.cuMemFree_v2.argtypes = [u64]
+cu.cuMemcpyHtoD_v2.argtypes = [u64, vp, ctypes.c_size_t]
+cu.cuMemcpyDtoH_v2.argtypes = [vp, u64, ctypes.c_size_t]
+cu.cuCtxSetCurrent.argtypes = [vp]
+
+
+def ck(r, what):
+    if r:
+        raise RuntimeError(f"{what}: CUresult {r}")
+
+
+ck(cu.cuInit(0), "cuInit")
+dev, ctx = ctypes.c_int(), vp()
+ck(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+ck(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+class DevArray:
+    """A 1-D device array the way CuPy shows one to a consumer."""
+
+    def __init__(self, n, dtype, stream=None, readonly=False, version=3, base=None, offset=0):
+        self.dtype, self.n = np.dtype(dtype), n
+        self.stream, self.readonly, self.version = stream, readonly, version
+        self.strides = None
+        if base is not None:  # a view into another's allocation
+            self.owner, self.ptr = base, base.ptr + offset
+            return
+        self.owner, p = None, u64(0)
+        if n:
+            ck(cu.cuMemAlloc_v2(ctypes.byref(p), n * self.dtype.itemsize), "cuMemAlloc_v2")
+        self.ptr = p.value
+
+    @property
+    def __cuda_array_interface__(self):
+        cai = {"shape": (self.n,), "typestr": self.dtype.str, "data": (self.ptr, self.readonly),
+               "version": self.version, "strides": self.strides}
+        if self.version >= 3:
+            cai["stream"] = self.stream
+        return cai
+
+    def put(self, host):
+        host = np.ascontiguousarray(host, self.dtype)
+        ck(cu.cuMemcpyHtoD_v2(self.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD_v2")
+        return self
+
+    def get(self):
+        out = np.empty(self.n, self.dtype)
+        ck(cu.cuMemcpyDtoH_v2(out.ctypes.data, self.ptr, out.nbytes), "cuMemcpyDtoH_v2")
+        return out
+
+    def free(self):
+        if self.owner is None and self.ptr:
+            ck(cu.cuMemFree_v2(self.ptr), "cuMemFree_v2")
+        self.ptr = 0
+
+
+def dev(host, dtype=None, **kw):
+    host = np.asarray(host, dtype)
+    return DevArray(host.size, host.dtype, **kw).put(host)
+
+
+def data(r, dt, n=N, salt=0):
+    """Rank r's input: small integers, so every reduction is exact."""
+    rng = np.random.default_rng(1000 * r + 10 * DTYPES.index(dt) + salt)
+    return rng.integers(0 if np.dtype(dt).kind == "u" else -5, 10, n).astype(dt)
+
+
+def wide(dt):
+    return np.float64 if np.dtype(dt).kind == "f" else np.int64
+
+
+comm = kcoll.Comm.init(uids[0], world, rank)
+
+# All-reduce sum of every dtype, in place on the device.
+bad = []
+for dt in DTYPES:
+    d = dev(data(rank, dt))
+    comm.allreduce(d).wait()
+    want = sum(data(r, dt).astype(wide(dt)) for r in range(world)).astype(dt)
+    if not np.array_equal(d.get(), want):
+        bad.append(dt)
+    d.free()
+rep.check(not bad, "allreduce sum in device memory, every dtype (f16 f32 f64 i8 u8 i32 u32 i64 u64)",
+          f"wrong: {bad}")
+
+# Every operator on f32, out of place device to device.
+bad = []
+for op, fold in (("prod", np.prod), ("min", np.min), ("max", np.max), ("avg", None)):
+    x = [np.clip(data(r, "float32", salt=1), -1, 2) for r in range(world)]
+    s, o = dev(x[rank]), DevArray(N, "float32")
+    comm.allreduce(s, o, op=op).wait()
+    st = np.stack(x).astype(np.float64)
+    want = (st.sum(0) / world if fold is None else fold(st, axis=0)).astype(np.float32)
+    if not np.allclose(o.get(), want, rtol=1e-6) or not np.array_equal(s.get(), x[rank]):
+        bad.append(op)
+    s.free()
+    o.free()
+rep.check(not bad, "allreduce prod/min/max/avg f32, device to device out of place (input untouched)",
+          f"wrong: {bad}")
+
+mine = data(rank, "int32")
+s, o = dev(mine), DevArray(world * N, "int32")
+comm.allgather(s, o).wait()
+rep.check(np.array_equal(o.get(), np.concatenate([data(r, "int32") for r in range(world)])),
+          "allgather int32 in device memory")
+s.free()
+o.free()
+
+full = data(rank, "float32", world * N, salt=2)
+s, o = dev(full), DevArray(N, "float32")
+comm.reduce_scatter(s, o).wait()
+want = sum(data(r, "float32", world * N, salt=2).astype(np.float64) for r in range(world))
+rep.check(np.array_equal(o.get(), want[rank * N:(rank + 1) * N].astype(np.float32)),
+          "reduce_scatter sum float32 in device memory")
+s.free()
+o.free()
+
+root = world - 1
+b = dev(data(rank, "uint8", salt=3))
+comm.broadcast(b, root=root).wait()
+rep.check(np.array_equal(b.get(), data(root, "uint8", salt=3)), f"broadcast uint8 from rank {root} "
+          "in device memory")
+b.free()
+
+# Rank 0 in host memory (numpy), the others on the device: kcolld stages.
+x = data(rank, "float64", salt=4)
+buf = x.copy() if rank == 0 else dev(x)
+comm.allreduce(buf).wait()
+got = buf if rank == 0 else buf.get()
+rep.check(np.array_equal(got, sum(data(r, "float64", salt=4) for r in range(world))),
+          "allreduce float64, rank 0 host memory and the others device memory")
+if rank:
+    buf.free()
+
+# A view at an offset inside an allocation is a buffer of its own.
+whole = dev(np.zeros(3 * 1024, np.int64))
+part = DevArray(1024, "int64", base=whole, offset=1024 * 8).put(np.full(1024, rank + 1))
+comm.allreduce(part).wait()
+got = whole.get()
+rep.check(np.array_equal(got[1024:2048], np.full(1024, sum(range(1, world + 1))))
+          and not got[:1024].any() and not got[2048:].any(),
+          "allreduce of a view in the middle of a device allocation leaves the rest alone")
+
+# The producer's stream (CUDA Array Interface v3) is synchronized before
+# kcolld reads; no stream, or a v2 interface, costs no synchronization.
+if FAKE:
+    syncs = cu.kcoll_fake_cuda_stream_syncs
+    d = dev(np.ones(64, np.float32))
+    n0 = syncs()
+    d.stream = 2  # the per-thread default stream
+    comm.allreduce(d).wait()
+    n1 = syncs()
+    d.stream = None
+    comm.allreduce(d).wait()
+    d.version, d.stream = 2, 2
+    comm.allreduce(d).wait()
+    n2 = syncs()
+    rep.check(n1 - n0 == 1 and n2 == n1 and np.array_equal(d.get(), np.full(64, world ** 3, np.float32)),
+              "v3 stream synchronized once before the op; stream None and v2 arrays not",
+              f"syncs {n0} {n1} {n2}")
+    d.free()
+else:
+    rep.skip("v3 stream synchronized once before the op; stream None and v2 arrays not",
+             "counted by the fake driver only")
+
+# Refusals, before anything is queued.
+d = dev(np.zeros(16, np.float32))
+rep.raises(ValueError, lambda: comm.allreduce(DevArray(16, "float32", base=d, readonly=True)),
+           "read-only device receive buffer: ValueError", ["read-only"])
+strided = DevArray(8, "float32", base=d)
+strided.strides = (8,)
+rep.raises(ValueError, lambda: comm.allreduce(strided), "strided device array: ValueError",
+           ["not C-contiguous"])
+rep.raises(TypeError, lambda: comm.allreduce(DevArray(8, "int16", base=d)),
+           "int16 device array (no kcoll dtype): TypeError", ["<i2"])
+rep.raises(TypeError, lambda: comm.allreduce(DevArray(4, "complex64", base=d)),
+           "complex64 device array: TypeError", ["<c8"])
+# A buffer running past the end of its allocation: libkcoll refuses it.
+try:
+    comm.allreduce(DevArray(1 << 22, "float32", base=d, offset=32)).wait()
+    rep.check(False, "device buffer running past its allocation: KcollError EINVAL", "no error")
+except kcoll.KcollError as e:
+    rep.check(e.errno == 22, "device buffer running past its allocation: KcollError EINVAL", str(e))
+d.free()
+
+# Zero elements: nothing to read, no pointer needed.
+z = DevArray(0, "float32", stream=2)
+rep.check(comm.allreduce(z).wait(), "allreduce of zero device elements")
+comm.barrier().wait()
+comm.destroy()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Device memory from Python: the kcoll package takes objects with
+# __cuda_array_interface__ (CuPy, Numba, torch CUDA tensors) and hands
+# their device pointers to libkcoll, as the C API takes them.
+# tests/python/cuda_rank.py at 2 and 3 ranks against a private kcolld,
+# rank processes and kcolld all seeing the fake CUDA driver
+# ($B/tests/fixtures/libcuda-fake.so, gpu/fake_cuda.c) as libcuda.so.1;
+# then kcolld's log must show the ops ran on the (fake) GPU, or the device
+# path was never taken (the fake's memory is host memory underneath, so
+# results alone cannot tell). On a GPU, scripts/gpu-check.sh runs the same
+# ranks on the real driver. Needs /usr/bin/python3 with numpy. ~10 s. TAP.
+set -u
+. "${KCOLL_TOP:?run through tests/run.sh}/tests/python_lib.sh"
+pick_python
+fake="$B/tests/fixtures/libcuda-fake.so"
+
+py_asan_preload || skip_all "$why"
+"$PY" -c 'import numpy' 2>/dev/null || skip_all "numpy missing for $PY (apt-get install python3-numpy)"
+[ -f "$fake" ] || skip_all "the fake CUDA driver $fake is missing (make builds it)"
+
+T=$(mktemp -d "${KCOLL_TEST_TMP:-/tmp}/pycuda.XXXXXX")
+kpid=
+cleanup() {
+	[ -n "$kpid" ] && kill "$kpid" 2>/dev/null && wait "$kpid" 2>/dev/null
+	rm -rf "$T"
+}
+trap cleanup EXIT
+ln -s "$fake" "$T/libcuda.so.1"
+export LD_LIBRARY_PATH="$T${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KCOLL_GPU_LIB="$fake" KCOLL_SOCKET="$T/k.sock" KCOLL_TEST_CUDA=fake
+"$B/bin/kcolld" -f -v -s "$KCOLL_SOCKET" -l "$T/k.log" &
+kpid=$!
+for _ in $(seq 200); do [ -S "$KCOLL_SOCKET" ] && break; sleep 0.05; done
+[ -S "$KCOLL_SOCKET" ]; ok $? "kcolld with the fake CUDA driver listens"
+if [ ! -S "$KCOLL_SOCKET" ]; then
+	sed 's/^/# kcolld: /' "$T/k.log" 2>/dev/null | tail -20
+	echo "1..$n"
+	exit 1
+fi
+
+for w in 2 3; do
+	before=$(grep -c "runs on GPU" "$T/k.log")
+	launch 90 "$TOP/tests/python/cuda_rank.py" "$w" "cuda $w" 60
+	# 20 ops of every rank's buffers on the device: every dtype's sum (9),
+	# 4 operators, all-gather, reduce-scatter, broadcast, the view, 3 of
+	# the stream check. The host+device op and the refusals are not among them.
+	runs=$(( $(grep -c "runs on GPU" "$T/k.log") - before ))
+	[ "$runs" -ge 20 ]; ok $? "kcolld ran the $w-rank device ops on the GPU: $runs ops logged 'runs on GPU' (20 wanted)"
+done
+kill "$kpid"; wait "$kpid"; rc=$?; kpid=
+[ "$rc" -eq 0 ]; ok $? "kcolld drained and exited 0 (exit $rc)"
+echo "1..$n"
+exit $failed
