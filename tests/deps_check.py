@@ -12,7 +12,9 @@ each simple command, after prefixes such as `timeout 10`, `ip netns exec NS`,
 `env A=b`); a word that names a function of the scanned scripts or a shell
 builtin is not a command. The modules the tree's Python files import (tests,
 scripts, examples, the kcoll package) are found the way /usr/bin/python3 finds
-them and held to the host tier's packages the same way. Each command is looked up on PATH, its file's package
+them and held to the host tier's packages the same way, except an import
+inside a `try` whose handler catches ImportError (optional by construction:
+CuPy on a GPU machine). Each command is looked up on PATH, its file's package
 found with dpkg -S, and that package must be in the closure (Depends and
 Pre-Depends, recursively) of the tier's deps.sh list plus the packages of
 priority required (debootstrap's minbase) and the README's prerequisites
@@ -252,13 +254,31 @@ def imports_of(path):
     except SyntaxError:
         return [(m.group(1), n) for n, line in enumerate(text.splitlines(), 1)
                 for m in [IMPORT.match(line)] if m]
+    # An import inside a try whose handler catches ImportError is optional
+    # by construction (the module of a machine this is not, e.g. CuPy on a GPU).
+    optional = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(catches_import_error(h.type) for h in node.handlers):
+            optional |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
     found = []
     for node in ast.walk(tree):
+        if id(node) in optional:
+            continue
         if isinstance(node, ast.Import):
             found += [(a.name.split(".")[0], node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             found.append((node.module.split(".")[0], node.lineno))
     return found
+
+
+def catches_import_error(t):
+    """Does an except clause of type expression t catch ImportError (a bare
+    except, ImportError, ModuleNotFoundError, or a tuple with one)?"""
+    if t is None:
+        return True
+    if isinstance(t, ast.Tuple):
+        return any(catches_import_error(e) for e in t.elts)
+    return isinstance(t, ast.Name) and t.id in ("ImportError", "ModuleNotFoundError")
 
 
 def module_files(mods):
