@@ -7,8 +7,9 @@
 # ($B/tests/fixtures/libcuda-fake.so, gpu/fake_cuda.c) as libcuda.so.1;
 # then kcolld's log must show the ops ran on the (fake) GPU, or the device
 # path was never taken (the fake's memory is host memory underneath, so
-# results alone cannot tell). On a GPU, scripts/gpu-check.sh runs the same
-# ranks on the real driver. Needs /usr/bin/python3 with numpy. ~10 s. TAP.
+# results alone cannot tell); python3 -m kcoll reports the driver. On a
+# GPU, scripts/gpu-check.sh runs the same ranks on the real driver.
+# Needs /usr/bin/python3 with numpy. About 2 s. TAP.
 set -u
 . "${KCOLL_TOP:?run through tests/run.sh}/tests/python_lib.sh"
 pick_python
@@ -26,6 +27,7 @@ cleanup() {
 }
 trap cleanup EXIT
 ln -s "$fake" "$T/libcuda.so.1"
+ldp=${LD_LIBRARY_PATH:-}	# without the fake
 export LD_LIBRARY_PATH="$T${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KCOLL_GPU_LIB="$fake" KCOLL_SOCKET="$T/k.sock" KCOLL_TEST_CUDA=fake
 "$B/bin/kcolld" -f -v -s "$KCOLL_SOCKET" -l "$T/k.log" &
@@ -47,6 +49,18 @@ for w in 2 3; do
 	runs=$(( $(grep -c "runs on GPU" "$T/k.log") - before ))
 	[ "$runs" -ge 20 ]; ok $? "kcolld ran the $w-rank device ops on the GPU: $runs ops logged 'runs on GPU' (20 wanted)"
 done
+# python3 -m kcoll tells whether this process has a driver for device memory.
+out=$("$PY" -m kcoll --json 2>&1)
+"$PY" -c 'import json, sys; r = json.loads(sys.argv[1])
+sys.exit(0 if r["daemon"]["ok"] and r["cuda"] == {"driver": "13.0", "devices": 1} else 1)' "$out"
+ok $? "python3 -m kcoll --json: the fake driver 13.0 with 1 device, kcolld usable ($(head -c 300 <<<"$out" | tr '\n' ' '))"
+if /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+	skip "python3 -m kcoll without a driver: this machine has a libcuda.so.1"
+else
+	out=$(LD_LIBRARY_PATH=$ldp "$PY" -m kcoll 2>&1)
+	grep -q "^cuda: none (no CUDA driver: libcuda.so.1.*): host memory only" <<<"$out"
+	ok $? "python3 -m kcoll without a driver says so, naming libcuda.so.1 ($(grep '^cuda' <<<"$out"))"
+fi
 kill "$kpid"; wait "$kpid"; rc=$?; kpid=
 [ "$rc" -eq 0 ]; ok $? "kcolld drained and exited 0 (exit $rc)"
 echo "1..$n"

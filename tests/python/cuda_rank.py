@@ -5,7 +5,8 @@ allocated and filled through the CUDA driver API with ctypes, the driver
 being the first libcuda.so.1 the loader finds: the fake (gpu/fake_cuda.c)
 in t_python_cuda.sh, the real one on a GPU (scripts/gpu-check.sh). Every
 collective on device buffers against numpy, a host-memory rank beside
-device-memory ranks, the producer's stream synchronized, refusals. Run by
+device-memory ranks, the producer's stream synchronized, refusals; on a GPU
+also CuPy arrays and torch CUDA tensors where those are installed. Run by
 launch.py; KCOLL_TEST_CUDA says which driver ("fake" or "gpu")."""
 import ctypes
 import os
@@ -52,7 +53,7 @@ class DevArray:
     def __init__(self, n, dtype, stream=None, readonly=False, version=3, base=None, offset=0):
         self.dtype, self.n = np.dtype(dtype), n
         self.stream, self.readonly, self.version = stream, readonly, version
-        self.strides = None
+        self.strides = self.mask = None
         if base is not None:  # a view into another's allocation
             self.owner, self.ptr = base, base.ptr + offset
             return
@@ -64,7 +65,7 @@ class DevArray:
     @property
     def __cuda_array_interface__(self):
         cai = {"shape": (self.n,), "typestr": self.dtype.str, "data": (self.ptr, self.readonly),
-               "version": self.version, "strides": self.strides}
+               "version": self.version, "strides": self.strides, "mask": self.mask}
         if self.version >= 3:
             cai["stream"] = self.stream
         return cai
@@ -202,6 +203,9 @@ strided = DevArray(8, "float32", base=d)
 strided.strides = (8,)
 rep.raises(ValueError, lambda: comm.allreduce(strided), "strided device array: ValueError",
            ["not C-contiguous"])
+masked = DevArray(8, "float32", base=d)
+masked.mask = masked  # any object: a consumer must not ignore a mask
+rep.raises(ValueError, lambda: comm.allreduce(masked), "masked device array: ValueError", ["masked"])
 rep.raises(TypeError, lambda: comm.allreduce(DevArray(8, "int16", base=d)),
            "int16 device array (no kcoll dtype): TypeError", ["<i2"])
 rep.raises(TypeError, lambda: comm.allreduce(DevArray(4, "complex64", base=d)),
@@ -213,6 +217,49 @@ try:
 except kcoll.KcollError as e:
     rep.check(e.errno == 22, "device buffer running past its allocation: KcollError EINVAL", str(e))
 d.free()
+
+# What users bring on a GPU (issue 24's machine has both): a CuPy array
+# made on a stream of its own, whose interface names that stream, and a
+# torch CUDA tensor (bf16 too: it has no __cuda_array_interface__, kcoll
+# takes its data_ptr). Neither exists on the fake driver.
+ON_FAKE = "needs a GPU (this is the fake driver)"
+why = ON_FAKE
+if not FAKE:
+    try:
+        import cupy
+        why = None
+    except ImportError as e:
+        why = f"no CuPy here: {e}"
+desc = "CuPy array written on a stream of its own, all-reduced as it is (its stream synchronized)"
+if why:
+    rep.skip(desc, why)
+else:
+    with cupy.cuda.Stream(non_blocking=True):
+        a = cupy.arange(1 << 20, dtype=cupy.float32) * (rank + 1)
+        comm.allreduce(a).wait()
+        got = cupy.asnumpy(a)
+    want = np.arange(1 << 20, dtype=np.float32) * sum(range(1, world + 1))
+    rep.check(np.array_equal(got, want), desc)
+
+desc = "torch CUDA tensors (f32, bf16) through kcoll.Comm"
+why = ON_FAKE
+if not FAKE:
+    try:
+        import torch
+        why = None if torch.cuda.is_available() else f"torch {torch.__version__} sees no GPU"
+    except ImportError as e:
+        why = f"no torch here: {e}"
+if why:
+    rep.skip(desc, why)
+else:
+    bad = []
+    for dt in (torch.float32, torch.bfloat16):
+        t = torch.full((N,), float(rank + 1), dtype=dt, device="cuda")
+        t.mul_(2)  # queued on torch's stream: kcoll must wait for it
+        comm.allreduce(t).wait()
+        if not torch.equal(t.cpu(), torch.full((N,), 2.0 * sum(range(1, world + 1)), dtype=dt)):
+            bad.append(str(dt))
+    rep.check(not bad, desc, f"wrong: {bad}")
 
 # Zero elements: nothing to read, no pointer needed.
 z = DevArray(0, "float32", stream=2)

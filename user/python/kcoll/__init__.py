@@ -157,6 +157,8 @@ class _Buf:
                                  "cupy.ascontiguousarray; torch: .contiguous())")
         if readonly and writable:
             raise ValueError("kcoll: receive buffer is read-only")
+        if cai.get("mask") is not None:
+            raise ValueError("kcoll: masked device arrays are not supported")
         if dtype is None:
             if kind not in _BY_KIND or itemsize not in _BY_KIND[kind]:
                 raise TypeError(f"kcoll: device array type {typestr!r} has no kcoll data type "

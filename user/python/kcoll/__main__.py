@@ -2,11 +2,13 @@
 """python3 -m kcoll: can this Python use kcoll, and if not, why.
 
 Says which package and libkcoll it loaded, which kcolld socket it uses and
-whether a one-rank all-reduce through that daemon works, and what numpy and
+whether a one-rank all-reduce through that daemon works, whether this
+process has a CUDA driver (device memory for kcoll.Comm), and what numpy and
 torch offer (the "kcoll" torch.distributed backend; CUDA tensors). Exit
 status 0 when the all-reduce worked, 1 when it did not, 2 on bad usage.
 The text to paste into a bug report; --json for scripts."""
 import argparse
+import ctypes
 import importlib
 import json
 import os
@@ -40,6 +42,27 @@ def _daemon(socket_path, timeout_ms):
     finally:
         conn.close()
     return d
+
+
+def _cuda():
+    """The CUDA driver this process would use for device memory: its version
+    and device count, or why there is none. Loads libcuda.so.1, nothing more
+    (no context)."""
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return {"driver": None, "devices": 0, "error": f"no CUDA driver: {e}"}
+    r = cu.cuInit(0)
+    if r:
+        name = ctypes.c_char_p()
+        cu.cuGetErrorName(r, ctypes.byref(name))
+        what = name.value.decode() if name.value else f"CUresult {r}"
+        return {"driver": None, "devices": 0, "error": f"cuInit: {what}"}
+    v, n = ctypes.c_int(), ctypes.c_int()
+    if cu.cuDriverGetVersion(ctypes.byref(v)) or cu.cuDeviceGetCount(ctypes.byref(n)):
+        return {"driver": None, "devices": 0, "error": "the driver answers neither its version "
+                "nor its device count"}
+    return {"driver": f"{v.value // 1000}.{v.value % 1000 // 10}", "devices": n.value}
 
 
 def _numpy():
@@ -84,7 +107,8 @@ def report(socket_path=None, timeout_ms=5000):
     return {"kcoll": {"package": os.path.dirname(kcoll.__file__), "libkcoll": _lib.path,
                       "version": kcoll.version()},
             "python": sys.version.split()[0], "executable": sys.executable,
-            "daemon": _daemon(socket_path, timeout_ms), "numpy": _numpy(), "torch": _torch()}
+            "daemon": _daemon(socket_path, timeout_ms), "cuda": _cuda(), "numpy": _numpy(),
+            "torch": _torch()}
 
 
 def _text(r):
@@ -95,6 +119,12 @@ def _text(r):
         out.append(f"kcolld: {d['socket']}: a one-rank all-reduce worked ({d['allreduce_us']} us)")
     else:
         out.append(f"kcolld: {d['socket']}: NOT usable: {d['error']}")
+    c = r["cuda"]
+    if c["driver"]:
+        out.append(f"cuda: driver {c['driver']}, {c['devices']} device(s): device memory "
+                   "(__cuda_array_interface__) can go to kcoll.Comm")
+    else:
+        out.append(f"cuda: none ({c['error']}): host memory only")
     out.append(f"numpy: {n['version']}" if n["version"] else f"numpy: missing: {n['error']}")
     if not t["version"]:
         out.append(f"torch: missing: {t['error']}")
