@@ -216,6 +216,16 @@ try:
     rep.check(False, "device buffer running past its allocation: KcollError EINVAL", "no error")
 except kcoll.KcollError as e:
     rep.check(e.errno == 22, "device buffer running past its allocation: KcollError EINVAL", str(e))
+# KV segments are host memory: a device range is refused as it is
+# registered, not at the first transfer.
+import kcoll.kv  # noqa: E402
+agent = kcoll.kv.Agent("cuda")
+try:
+    agent.register((d.ptr, 16 * 4))
+    rep.check(False, "kcoll.kv: registering device memory raises KcollError EOPNOTSUPP", "registered")
+except kcoll.KcollError as e:
+    rep.check(e.errno == 95, "kcoll.kv: registering device memory raises KcollError EOPNOTSUPP", str(e))
+agent.close()
 d.free()
 
 # What users bring on a GPU (issue 24's machine has both): a CuPy array

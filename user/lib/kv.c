@@ -17,6 +17,7 @@
 #include <kcoll/proto.h>
 
 #include "lib.h"
+#include "log.h"
 
 _Static_assert(sizeof(struct kcoll_seg_wire) <= KCOLL_SEG_DESC_BYTES, "descriptor too large");
 
@@ -52,6 +53,18 @@ int kcoll_seg_register(struct kcoll *k, void *ptr, size_t len, const struct kcol
 		if (opts->size < sizeof(o) || opts->flags & ~KCOLL_SEG_F_GRANT_UID)
 			return -EINVAL;
 		o = *opts;
+	}
+	/* kcolld moves a segment's blocks with process_vm_readv/writev or
+	 * through its own mapping: host memory only. Said here, not at the
+	 * first transfer's EFAULT. */
+	r = kc_mem_on_device(ptr, len);
+	if (r) {
+		if (r > 0) {
+			kc_warn("segment %p of %zu bytes is device memory: KV segments must be host "
+				"memory (kcoll_mem_alloc, malloc, pinned host memory)", ptr, len);
+			r = -EOPNOTSUPP;
+		}
+		return r;
 	}
 	s = calloc(1, sizeof(*s));
 	if (!s)

@@ -161,35 +161,58 @@ out:
 	return r;
 }
 
-/* The SQE memory kind of [ptr, ptr + bytes), registering a device allocation. */
-int kc_mem_kind(struct kcoll *k, const void *ptr, size_t bytes, uint8_t *kind)
+/* 1 when [ptr, ptr + bytes) is device memory (q: its allocation), 0 when
+ * host memory, -errno when the driver cannot say or the range runs past
+ * its allocation. A process without CUDA loaded holds no device memory. */
+static int dev_query(const void *ptr, size_t bytes, struct kcoll_gpu **gp, struct kcoll_gpu_ptr *q)
 {
 	char why[KCOLL_GPU_TEXT];
-	struct kcoll_gpu_ptr q;
 	struct kcoll_gpu *g;
 	uint64_t off;
 	int r;
 
-	*kind = KCOLL_MEM_HOST;
 	if (!ptr || !bytes || !kc_cuda_loaded())
 		return 0;
 	pthread_once(&gpu_once, gpu_open);
 	g = gpu;
-	r = g ? kcoll_gpu_ptr_query(g, ptr, &q, why, sizeof(why)) : -EOPNOTSUPP;
+	r = g ? kcoll_gpu_ptr_query(g, ptr, q, why, sizeof(why)) : -EOPNOTSUPP;
 	if (r == -EOPNOTSUPP)
 		return 0;	/* a driver without a device: nothing is device memory */
 	if (r) {
 		kc_warn("device buffer %p: %s", ptr, why);
 		return r;
 	}
-	if (!q.is_device)
+	if (!q->is_device)
 		return 0;
-	off = (uintptr_t)ptr - q.base;
-	if (bytes > q.size - off) {
+	off = (uintptr_t)ptr - q->base;
+	if (bytes > q->size - off) {
 		kc_warn("device buffer %p of %zu bytes runs past its allocation (0x%llx, %llu bytes)",
-			ptr, bytes, q.base, q.size);
+			ptr, bytes, q->base, q->size);
 		return -EINVAL;
 	}
+	*gp = g;
+	return 1;
+}
+
+int kc_mem_on_device(const void *ptr, size_t bytes)
+{
+	struct kcoll_gpu_ptr q;
+	struct kcoll_gpu *g;
+
+	return dev_query(ptr, bytes, &g, &q);
+}
+
+/* The SQE memory kind of [ptr, ptr + bytes), registering a device allocation. */
+int kc_mem_kind(struct kcoll *k, const void *ptr, size_t bytes, uint8_t *kind)
+{
+	struct kcoll_gpu_ptr q;
+	struct kcoll_gpu *g;
+	int r;
+
+	*kind = KCOLL_MEM_HOST;
+	r = dev_query(ptr, bytes, &g, &q);
+	if (r <= 0)
+		return r;
 	r = dev_register(k, g, &q);
 	if (!r)
 		*kind = KCOLL_MEM_DEVICE;

@@ -61,7 +61,8 @@ def _addr_of(buf):
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(buf, torch.Tensor):
         if buf.device.type != "cpu":
-            raise RuntimeError("kcoll.kv: only CPU tensors from Python (the C API takes CUDA buffers)")
+            raise RuntimeError(f"kcoll.kv: a {buf.device.type} tensor: KV segments are host memory "
+                               "(CPU tensors, numpy arrays, Agent.alloc)")
         if not buf.is_contiguous():
             raise ValueError("kcoll.kv: tensor is not contiguous")
         return buf.data_ptr(), buf.numel() * buf.element_size(), buf
