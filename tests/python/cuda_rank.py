@@ -225,6 +225,8 @@ try:
     rep.check(False, "kcoll.kv: registering device memory raises KcollError EOPNOTSUPP", "registered")
 except kcoll.KcollError as e:
     rep.check(e.errno == 95, "kcoll.kv: registering device memory raises KcollError EOPNOTSUPP", str(e))
+rep.raises(RuntimeError, lambda: agent.register(d), "kcoll.kv: registering a device array object "
+           "raises RuntimeError saying segments are host memory", ["host memory"])
 agent.close()
 d.free()
 

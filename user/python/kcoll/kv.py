@@ -66,6 +66,9 @@ def _addr_of(buf):
         if not buf.is_contiguous():
             raise ValueError("kcoll.kv: tensor is not contiguous")
         return buf.data_ptr(), buf.numel() * buf.element_size(), buf
+    if hasattr(buf, "__cuda_array_interface__"):
+        raise RuntimeError("kcoll.kv: a device array: KV segments are host memory (numpy arrays, "
+                           "CPU tensors, Agent.alloc)")
     if isinstance(buf, np.ndarray):
         if not buf.flags.c_contiguous:
             raise ValueError("kcoll.kv: array is not C-contiguous (np.ascontiguousarray)")
