@@ -715,14 +715,21 @@ FAKE_EXPORT int cuMemGetHandleForAddressRange(void *handle, unsigned long long d
  */
 static atomic_uint stream_syncs;
 
-FAKE_EXPORT int cuMemAlloc_v2(unsigned long long *dptr, size_t size)
+/* cuInit done and a context current on this thread, as these calls need. */
+static int driver_ready(void)
 {
-	void *p;
-
 	if (!initialized)
 		return KCOLL_CUDA_NOT_INITIALIZED;
-	if (!cur_ctx)
-		return KCOLL_CUDA_INVALID_CONTEXT;
+	return cur_ctx ? KCOLL_CUDA_SUCCESS : KCOLL_CUDA_INVALID_CONTEXT;
+}
+
+FAKE_EXPORT int cuMemAlloc_v2(unsigned long long *dptr, size_t size)
+{
+	int err = driver_ready();
+	void *p;
+
+	if (err)
+		return err;
 	if (!size)
 		return KCOLL_CUDA_INVALID_VALUE;
 	p = kcoll_fake_cuda_alloc(size);
@@ -750,11 +757,10 @@ static int fake_range(unsigned long long dptr, size_t len)
 {
 	unsigned long long base, id;
 	size_t size;
+	int err = driver_ready();
 
-	if (!initialized)
-		return KCOLL_CUDA_NOT_INITIALIZED;
-	if (!cur_ctx)
-		return KCOLL_CUDA_INVALID_CONTEXT;
+	if (err)
+		return err;
 	if (!fake_find(dptr, &base, &size, &id) || len > size - (dptr - base))
 		return KCOLL_CUDA_INVALID_VALUE;
 	return KCOLL_CUDA_SUCCESS;
@@ -780,13 +786,12 @@ FAKE_EXPORT int cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t len)
 
 FAKE_EXPORT int cuStreamSynchronize(void *stream)
 {
+	int err = driver_ready();
+
 	(void)stream;
-	if (!initialized)
-		return KCOLL_CUDA_NOT_INITIALIZED;
-	if (!cur_ctx)
-		return KCOLL_CUDA_INVALID_CONTEXT;
-	atomic_fetch_add(&stream_syncs, 1);
-	return KCOLL_CUDA_SUCCESS;
+	if (!err)
+		atomic_fetch_add(&stream_syncs, 1);
+	return err;
 }
 
 FAKE_EXPORT unsigned int kcoll_fake_cuda_stream_syncs(void)

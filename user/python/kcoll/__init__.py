@@ -148,13 +148,12 @@ class _Buf:
         count = math.prod(shape)
         strides = cai.get("strides")
         if strides is not None and count > 1:
-            want, step = [], itemsize
-            for d in reversed(shape):
-                want.append(step)
+            step = itemsize  # C order: the last dimension's stride is the item size
+            for d, st in reversed(list(zip(shape, strides))):
+                if d > 1 and st != step:
+                    raise ValueError("kcoll: device array is not C-contiguous (cupy: "
+                                     "cupy.ascontiguousarray; torch: .contiguous())")
                 step *= d
-            if any(d > 1 and st != w for d, st, w in zip(shape, strides, reversed(want))):
-                raise ValueError("kcoll: device array is not C-contiguous (cupy: "
-                                 "cupy.ascontiguousarray; torch: .contiguous())")
         if readonly and writable:
             raise ValueError("kcoll: receive buffer is read-only")
         if cai.get("mask") is not None:
