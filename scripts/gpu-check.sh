@@ -267,13 +267,17 @@ run_kv() {
 # count the device ops as run on the GPU (17: the fake-only stream check
 # adds 3 more there).
 run_python_cuda() {
-	local t0=$SECONDS log=$out/python_cuda.log rc before after why status want=17
-	local py=python3
-	[ -x /usr/bin/python3 ] && py=/usr/bin/python3
-	if ! "$py" -c 'import numpy' >/dev/null 2>&1; then
-		record python_cuda test skipped "no python3 with numpy on this machine ($py)" 0
+	local t0=$SECONDS log=$out/python_cuda.log rc before after why status want=17 py='' p
+	# The python3 on PATH first: the GPU machine's has CuPy and torch (as
+	# bench_nccl's does); else Debian's, which has numpy where deps.sh ran.
+	for p in python3 /usr/bin/python3; do
+		if "$p" -c 'import numpy' >/dev/null 2>&1; then py=$p; break; fi
+	done
+	if [ -z "$py" ]; then
+		record python_cuda test skipped "no python3 with numpy on this machine (PATH's python3, /usr/bin/python3)" 0
 		return
 	fi
+	echo "python_cuda: $py ($("$py" -c 'import sys; print(sys.version.split()[0])'))" >>"$out/env.txt"
 	if [ ! -f "$B/lib/libkcoll.so.1" ]; then
 		record python_cuda test fail "$B/lib/libkcoll.so.1 is missing (make gpu-carry carries it)" 0
 		return
