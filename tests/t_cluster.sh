@@ -115,6 +115,13 @@ done
 "$C" status --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["up"] and d["hosts"] == 4 and all(h["kcolld_alive"] for h in d["host"])'
 ok $? "status --json: 4 hosts, every kcolld alive"
 "$C" up -H $H >/dev/null 2>&1; [ $? -ne 0 ]; ok $? "a second up refuses while the cluster is up"
+if [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; then
+	nf=$(ip netns exec "$P-sw" cat /proc/sys/net/bridge/bridge-nf-call-iptables \
+		/proc/sys/net/bridge/bridge-nf-call-ip6tables /proc/sys/net/bridge/bridge-nf-call-arptables | tr -d '\n')
+	[ "$nf" = 000 ]; ok $? "br_netfilter is loaded: the switches' namespace passes no frame to iptables (got $nf)"
+else
+	skip "br_netfilter is not loaded here: the bridges call no iptables hooks anyway"
+fi
 
 # ---- degrade / heal, measured on h0 -> h1 over eth1 --------------------------------
 # Rates on this shared 2-core machine swing by 2x and more with load: a
