@@ -88,6 +88,9 @@ $(TBIN)/test_gpu_ring: | $(GPU_FAKE_CUDA) $(BIN)/kcolld
 # Multi-host ops on device buffers: the local phases on the GPU.
 $(OBJ)/tests/test_gpu_mh.o: CPPFLAGS += $(GPU_CPPFLAGS)
 $(TBIN)/test_gpu_mh: | $(GPU_FAKE_CUDA) $(BIN)/kcolld
+# KV segments in device memory, one host and across two kcollds.
+$(OBJ)/tests/test_gpu_kv.o: CPPFLAGS += $(GPU_CPPFLAGS)
+$(TBIN)/test_gpu_kv: | $(GPU_FAKE_CUDA) $(BIN)/kcolld
 
 # ---- The slim build the device check carries (docs/gpu.md "Running the device
 # check"): what scripts/gpu-check.sh runs, in build's layout (binaries find
@@ -96,7 +99,8 @@ $(TBIN)/test_gpu_mh: | $(GPU_FAKE_CUDA) $(BIN)/kcolld
 # only where ldd finds one missing there).
 GPU_CARRY ?= build-gpu
 GPU_CARRY_BINS := $(BIN)/kcolld $(BIN)/kcollctl $(GPU_DOCTOR) $(BIN)/kcoll-gpu-bench \
-	$(TBIN)/test_gpu $(TBIN)/test_gpu_ring $(TBIN)/test_gpu_mh $(TBIN)/test_gpudirect
+	$(TBIN)/test_gpu $(TBIN)/test_gpu_ring $(TBIN)/test_gpu_mh $(TBIN)/test_gpu_kv \
+	$(TBIN)/test_gpudirect
 GPU_CARRY_SKIP_SO := linux-vdso libc.so libm.so libpthread.so libdl.so librt.so ld-linux
 # Loaded at run time (rdma/ibv_dl.c), so ldd of the binaries does not name
 # it: carried with its own dependencies for test_gpudirect.

@@ -14,7 +14,7 @@ n=0 failed=0
 ok() { n=$((n + 1)); if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
 skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
 trap 'rm -rf "$T"' EXIT
-PARTS="test_gpu test_gpudirect ipc test_gpu_ring test_gpu_mh python_cuda bench_reduce bench_allreduce_2 bench_allreduce_4 bench_staging bench_kv bench_nccl"
+PARTS="test_gpu test_gpudirect ipc test_gpu_ring test_gpu_mh test_gpu_kv python_cuda bench_reduce bench_allreduce_2 bench_allreduce_4 bench_staging bench_kv bench_nccl"
 
 if ! "$PY" -c 'import json' 2>/dev/null; then
 	echo "1..0 # SKIP no python3 to check the JSON with"
@@ -49,8 +49,8 @@ for p in d["parts"]:
         assert verdict.endswith(p["reason"][len("no GPU: "):]), (verdict, p["reason"])
 PYEOF
 ok $? "JSON: gpu null, every part present in order, each skipped with the doctor's reason"
-grep -c '# SKIP no GPU: ' "$T/stdout" | grep -qx 12 && grep -qx "1..12" "$T/stdout"
-ok $? "TAP: 12 parts, each a SKIP with 'no GPU: <reason>', plan 1..12"
+grep -c '# SKIP no GPU: ' "$T/stdout" | grep -qx 13 && grep -qx "1..13" "$T/stdout"
+ok $? "TAP: 13 parts, each a SKIP with 'no GPU: <reason>', plan 1..13"
 grep -E '^(ok|not ok|1\.\.)' "$T/stdout" | cmp -s - <(grep -E '^(ok|not ok|1\.\.)' "$T/o/gpu-check.tap")
 ok $? "gpu-check.tap holds the TAP lines printed"
 OUT=$T/env-out "$S" --build "$B" --parts bench_kv,test_gpu "${force[@]}" >"$T/stdout2" 2>&1 &&
@@ -80,18 +80,20 @@ d = json.load(open(sys.argv[1]))
 assert d["mode"] == "fake" and d["rehearsal"] is True and d["gpu"] is not None, d["mode"]
 st = {p["name"]: p for p in d["parts"]}
 assert [st[k]["status"] for k in ("ipc", "bench_reduce", "bench_allreduce_2", "bench_kv")] == \
-    ["pass", "pass", "pass", "not_applicable"], {k: (v["status"], v["reason"]) for k, v in st.items()}
+    ["pass", "pass", "pass", "pass"], {k: (v["status"], v["reason"]) for k, v in st.items()}
 assert all(r["result_ok"] for r in st["bench_reduce"]["results"]["rows"])
 assert len(st["bench_reduce"]["results"]["rows"]) == 3
 ar = st["bench_allreduce_2"]
 assert ar["results"]["rows"] and all(r["result_ok"] for r in ar["results"]["rows"]), ar
 assert ar["ops_on_gpu"] > 0, ar     # kcolld took the on-GPU path
-assert "host memory" in st["bench_kv"]["reason"], st["bench_kv"]
+kv = st["bench_kv"]["results"]
+assert kv["bytes_ok"] is True and {r["path"] for r in kv["rows"]} == {"d2d", "h2d", "d2h"}, kv
+assert all(r["gbps"] > 0 and r["anchor_gbps"] > 0 for r in kv["rows"]), kv
 if sys.argv[2]:
     pc = st["python_cuda"]   # deps.sh installs numpy: no skip here
     assert pc["status"] == "pass" and pc["ops_on_gpu"] >= 20, pc
 PYEOF
-	ok $(( rc | $? )) "GPU mode on the fake driver: ipc, Python on device memory (20 ops on GPU in kcolld; not under ASan), reduce, 2-rank all-reduce (on GPU) pass, KV not applicable"
+	ok $(( rc | $? )) "GPU mode on the fake driver: ipc, Python on device memory (20 ops on GPU in kcolld; not under ASan), reduce, 2-rank all-reduce (on GPU), KV blocks to and from a device segment pass"
 fi
 echo "1..$n"
 exit $failed

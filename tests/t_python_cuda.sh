@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device memory from Python: the kcoll package takes objects with
 # __cuda_array_interface__ (CuPy, Numba, torch CUDA tensors) and hands
-# their device pointers to libkcoll, as the C API takes them.
+# their device pointers to libkcoll, as the C API takes them, for
+# collectives and as KV segments.
 # tests/python/cuda_rank.py at 2 and 3 ranks against a private kcolld,
 # rank processes and kcolld all seeing the fake CUDA driver
 # ($B/tests/fixtures/libcuda-fake.so, gpu/fake_cuda.c) as libcuda.so.1;
@@ -40,14 +41,26 @@ if [ ! -S "$KCOLL_SOCKET" ]; then
 	exit 1
 fi
 
+export KCOLL_TEST_KV_OUT="$T/kv.want"
+kv_dev_bytes() {
+	"$B/bin/kcollctl" status --json | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["kv"]["dev_bytes"])'
+}
 for w in 2 3; do
 	before=$(grep -c "runs on GPU" "$T/k.log")
+	kvb=$(kv_dev_bytes)
+	rm -f "$T/kv.want"
 	launch 90 "$TOP/tests/python/cuda_rank.py" "$w" "cuda $w" 60
 	# 20 ops of every rank's buffers on the device: every dtype's sum (9),
 	# 4 operators, all-gather, reduce-scatter, broadcast, the view, 3 of
 	# the stream check. The host+device op and the refusals are not among them.
 	runs=$(( $(grep -c "runs on GPU" "$T/k.log") - before ))
 	[ "$runs" -ge 20 ]; ok $? "kcolld ran the $w-rank device ops on the GPU: $runs ops logged 'runs on GPU' (20 wanted)"
+	# The KV blocks into and out of device segments went through the
+	# GPU's copies, every byte once (kcolld counts them; process_vm on
+	# the fake's memory would have moved the same bytes uncounted).
+	got=$(( $(kv_dev_bytes) - kvb ))
+	want=$(cat "$T/kv.want" 2>/dev/null || echo missing)
+	[ "$got" = "$want" ]; ok $? "kcolld copied the $w-rank KV blocks of device segments through the GPU: $got bytes ($want wanted)"
 done
 # python3 -m kcoll tells whether this process has a driver for device memory.
 out=$("$PY" -m kcoll --json 2>&1)

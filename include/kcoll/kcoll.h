@@ -181,7 +181,13 @@ int kcoll_mem_share(struct kcoll *k, void *ptr, size_t size, void **lo, size_t *
  * counter notify_id of the remote segment (KCOLL_NOTIFY_NONE: none) is
  * incremented once the whole batch has landed (write) or been read (read).
  * Segments inside kcoll_mem_alloc / kcoll_mem_register buffers are reached
- * in place by kcolld; others with process_vm_readv/writev.
+ * in place by kcolld; others with process_vm_readv/writev. In a process
+ * using CUDA a segment may be device memory (cudaMalloc): its allocation is
+ * registered with kcolld as for collectives (CUDA IPC), blocks between two
+ * device segments on one host move with the driver's device-to-device
+ * copy, others are staged through pinned host memory by the GPU's copy
+ * engines (across hosts: over TCP; RDMA is used for host segments only).
+ * -EOPNOTSUPP: kcolld has no usable GPU.
  */
 struct kcoll_seg;	/* a registered segment of this process */
 struct kcoll_rseg;	/* an imported segment */

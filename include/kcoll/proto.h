@@ -209,6 +209,8 @@ struct kcoll_seg_wire {
 
 /* seg_reg flags */
 #define KCOLL_MSG_SEG_F_GRANT_UID	(1U << 0)	/* grant_uid may import it too */
+#define KCOLL_MSG_SEG_F_DEVICE		(1U << 1)	/* GPU memory inside a device allocation
+							 * the client registered (MEM_REG_DEV) */
 
 struct kcoll_msg_seg_reg {
 	struct kcoll_msg_hdr hdr;

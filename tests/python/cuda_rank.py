@@ -216,19 +216,105 @@ try:
     rep.check(False, "device buffer running past its allocation: KcollError EINVAL", "no error")
 except kcoll.KcollError as e:
     rep.check(e.errno == 22, "device buffer running past its allocation: KcollError EINVAL", str(e))
-# KV segments are host memory: a device range is refused as it is
-# registered, not at the first transfer.
-import kcoll.kv  # noqa: E402
-agent = kcoll.kv.Agent("cuda")
-try:
-    agent.register((d.ptr, 16 * 4))
-    rep.check(False, "kcoll.kv: registering device memory raises KcollError EOPNOTSUPP", "registered")
-except kcoll.KcollError as e:
-    rep.check(e.errno == 95, "kcoll.kv: registering device memory raises KcollError EOPNOTSUPP", str(e))
-rep.raises(RuntimeError, lambda: agent.register(d), "kcoll.kv: registering a device array object "
-           "raises RuntimeError saying segments are host memory", ["host memory"])
-agent.close()
 d.free()
+
+# KV segments in device memory (docs/kv.md "Device memory"). Every rank
+# owns a device segment and a host one; descriptors go round in an
+# all-gather; each rank moves blocks into and out of the next rank's
+# device segment: host -> device and device -> device writes (tagged),
+# device -> host and device -> device reads. Its own device segment is
+# written only by the previous rank, at the destinations of W_H and W_D;
+# no block is read from any of those (their bytes would depend on timing)
+# but the one R_H reads back from what this rank wrote.
+import kcoll.kv  # noqa: E402
+
+SEG = 1 << 20
+W_H = [(0, 4096, 1000), (65536, 131072, 70000), (300000, 600000, 4097)]  # host -> peer's device
+W_D = [(20007, 9000, 5000), (400000, 700000, 66000)]                       # device -> peer's device
+R_H = [(100000, 20000, 30000), (500000, 131072 + 100, 1000)]             # peer's device -> host
+R_D = [(900000, 800000, 100000)]                                            # peer's device -> device
+KV_DEV_BYTES = sum(b[2] for b in W_H + W_D + R_H + R_D)  # per rank, as kcolld counts them
+
+
+def pat(r, salt):
+    return np.random.default_rng(7000 + 10 * r + salt).integers(0, 256, SEG, dtype=np.uint8)
+
+
+nxt, prv = (rank + 1) % world, (rank - 1) % world
+agent = kcoll.kv.Agent("cuda")
+dmem = dev(pat(rank, 1))
+hmem = pat(rank, 2)
+dseg = agent.register(dmem, nr_notify=1)
+hseg = agent.register(hmem)
+rep.check(dseg.size == SEG, "kcoll.kv: a device array registers as a segment (its bytes)")
+rep.raises(ValueError, lambda: agent.register(strided), "kcoll.kv: a strided device array: "
+           "ValueError", ["not C-contiguous"])
+mine = np.frombuffer(dseg.desc + hseg.desc, np.uint8).copy()
+descs = np.empty(world * mine.size, np.uint8)
+comm.allgather(mine, descs).wait()
+at = nxt * mine.size
+pdev = agent.import_desc(bytes(descs[at:at + 128]))
+agent.write(hseg, pdev, np.array(W_H), msg=f"h2d {rank}").wait(30)
+agent.write(dseg, pdev, np.array(W_D), notify=0, msg=f"d2d {rank}").wait(30)
+got_h = np.zeros(SEG, np.uint8)
+hgot = agent.register(got_h)
+agent.read(hgot, pdev, np.array(R_H)).wait(30)
+dgot = DevArray(SEG, "uint8").put(np.zeros(SEG, np.uint8))
+dgseg = agent.register(dgot)
+agent.read(dgseg, pdev, np.array(R_D)).wait(30)
+# What the next rank's device segment holds now: its pattern, with this
+# rank's blocks written over it.
+want_next = pat(nxt, 1)
+for lo, ro, n in W_H:
+    want_next[ro:ro + n] = hmem[lo:lo + n]
+for lo, ro, n in W_D:
+    want_next[ro:ro + n] = pat(rank, 1)[lo:lo + n]
+bad = [b for b in R_H if not np.array_equal(got_h[b[0]:b[0] + b[2]], want_next[b[1]:b[1] + b[2]])]
+rest = np.ones(SEG, bool)
+for lo, _, n in R_H:
+    rest[lo:lo + n] = False
+rep.check(not bad and not got_h[rest].any(), "kcoll.kv: device -> host read: the blocks, "
+          "nothing else", f"wrong blocks {bad}")
+g = dgot.get()
+rest = np.ones(SEG, bool)
+for lo, _, n in R_D:
+    rest[lo:lo + n] = False
+ok = all(np.array_equal(g[lo:lo + n], want_next[ro:ro + n]) for lo, ro, n in R_D)
+rep.check(ok and not g[rest].any(), "kcoll.kv: device -> device read: the blocks, nothing else")
+# The owner's view: the previous rank's two tagged batches landed in this
+# rank's device memory, each tag once, and nothing else changed.
+try:
+    agent.wait_notif(f"h2d {prv}", timeout=30)
+    agent.wait_notif(f"d2d {prv}", timeout=30)
+    tags = True
+except Exception as e:  # noqa: BLE001 (reported)
+    tags = str(e)
+rep.check(tags is True, "kcoll.kv: the host -> device and device -> device batches' tags arrive",
+          str(tags))
+rep.check(dseg.notify_get(0) == 1, "kcoll.kv: the device segment's notify counter is 1",
+          str(dseg.notify_get(0)))
+comm.barrier().wait()
+want = pat(rank, 1)
+for lo, ro, n in W_H:
+    want[ro:ro + n] = pat(prv, 2)[lo:lo + n]
+for lo, ro, n in W_D:
+    want[ro:ro + n] = pat(prv, 1)[lo:lo + n]
+g = dmem.get()
+rep.check(np.array_equal(g, want), "kcoll.kv: host -> device and device -> device writes: "
+          "every block in this rank's device memory, the rest untouched",
+          f"{int((g != want).sum())} bytes differ")
+rep.check(not agent.get_notifs(), "kcoll.kv: no notification twice")
+# A range past the device allocation is refused as it is registered.
+rep.raises(kcoll.KcollError, lambda: agent.register((dmem.ptr + 16, SEG)),
+           "kcoll.kv: a device range running past its allocation: KcollError", ["EINVAL"])
+comm.barrier().wait()
+agent.close()
+out = os.environ.get("KCOLL_TEST_KV_OUT")
+if out and rank == 0:
+    with open(out, "w") as f:
+        f.write(f"{KV_DEV_BYTES * world}\n")
+dgot.free()
+dmem.free()
 
 # What users bring on a GPU (issue 24's machine has both): a CuPy array
 # made on a stream of its own, whose interface names that stream, and a

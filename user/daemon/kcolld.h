@@ -347,6 +347,11 @@ int kd_buf_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_
 		const uint8_t **p);
 int kd_buf_write(struct kd_client *c, const struct kd_buf *b, uint64_t off, const uint8_t *src,
 		 size_t n);
+/* n bytes from device buffer src at soff to device buffer dst at doff, both
+ * kd_mem_dev (any devices: the driver picks peer access or staging);
+ * -EFAULT when either is not. Synchronous. */
+int kd_buf_copy_dev(const struct kd_buf *dst, uint64_t doff, const struct kd_buf *src,
+		    uint64_t soff, size_t n);
 
 /* comm.c */
 /*

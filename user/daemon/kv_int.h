@@ -50,6 +50,7 @@ struct kd_seg {
 	bool granted;
 	uid_t grant_uid;
 	uint64_t addr, size;
+	bool dev;			/* GPU memory: reached through a device region */
 	uint32_t nr_notify;
 	uint32_t *counters;		/* shared with the owner; then the notif word */
 	size_t counters_len;
@@ -157,6 +158,8 @@ struct kv_state {
 	uint32_t next_id;
 	atomic_ulong xfers_ok, xfers_failed, bytes;
 	atomic_ulong rdma_bytes, rdma_sessions;	/* initiator: bytes; owner: sessions */
+	atomic_ulong dev_bytes;			/* copied to or from device segments */
+	atomic_uint dev_segs;			/* device segments registered */
 	atomic_uint next_sender;
 	atomic_ulong notifs;			/* notifications queued for our owners */
 };
@@ -176,8 +179,19 @@ int kv_notif_deliver(struct kd_seg *s, uint64_t sender, uint32_t notify_id, cons
 int kv_lock_sides(struct kv_side *a, struct kv_side *b);
 void kv_unlock_sides(struct kv_side *a, struct kv_side *b);
 int kv_side_resolve(struct kv_side *s);
+/* s's memory for the caller to release: mapped (direct), a device region
+ * (dptr), or neither (its owner's pid). */
+void kv_seg_buf(struct kd_seg *s, struct kd_buf *b);
 /* A process_vm_* call's result: 0, or why it moved less than want. */
 int kv_vm_err(ssize_t got, size_t want);
+/*
+ * Move total bytes between kcolld's memory (liov) and the segment's at the
+ * owner's addresses riov, to_seg: liov -> riov. Host memory goes through
+ * process_vm_readv/writev; a device segment (s->buf resolved by kv_seg_buf)
+ * through the GPU's copies, staged in pinned slabs (mem.c).
+ */
+int kv_side_vm(const struct kv_side *s, const struct iovec *liov, unsigned long nl,
+	       const struct iovec *riov, unsigned long nr, size_t total, bool to_seg);
 
 /* kv_io.c: the session's wire, both ends, for the TCP and RDMA paths (and
  * kv_xport_tcp) */

@@ -239,7 +239,8 @@ int kv_remote_connect(struct kv_remote *rm)
  * [payload of a read]; one post unanswered per stream. A mapped local
  * segment is sent from and received into in place, under its reader lock
  * (seg_kill shuts the stream down instead of waiting for the peer); other
- * memory goes through the stream's frame buffer and process_vm_*.
+ * memory goes through the stream's frame buffer and process_vm_* (GPU
+ * memory: the GPU's staged copies, kv_side_vm).
  */
 
 /* Copy between a frame buffer and the local segment (under its lock). */
@@ -274,8 +275,7 @@ static int local_io(const struct kv_xfer *x, uint8_t *buf)
 		if (l->buf.direct)
 			continue;
 		liov[0] = (struct iovec){ buf + at - bytes, bytes };
-		r = kv_vm_err(x->write ? process_vm_readv(l->seg->pid, liov, 1, riov, k, 0) :
-			      process_vm_writev(l->seg->pid, liov, 1, riov, k, 0), bytes);
+		r = kv_side_vm(l, liov, 1, riov, k, bytes, !x->write);
 	}
 	kv_unlock_sides(l, l);
 	return r;

@@ -7,9 +7,11 @@
  * here in rounds of at most KV_ROUND_BYTES / KV_ROUND_IOVS pieces:
  *
  *   both sides mapped (kcoll_mem_alloc / kcoll_mem_register)  memcpy
- *   one side mapped                       process_vm_readv/writev straight
- *                                          between the mapping and the process
- *   neither                               readv into a per-thread stage, writev
+ *   both in GPU memory                    the driver's device-to-device copy
+ *   one side mapped                       process_vm_readv/writev (or the GPU's
+ *                                          staged copies, kv_side_vm) straight
+ *                                          between the mapping and the other
+ *   neither                               read into a per-thread stage, write
  *
  * Each round holds both segments' rwlocks as a reader (kv_seg.c), and the
  * notify counter is bumped only after the last round of a batch succeeded.
@@ -114,7 +116,7 @@ static int copy_round(const struct kv_piece *p, uint32_t n, const struct kv_side
 {
 	struct iovec liov[KV_ROUND_IOVS], riov[KV_ROUND_IOVS];
 	size_t total = 0;
-	int r;
+	int r = 0;
 
 	if (src->buf.direct && dst->buf.direct) {
 		for (uint32_t i = 0; i < n; i++)
@@ -123,32 +125,40 @@ static int copy_round(const struct kv_piece *p, uint32_t n, const struct kv_side
 	}
 	for (uint32_t i = 0; i < n; i++)
 		total += p[i].len;
-	if (src->buf.direct) {	/* mapping -> process */
+	if (src->seg->dev && dst->seg->dev) {	/* GPU to GPU: the driver's copies */
+		for (uint32_t i = 0; i < n && !r; i++)
+			r = kd_buf_copy_dev(&dst->buf, p[i].dst, &src->buf, p[i].src, p[i].len);
+		if (!r)
+			atomic_fetch_add(&kv_state.dev_bytes, total);
+		return r;
+	}
+	if (src->buf.direct) {	/* mapping -> process or GPU */
 		for (uint32_t i = 0; i < n; i++) {
 			liov[i] = (struct iovec){ src->buf.direct + p[i].src, p[i].len };
 			riov[i] = (struct iovec){ (void *)(uintptr_t)(dst->seg->addr + p[i].dst), p[i].len };
 		}
-		return kv_vm_err(process_vm_writev(dst->seg->pid, liov, n, riov, n, 0), total);
+		return kv_side_vm(dst, liov, n, riov, n, total, true);
 	}
-	if (dst->buf.direct) {	/* process -> mapping */
+	if (dst->buf.direct) {	/* process or GPU -> mapping */
 		for (uint32_t i = 0; i < n; i++) {
 			liov[i] = (struct iovec){ dst->buf.direct + p[i].dst, p[i].len };
 			riov[i] = (struct iovec){ (void *)(uintptr_t)(src->seg->addr + p[i].src), p[i].len };
 		}
-		return kv_vm_err(process_vm_readv(src->seg->pid, liov, n, riov, n, 0), total);
+		return kv_side_vm(src, liov, n, riov, n, total, false);
 	}
-	/* process -> stage -> process; the stage stays in cache between the two */
+	/* process or GPU -> stage -> process or GPU; the stage stays in cache
+	 * between the two */
 	if (!kv_stage && !(kv_stage = malloc(KV_ROUND_BYTES)))
 		return -ENOMEM;
 	liov[0] = (struct iovec){ kv_stage, total };
 	for (uint32_t i = 0; i < n; i++)
 		riov[i] = (struct iovec){ (void *)(uintptr_t)(src->seg->addr + p[i].src), p[i].len };
-	r = kv_vm_err(process_vm_readv(src->seg->pid, liov, 1, riov, n, 0), total);
+	r = kv_side_vm(src, liov, 1, riov, n, total, false);
 	if (r)
 		return r;
 	for (uint32_t i = 0; i < n; i++)
 		riov[i] = (struct iovec){ (void *)(uintptr_t)(dst->seg->addr + p[i].dst), p[i].len };
-	return kv_vm_err(process_vm_writev(dst->seg->pid, liov, 1, riov, n, 0), total);
+	return kv_side_vm(dst, liov, 1, riov, n, total, true);
 }
 
 static int run_batch(struct kd_client *c, const struct kv_piece *p, uint32_t n,

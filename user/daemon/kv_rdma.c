@@ -369,7 +369,7 @@ static int rdma_ready(struct kv_remote *rm, struct kv_side *local)
 
 		if (kv_lock_sides(local, local))
 			return -EIDRM;
-		kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &nb);
+		kv_seg_buf(local->seg, &nb);
 		kv_unlock_sides(local, local);
 		r = nb.direct ? kv_rdma_set_mr(rm->rd, nb.direct, local->seg->size) : -EIDRM;
 		kd_buf_release(&rm->rd_buf);
@@ -390,7 +390,7 @@ static int rdma_ready(struct kv_remote *rm, struct kv_side *local)
 	}
 	if (kv_lock_sides(local, local))
 		return -EIDRM;
-	kd_buf_resolve(local->seg->owner, local->seg->addr, local->seg->size, &rm->rd_buf);
+	kv_seg_buf(local->seg, &rm->rd_buf);
 	kv_unlock_sides(local, local);
 	if (!rm->rd_buf.direct) {
 		kd_buf_release(&rm->rd_buf);
@@ -721,7 +721,7 @@ int kv_serve_rdma(struct kv_conn *cn, const struct kv_rdma_hello *peer, uint64_t
 		snprintf(me.why, sizeof(me.why), "the segment was unregistered");
 	} else {
 		locked = true;
-		kd_buf_resolve(s->owner, s->addr, s->size, &side.buf);
+		kv_seg_buf(s, &side.buf);
 		if (!side.buf.direct) {
 			status = -EOPNOTSUPP;
 			snprintf(me.why, sizeof(me.why), "the owner's segment is not memory kcolld maps "

@@ -29,6 +29,8 @@ void kv_seg_put(struct kd_seg *s)
 		return;
 	if (s->rm)
 		s->rm_free(s->rm);
+	if (s->dev)
+		atomic_fetch_sub(&kv_state.dev_segs, 1);
 	if (s->counters) {
 		kv_notifq_destroy(&s->notifs);
 		munmap(s->counters, s->counters_len);
@@ -119,6 +121,53 @@ int kv_vm_err(ssize_t got, size_t want)
 	return got < 0 && errno == EPERM ? -EPERM : -EFAULT;
 }
 
+void kv_seg_buf(struct kd_seg *s, struct kd_buf *b)
+{
+	kd_buf_resolve_kind(s->owner, s->addr, s->size, s->dev ? KCOLL_MEM_DEVICE : KCOLL_MEM_HOST, b);
+}
+
+int kv_side_vm(const struct kv_side *s, const struct iovec *liov, unsigned long nl,
+	       const struct iovec *riov, unsigned long nr, size_t total, bool to_seg)
+{
+	size_t lo = 0, ro = 0, done = 0;
+	unsigned long li = 0, ri = 0;
+	int r = 0;
+
+	if (!s->seg->dev)
+		return kv_vm_err(to_seg ? process_vm_writev(s->seg->pid, liov, nl, riov, nr, 0) :
+				 process_vm_readv(s->seg->pid, liov, nl, riov, nr, 0), total);
+	/* Both lists hold total bytes; walk them in step, one copy per run
+	 * that is contiguous on both sides. */
+	while (!r && li < nl && ri < nr) {
+		size_t n = liov[li].iov_len - lo;
+		uint8_t *h = (uint8_t *)liov[li].iov_base + lo;
+		uint64_t off = (uintptr_t)riov[ri].iov_base + ro - s->seg->addr;
+		const uint8_t *p;
+
+		if (n > riov[ri].iov_len - ro)
+			n = riov[ri].iov_len - ro;
+		if (n)
+			r = to_seg ? kd_buf_write(s->seg->owner, &s->buf, off, h, n) :
+			     kd_buf_read(s->seg->owner, &s->buf, off, n, h, &p);
+		done += n;
+		lo += n;
+		ro += n;
+		if (lo == liov[li].iov_len) {
+			li++;
+			lo = 0;
+		}
+		if (ro == riov[ri].iov_len) {
+			ri++;
+			ro = 0;
+		}
+	}
+	if (!r && done != total)
+		r = -EFAULT;
+	if (!r)
+		atomic_fetch_add(&kv_state.dev_bytes, done);
+	return r;
+}
+
 /* Both sides' reader locks (one when they are the same segment): -EIDRM
  * when either is dead, then holding neither. */
 int kv_lock_sides(struct kv_side *a, struct kv_side *b)
@@ -149,7 +198,7 @@ int kv_side_resolve(struct kv_side *s)
 
 	if (r)
 		return r;
-	kd_buf_resolve(s->seg->owner, s->seg->addr, s->seg->size, &s->buf);
+	kv_seg_buf(s->seg, &s->buf);
 	kv_unlock_sides(s, s);
 	return 0;
 }

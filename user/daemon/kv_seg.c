@@ -106,13 +106,29 @@ static int seg_register(struct kd_client *c, const struct kcoll_msg_seg_reg *m,
 	struct kd_seg *s;
 	int r;
 
-	if (m->flags & ~KCOLL_MSG_SEG_F_GRANT_UID || m->reserved) {
+	if (m->flags & ~(KCOLL_MSG_SEG_F_GRANT_UID | KCOLL_MSG_SEG_F_DEVICE) || m->reserved) {
 		*why = "unknown flags or non-zero reserved field";
 		return -EINVAL;
 	}
 	if (!m->addr || !m->size || m->size > KD_MAX_BYTES || m->addr + m->size < m->addr) {
 		*why = "empty, NULL, too large or wrapping buffer";
 		return -EINVAL;
+	}
+	if (m->flags & KCOLL_MSG_SEG_F_DEVICE) {
+		/* kcolld reaches device memory only through the CUDA IPC
+		 * mapping of an allocation the client registered first. */
+		struct kd_buf b;
+		bool in;
+
+		kd_buf_resolve_kind(c, m->addr, m->size, KCOLL_MEM_DEVICE, &b);
+		in = b.rg != NULL;
+		kd_buf_release(&b);
+		if (!in) {
+			*why = "device segment outside every device allocation registered with "
+			       "this kcolld (kcoll_seg_register registers it: call that, not the "
+			       "raw message)";
+			return -EFAULT;
+		}
 	}
 	if (m->nr_notify > KCOLL_SEG_MAX_NOTIFY) {
 		*why = "more notify counters than KCOLL_SEG_MAX_NOTIFY";
@@ -132,6 +148,7 @@ static int seg_register(struct kd_client *c, const struct kcoll_msg_seg_reg *m,
 	s->grant_uid = m->grant_uid;
 	s->addr = m->addr;
 	s->size = m->size;
+	s->dev = m->flags & KCOLL_MSG_SEG_F_DEVICE;
 	s->nr_notify = m->nr_notify;
 	pthread_rwlock_init(&s->lock, NULL);
 	pthread_mutex_init(&s->conns_lock, NULL);
@@ -154,6 +171,8 @@ static int seg_register(struct kd_client *c, const struct kcoll_msg_seg_reg *m,
 	kv_state.segs = s;
 	kv_state.nsegs++;
 	pthread_mutex_unlock(&kv_state.lock);
+	if (s->dev)
+		atomic_fetch_add(&kv_state.dev_segs, 1);
 	fill_wire(s, &rep->desc);
 	return 0;
 
@@ -421,16 +440,19 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
 	if (json)
 		n = snprintf(buf, cap, "\"kv\":{\"segments\":%u,\"xfers_ok\":%lu,\"xfers_failed\":%lu,"
 			     "\"bytes\":%lu,\"rdma_bytes\":%lu,\"rdma_sessions\":%lu,\"notifs\":%lu,"
-			     "\"notif_bytes_queued\":%lu}", nsegs,
+			     "\"notif_bytes_queued\":%lu,\"dev_segments\":%u,\"dev_bytes\":%lu}", nsegs,
 			     atomic_load(&kv_state.xfers_ok), atomic_load(&kv_state.xfers_failed),
 			     atomic_load(&kv_state.bytes),
 			     atomic_load(&kv_state.rdma_bytes), atomic_load(&kv_state.rdma_sessions),
-			     atomic_load(&kv_state.notifs), (unsigned long)kv_notif_bytes());
+			     atomic_load(&kv_state.notifs), (unsigned long)kv_notif_bytes(),
+			     atomic_load(&kv_state.dev_segs), atomic_load(&kv_state.dev_bytes));
 	else
-		n = snprintf(buf, cap, "kv: %u segments, %lu transfers ok, %lu failed, %lu bytes "
-			     "(%lu sent over rdma, %lu rdma sessions served)\n",
-			     nsegs, atomic_load(&kv_state.xfers_ok), atomic_load(&kv_state.xfers_failed),
-			     atomic_load(&kv_state.bytes), atomic_load(&kv_state.rdma_bytes),
-			     atomic_load(&kv_state.rdma_sessions));
+		n = snprintf(buf, cap, "kv: %u segments (%u in GPU memory), %lu transfers ok, %lu "
+			     "failed, %lu bytes (%lu sent over rdma, %lu rdma sessions served, %lu "
+			     "copied to or from GPU memory)\n",
+			     nsegs, atomic_load(&kv_state.dev_segs), atomic_load(&kv_state.xfers_ok),
+			     atomic_load(&kv_state.xfers_failed), atomic_load(&kv_state.bytes),
+			     atomic_load(&kv_state.rdma_bytes), atomic_load(&kv_state.rdma_sessions),
+			     atomic_load(&kv_state.dev_bytes));
 	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
 }

@@ -45,7 +45,7 @@ static int frame_apply(struct kd_seg *s, uint32_t op, const struct kv_fent *fe, 
 		}
 		goto out;
 	}
-	kd_buf_resolve(s->owner, s->addr, s->size, &side.buf);
+	kv_seg_buf(s, &side.buf);
 	for (uint32_t i = 0; i < nr && !r;) {
 		uint32_t k = 0;
 		size_t bytes = 0;
@@ -64,8 +64,7 @@ static int frame_apply(struct kd_seg *s, uint32_t op, const struct kv_fent *fe, 
 		if (side.buf.direct)
 			continue;
 		liov[0] = (struct iovec){ buf + at - bytes, bytes };
-		r = kv_vm_err(op == KV_OP_WRITE ? process_vm_writev(s->pid, liov, 1, riov, k, 0) :
-			      process_vm_readv(s->pid, liov, 1, riov, k, 0), bytes);
+		r = kv_side_vm(&side, liov, 1, riov, k, bytes, op == KV_OP_WRITE);
 	}
 	kd_buf_release(&side.buf);
 out:
@@ -88,7 +87,7 @@ static int recv_direct(struct kv_conn *cn, const struct kv_fent *fe, uint32_t nr
 
 	if (kv_lock_sides(&side, &side))
 		return 0;
-	kd_buf_resolve(cn->seg->owner, cn->seg->addr, cn->seg->size, &side.buf);
+	kv_seg_buf(cn->seg, &side.buf);
 	if (side.buf.direct) {
 		for (uint32_t i = 0; i < nr; i++)
 			iov[i] = (struct iovec){ side.buf.direct + fe[i].off, fe[i].len };

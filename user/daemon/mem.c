@@ -316,6 +316,26 @@ static int dev_stage(const struct kd_buf *b, uint8_t *host, uint64_t off, size_t
 	return r;
 }
 
+int kd_buf_copy_dev(const struct kd_buf *dst, uint64_t doff, const struct kd_buf *src,
+		    uint64_t soff, size_t n)
+{
+	const struct kcoll_gpu_kernels *k;
+	int r;
+
+	if (!dst->dptr || !src->dptr)
+		return -EFAULT;
+	if (!n)
+		return 0;
+	r = kd_gpu_enter(dst->gpu_dev, &k);
+	if (r)
+		return r;
+	r = k->copy(dst->dptr + doff, src->dptr + soff, n);
+	if (r)
+		kc_warn("GPU %d -> GPU %d: copy of %zu bytes failed: %s; the transfer fails, "
+			"kcolld goes on", src->gpu_dev, dst->gpu_dev, n, k->last_error());
+	return r;
+}
+
 /* Host staging: the chunk comes up into tmp, the result goes down from src. */
 static int dev_read(struct kd_client *c, const struct kd_buf *b, uint64_t off, size_t n,
 		    uint8_t *tmp, const uint8_t **p)

@@ -61,7 +61,7 @@ size_t kd_status_render(char *buf, size_t cap, int json)
 	const char *path = kd.kdev.fd >= 0 ?
 		"zero-copy for kcoll_mem_alloc and kcoll_mem_register buffers, process_vm single copy otherwise" :
 		"zero-copy for kcoll_mem_alloc buffers, process_vm single copy otherwise";
-	char kmod[224], tune[1024], netst[4096], kvst[256];
+	char kmod[224], tune[1024], netst[4096], kvst[512];
 
 	if (kd.kdev.fd >= 0)
 		snprintf(kmod, sizeof(kmod), "in use (%s): maps buffers pinned with kcoll_mem_register",

@@ -45,6 +45,7 @@ int kcoll_seg_register(struct kcoll *k, void *ptr, size_t len, const struct kcol
 	struct kcoll_msg_seg_reg_reply rep;
 	struct kcoll_seg_opts o = { 0 };
 	struct kcoll_seg *s;
+	uint8_t kind;
 	int fd = -1, r;
 
 	if (!k || !ptr || !len || !out)
@@ -54,16 +55,14 @@ int kcoll_seg_register(struct kcoll *k, void *ptr, size_t len, const struct kcol
 			return -EINVAL;
 		o = *opts;
 	}
-	/* kcolld moves a segment's blocks with process_vm_readv/writev or
-	 * through its own mapping: host memory only. Said here, not at the
-	 * first transfer's EFAULT. */
-	r = kc_mem_on_device(ptr, len);
+	/* Device memory reaches kcolld the way collectives' buffers do: its
+	 * allocation is registered (CUDA IPC) first, and the segment says so.
+	 * A kcolld without a GPU refuses that with -EOPNOTSUPP. */
+	r = kc_mem_kind(k, ptr, len, &kind);
 	if (r) {
-		if (r > 0) {
-			kc_warn("segment %p of %zu bytes is device memory: KV segments must be host "
-				"memory (kcoll_mem_alloc, malloc, pinned host memory)", ptr, len);
-			r = -EOPNOTSUPP;
-		}
+		if (r == -EOPNOTSUPP)
+			kc_warn("segment %p of %zu bytes is device memory and kcolld cannot map it "
+				"(no GPU in kcolld: 'kcollctl gpu' says why)", ptr, len);
 		return r;
 	}
 	s = calloc(1, sizeof(*s));
@@ -73,6 +72,8 @@ int kcoll_seg_register(struct kcoll *k, void *ptr, size_t len, const struct kcol
 	req.size = len;
 	req.nr_notify = o.nr_notify;
 	req.flags = o.flags & KCOLL_SEG_F_GRANT_UID ? KCOLL_MSG_SEG_F_GRANT_UID : 0;
+	if (kind == KCOLL_MEM_DEVICE)
+		req.flags |= KCOLL_MSG_SEG_F_DEVICE;
 	req.grant_uid = o.grant_uid;
 	memset(&rep, 0, sizeof(rep));
 	r = kcoll_priv_ctl(k, &req, sizeof(req), -1, &rep, sizeof(rep), &fd, 5000);

@@ -35,8 +35,8 @@ const char *kcoll_strerror(int err)
 	case EBUSY:
 		return "all request slots stayed busy until the timeout";
 	case EOPNOTSUPP:
-		return "operation not supported: device buffers need a usable GPU in kcolld (run "
-		       "kcollctl gpu for the reason), and KV segments must be host memory";
+		return "operation not supported: device buffers and device KV segments need a usable "
+		       "GPU in kcolld (run kcollctl gpu for the reason)";
 	case EEXIST:
 		return "already there: the rank already joined the communicator, or the memory is kcoll "
 		       "memory already (kcoll_mem_alloc, registered or shared)";

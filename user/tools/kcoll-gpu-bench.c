@@ -14,7 +14,8 @@
  *              pinned staging) against the same op on host buffers and
  *              cudaMemcpy D2H + H2D of the same bytes
  *   ipc        CUDA IPC between two processes: export, import, read, write
- *   kv         can a KV segment live in device memory? (a probe, no numbers)
+ *   kv         KV blocks into and out of another process's device segment
+ *              (device, pageable host) against one cudaMemcpy of the same bytes
  *
  * Timing is host clock around work queued on one stream (or requests waited
  * for one by one), after a warm-up; the repetitions are chosen so that each
@@ -26,6 +27,7 @@
 #include <getopt.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -673,83 +675,161 @@ static int bench_ipc(void)
 	return bad;
 }
 
-/* ---- kv: a device segment, probed ---- */
+/* ---- kv: blocks into and out of a device segment ---- */
+#define KV_BLOCKS_MAX	KCOLL_XFER_MAX_ENTRIES
+
+struct kvwork {
+	struct kcoll_seg *local;
+	struct kcoll_rseg *remote;
+	struct kcoll_xfer_entry *e;
+	uint32_t n;
+	bool write;
+};
+
+static int kw_batch(void *a)
+{
+	struct kvwork *w = a;
+	struct kcoll_req *req;
+	int r = w->write ? kcoll_xfer_write(w->local, w->remote, w->e, w->n, KCOLL_NOTIFY_NONE, &req) :
+			   kcoll_xfer_read(w->local, w->remote, w->e, w->n, KCOLL_NOTIFY_NONE, &req);
+
+	return r ? r : kcoll_wait(req, 120000);
+}
+
+/*
+ * Another process owns a device segment of S bytes; this one moves all of
+ * it in blocks of 64 KiB, 1 MiB and 4 MiB (one batch, blocks in reverse
+ * order at the remote side) from its own device segment (device to
+ * device), from pageable host memory (host to device) and back into it
+ * (device to host). Anchor: one cudaMemcpy of the S bytes in this process,
+ * between the same kinds of memory. Then the owner's bytes are checked.
+ */
 static int bench_kv(void)
 {
+	static const size_t blocks[] = { 64u << 10, 1u << 20, 4u << 20 };
+	static const char *const path_names[] = { "d2d", "h2d", "d2h" };
 	struct kcoll_connect_opts o = { .size = sizeof(o), .socket_path = sock };
-	struct kcoll *k;
-	struct kcoll_seg *seg = NULL;
+	size_t S = max_bytes < (64u << 20) ? max_bytes : 64u << 20;
+	struct kcoll_seg *dseg, *hseg, *seg;
+	struct kcoll_xfer_entry *e;
+	struct kcoll_rseg *rs;
 	kcoll_seg_desc_t *desc;
-	int *rc, st;
+	struct kcoll *k;
+	uint8_t *h, *back;
+	void *d, *anchor_dst;
+	int *flag, st, bad = 0;
+	size_t last = 0;
 	pid_t pid;
-	void *d;
 
 	desc = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (desc == MAP_FAILED)
 		die("mmap: %s", strerror(errno));
-	rc = (int *)(desc + 1);
-	/* rc: register, read, owner ready, reader done, the bytes read match */
-	rc[0] = rc[1] = 1;
+	flag = (int *)(desc + 1);	/* [0] owner: 1 ready, <0 failed; [1] parent done */
 	pid = fork();
-	if (pid == 0) {	/* the owner: a segment in device memory */
-		static uint8_t pat[65536];
-
+	if (pid == 0) {	/* the owner: S bytes of device memory */
 		dev_init();
-		d = dalloc(1u << 20);
-		memset(pat, 0x5a, sizeof(pat));
-		check(K->copy(d, pat, sizeof(pat)), "fill");
-		check(kcoll_connect(&o, &k), "connect");
-		rc[0] = kcoll_seg_register(k, d, 1u << 20, NULL, &seg);
-		if (!rc[0])
+		d = dalloc(S);
+		check(kcoll_connect(&o, &k), "owner: connect");
+		flag[0] = kcoll_seg_register(k, d, S, NULL, &seg);
+		if (!flag[0]) {
 			kcoll_seg_export(seg, desc);
-		__atomic_store_n(&rc[2], 1, __ATOMIC_RELEASE);
-		for (int i = 0; i < 6000 && !__atomic_load_n(&rc[3], __ATOMIC_ACQUIRE); i++)
-			usleep(10000);	/* at most 60 s: the reader may have died */
+			__atomic_store_n(&flag[0], 1, __ATOMIC_RELEASE);
+		}
+		for (int i = 0; i < 30000 && !__atomic_load_n(&flag[1], __ATOMIC_ACQUIRE); i++)
+			usleep(10000);	/* at most 300 s: the parent may have died */
 		_exit(0);
 	}
-	while (__atomic_load_n(&rc[2], __ATOMIC_ACQUIRE) == 0) {
+	/* The owner was forked before this process initialises CUDA. */
+	dev_init();
+	while (!__atomic_load_n(&flag[0], __ATOMIC_ACQUIRE)) {
 		if (waitpid(pid, &st, WNOHANG) == pid)
 			exit(WIFEXITED(st) && WEXITSTATUS(st) == EXIT_NO_GPU ? EXIT_NO_GPU : 1);
 		usleep(10000);
 	}
-	if (!rc[0]) {	/* a host process reads one block of it */
-		struct kcoll_xfer_entry e = { 0, 0, 65536 };
-		struct kcoll_seg *mine;
-		struct kcoll_rseg *rs;
-		struct kcoll_req *req;
-		void *h = malloc(1u << 20);
-
-		check(kcoll_connect(&o, &k), "connect");
-		check(kcoll_seg_register(k, h, 1u << 20, NULL, &mine), "host segment");
-		rc[1] = kcoll_seg_import(k, desc, &rs);
-		if (!rc[1]) {
-			rc[1] = kcoll_xfer_read(mine, rs, &e, 1, KCOLL_NOTIFY_NONE, &req);
-			if (!rc[1])
-				rc[1] = kcoll_wait(req, 30000);
-			kcoll_rseg_close(rs);
-		}
-		rc[4] = !rc[1];
-		for (size_t i = 0; !rc[1] && i < 65536; i++)
-			rc[4] &= ((uint8_t *)h)[i] == 0x5a;
-		kcoll_seg_unregister(mine);
-		kcoll_disconnect(k);
-		free(h);
+	if (flag[0] < 0) {
+		fprintf(stderr, "kcoll-gpu-bench: kcoll_seg_register(device memory) = %d (%s)\n",
+			flag[0], kcoll_strerror(flag[0]));
+		__atomic_store_n(&flag[1], 1, __ATOMIC_RELEASE);
+		waitpid(pid, &st, 0);
+		return 1;
 	}
-	__atomic_store_n(&rc[3], 1, __ATOMIC_RELEASE);
+	h = malloc(S);
+	back = malloc(S);
+	e = calloc(KV_BLOCKS_MAX, sizeof(*e));
+	if (!h || !back || !e)
+		die("out of memory");
+	for (size_t i = 0; i < S; i++)
+		h[i] = (uint8_t)(i * 7 + 3);
+	d = dalloc(S);
+	anchor_dst = dalloc(S);
+	check(K->copy(d, h, S), "fill");
+	check(kcoll_connect(&o, &k), "connect");
+	check(kcoll_seg_register(k, d, S, NULL, &dseg), "device segment");
+	check(kcoll_seg_register(k, h, S, NULL, &hseg), "host segment");
+	check(kcoll_seg_import(k, desc, &rs), "import");
+	json_begin("kv");
+	printf("# KV blocks between this process and another's %zu MiB device segment, one batch\n"
+	       "# of S/block blocks (reversed at the remote side); anchor: one cudaMemcpy of the\n"
+	       "# same bytes in one process, between the same kinds of memory (host: pageable)\n",
+	       S >> 20);
+	printf("%-4s %10s %7s %10s %10s %12s %8s\n", "path", "block", "blocks", "time_us", "GB/s",
+	       "anchor_GB/s", "ratio");
+	for (int p = 0; p < 3; p++) {
+		double ta = p == 0 ? copy_time(anchor_dst, d, S, NULL, 1) :
+			    p == 1 ? copy_time(anchor_dst, h, S, NULL, 1) :
+				     copy_time(back, anchor_dst, S, NULL, 1);
+
+		for (size_t b = 0; b < sizeof(blocks) / sizeof(blocks[0]); b++) {
+			uint32_t n = (uint32_t)(S / blocks[b]);
+			struct kvwork w = { p == 0 ? dseg : hseg, rs, e, n, p < 2 };
+			int reps;
+			double t;
+
+			if (!n || n > KV_BLOCKS_MAX)
+				continue;
+			for (uint32_t i = 0; i < n; i++)
+				e[i] = (struct kcoll_xfer_entry){ (uint64_t)i * blocks[b],
+								  (uint64_t)(n - 1 - i) * blocks[b],
+								  blocks[b] };
+			t = time_it(kw_batch, aw_none, &w, &reps);
+			if (p == 1)
+				last = blocks[b];
+			printf("%-4s %10zu %7u %10.1f %10.2f %12.2f %8.3f\n", path_names[p], blocks[b], n,
+			       t * 1e6, n * blocks[b] / t / 1e9, S / ta / 1e9, ta / t);
+			json_row("\"path\": \"%s\", \"block_bytes\": %zu, \"blocks\": %u, \"bytes\": %zu, "
+				 "\"time_us\": %.3f, \"reps\": %d, \"gbps\": %.3f, \"anchor_gbps\": %.3f, "
+				 "\"ratio\": %.4f", path_names[p], blocks[b], n, n * blocks[b], t * 1e6,
+				 reps, n * blocks[b] / t / 1e9, S / ta / 1e9, ta / t);
+		}
+	}
+	/* The owner's segment holds the host pattern in blocks of the last h2d
+	 * row's size, reversed (d2h read it back into h unchanged): read it
+	 * straight and check every byte. */
+	{
+		uint32_t n = (uint32_t)(S / last);
+		struct kvwork w = { hseg, rs, e, n, false };
+
+		for (uint32_t i = 0; i < n; i++)
+			e[i] = (struct kcoll_xfer_entry){ (uint64_t)i * last, (uint64_t)i * last, last };
+		memset(h, 0, S);
+		bad = !n || kw_batch(&w);
+		for (uint32_t i = 0; i < n && !bad; i++)
+			for (size_t j = 0; j < last && !bad; j++)
+				bad = h[(size_t)i * last + j] !=
+				      (uint8_t)(((size_t)(n - 1 - i) * last + j) * 7 + 3);
+	}
+	printf("kv: the owner's device segment read back %s\n", bad ? "WRONG" : "right");
+	json_end(bad ? "\"bytes_ok\": false" : "\"bytes_ok\": true");
+	__atomic_store_n(&flag[1], 1, __ATOMIC_RELEASE);
+	kcoll_rseg_close(rs);
+	kcoll_seg_unregister(hseg);
+	kcoll_seg_unregister(dseg);
+	kcoll_disconnect(k);
 	waitpid(pid, &st, 0);
-	printf("kv: kcoll_seg_register(device memory) = %d (%s)\n", rc[0],
-	       rc[0] ? kcoll_strerror(rc[0]) : "accepted");
-	if (!rc[0])
-		printf("kv: another process reading 64 KiB of it = %d (%s)%s\n", rc[1],
-		       rc[1] ? kcoll_strerror(rc[1]) : "moved",
-		       rc[1] ? "" : rc[4] ? ", the bytes match" : ", the bytes DIFFER");
-	if (json && rc[0])
-		fprintf(json, "{\"bench\": \"kv\", \"register_rc\": %d, \"read_rc\": null}\n",
-			rc[0]);
-	else if (json)
-		fprintf(json, "{\"bench\": \"kv\", \"register_rc\": 0, \"read_rc\": %d, "
-			"\"read_bytes_ok\": %s}\n", rc[1], rc[4] ? "true" : "false");
-	return 0;
+	free(h);
+	free(back);
+	free(e);
+	return bad;
 }
 
 /* BYTES with an optional K, M or G (binary); 0 when malformed. */

@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from . import Connection, KcollError, _check
+from . import U8, Connection, KcollError, _Buf, _check
 from . import _lib
 from ._lib import NOTIF_MAX_BYTES, NOTIF_WAIT_MAX, NOTIFY_NONE, SEG_DESC_BYTES, XFER_MAX_ENTRIES
 
@@ -54,21 +54,25 @@ def _raise(code, what):
 
 
 def _addr_of(buf):
-    """(address, bytes, keep-alive) of buf: (ptr, len), a numpy array, a CPU
-    torch tensor, or a writable buffer-protocol object; C-contiguous."""
+    """(address, bytes, keep-alive) of buf: (ptr, len) (host or device
+    memory), a numpy array, a CPU or CUDA torch tensor, an object with the
+    CUDA Array Interface (CuPy, Numba), or a writable buffer-protocol
+    object; C-contiguous."""
     if isinstance(buf, tuple) and len(buf) == 2 and all(isinstance(x, int) for x in buf):
         return int(buf[0]), int(buf[1]), None
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(buf, torch.Tensor):
-        if buf.device.type != "cpu":
-            raise RuntimeError(f"kcoll.kv: a {buf.device.type} tensor: KV segments are host memory "
-                               "(CPU tensors, numpy arrays, Agent.alloc)")
+        if buf.device.type not in ("cpu", "cuda"):
+            raise RuntimeError(f"kcoll.kv: a {buf.device.type} tensor: KV segments are CPU or "
+                               "CUDA memory")
         if not buf.is_contiguous():
             raise ValueError("kcoll.kv: tensor is not contiguous")
         return buf.data_ptr(), buf.numel() * buf.element_size(), buf
     if hasattr(buf, "__cuda_array_interface__"):
-        raise RuntimeError("kcoll.kv: a device array: KV segments are host memory (numpy arrays, "
-                           "CPU tensors, Agent.alloc)")
+        # The checks (contiguous, writable, unmasked) of kcoll.Comm's
+        # device buffers; bytes, whatever the element type.
+        b = _Buf(buf, True, U8)
+        return b.addr, b.nbytes, b.keep
     if isinstance(buf, np.ndarray):
         if not buf.flags.c_contiguous:
             raise ValueError("kcoll.kv: array is not C-contiguous (np.ascontiguousarray)")
@@ -454,8 +458,12 @@ class Agent:
 
     # ---- memory
     def register(self, buf, nr_notify=0, grant_uid=None):
-        """Register buf ((ptr, len), numpy array, CPU tensor, writable buffer)
-        with nr_notify counters; it must stay alive until close()."""
+        """Register buf ((ptr, len), numpy array, CPU or CUDA tensor, CuPy or
+        other __cuda_array_interface__ array, writable buffer) with
+        nr_notify counters; it must stay alive until close(). Device memory
+        needs a GPU in kcolld; kcolld copies it with the GPU's copy engines
+        when a batch runs, so finish the work that writes a block (e.g.
+        torch.cuda.current_stream().synchronize()) before sending it."""
         addr, size, keep = _addr_of(buf)
         opts = _lib.SegOpts(ctypes.sizeof(_lib.SegOpts),
                             0 if grant_uid is None else _lib.SEG_F_GRANT_UID, int(nr_notify),
