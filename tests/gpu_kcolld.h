@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A private kcolld for the GPU tests (test_gpu_ring.c, test_gpu_mh.c): start
- * the build's bin/kcolld beside the test with the fake driver's knobs and
- * the ASan options a real GPU needs, stop it, and read what it logged.
+ * A private kcolld for the GPU tests (test_gpu_ring.c, test_gpu_mh.c,
+ * test_gpu_kv.c): start the build's bin/kcolld beside the test with the fake
+ * driver's knobs and the ASan options a real GPU needs, stop it, and read
+ * what it logged; and the two runs each of those tests makes (the real
+ * driver, then the fake in a re-execution of the program).
  */
 #ifndef KCOLL_TESTS_GPU_KCOLLD_H
 #define KCOLL_TESTS_GPU_KCOLLD_H
 
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,6 +18,10 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <kcoll/tap.h>
+
+#include "kcoll_gpu.h"
 
 struct gpu_kcolld {
 	const char *exe_dir;		/* the test's directory: kcolld is ../bin/kcolld */
@@ -123,6 +130,120 @@ static inline int wait_child(pid_t pid)
 	if (pid < 0 || waitpid(pid, &st, 0) != pid)
 		return -1;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Can this machine run kcoll's GPU code? Asked in a child (a process must
+ * not fork after cuInit): 0 or -errno, the loader's reason in why. */
+static inline int gpu_test_probe(char *why, size_t len)
+{
+	char buf[KCOLL_GPU_TEXT + 8];
+	int p[2], rc = -ENODEV;
+	pid_t pid;
+
+	snprintf(why, len, "probe failed");
+	if (pipe(p))
+		return rc;
+	pid = fork();
+	if (pid == 0) {
+		int r = kcoll_gpu_available(buf + sizeof(int), sizeof(buf) - sizeof(int));
+
+		memcpy(buf, &r, sizeof(r));
+		_exit(write(p[1], buf, sizeof(buf)) != (ssize_t)sizeof(buf));
+	}
+	close(p[1]);
+	if (read(p[0], buf, sizeof(buf)) == (ssize_t)sizeof(buf)) {
+		memcpy(&rc, buf, sizeof(rc));
+		buf[sizeof(buf) - 1] = '\0';
+		snprintf(why, len, "%.*s", (int)len - 1, buf + sizeof(int));
+	}
+	close(p[0]);
+	wait_child(pid);
+	return rc;
+}
+
+/*
+ * The two runs of a GPU test. First the real driver when this machine has a
+ * usable GPU (else nchecks SKIPs saying why), in the clean first process;
+ * then the program executed again with the fake driver
+ * exe_dir/fixtures/libcuda-fake.so as libcuda.so.1 (a link in dir, first on
+ * LD_LIBRARY_PATH, before what the caller set: scripts/gpu-check.sh adds the
+ * libraries kcolld needs there) and as the kernels library, the TAP count
+ * and dir carried in $<prefix>_TAP and $<prefix>_DIR. The fake run keeps
+ * dir (the kcolld logs) only when a check failed. Each run calls run_all
+ * with *run_name "GPU" or "fake"; exe_dir and dir (PATH_MAX each) are set
+ * before. Returns main's exit status.
+ */
+struct gpu_test {
+	const char *prefix;	/* "TEST_GPU_KV" */
+	const char *tmp_name;	/* "gpu-kv": dir is /tmp/<tmp_name>-<pid> */
+	int nchecks;		/* per run */
+	void (*run_all)(void);
+	char *exe_dir, *dir;
+	const char **run_name;
+};
+
+static inline int gpu_test_main(const struct gpu_test *t, char **argv)
+{
+	char self[PATH_MAX], fake[PATH_MAX + 64], link[PATH_MAX + 64], env[64], name[64];
+	char path[2 * PATH_MAX + 130], why[KCOLL_GPU_TEXT];
+	const char *tapn, *old;
+	ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+	if (len <= 0)
+		return 1;
+	self[len] = '\0';
+	snprintf(t->exe_dir, PATH_MAX, "%s", self);
+	*strrchr(t->exe_dir, '/') = '\0';
+	snprintf(name, sizeof(name), "%s_TAP", t->prefix);
+	tapn = getenv(name);
+	if (tapn) {	/* the fake run */
+		snprintf(name, sizeof(name), "%s_DIR", t->prefix);
+		if (sscanf(tapn, "%d %d", &tap_n, &tap_failed) != 2 || !getenv(name))
+			return 1;
+		snprintf(t->dir, PATH_MAX, "%s", getenv(name));
+		*t->run_name = "fake";
+		t->run_all();
+		if (!tap_failed) {
+			char cmd[PATH_MAX + 32];
+
+			snprintf(cmd, sizeof(cmd), "rm -rf '%s'", t->dir);
+			if (system(cmd))
+				tap_diag("could not remove %s", t->dir);
+		} else {
+			tap_diag("kcolld logs kept in %s", t->dir);
+		}
+		return tap_done();
+	}
+	snprintf(t->dir, PATH_MAX, "/tmp/%s-%d", t->tmp_name, (int)getpid());
+	if (mkdir(t->dir, 0700))
+		return 1;
+	*t->run_name = "GPU";
+	if (gpu_test_probe(why, sizeof(why)) == 0) {
+		t->run_all();
+	} else {
+		for (int i = 0; i < t->nchecks; i++)
+			tap_skip("needs a GPU (%s): the same checks on the real driver", why);
+	}
+	snprintf(fake, sizeof(fake), "%s/fixtures/libcuda-fake.so", t->exe_dir);
+	snprintf(link, sizeof(link), "%s/libcuda.so.1", t->dir);
+	if (access(fake, R_OK) || symlink(fake, link)) {
+		for (int i = 0; i < t->nchecks; i++)
+			tap_skip("the fake CUDA driver %s is missing (make builds it)", fake);
+		rmdir(t->dir);
+		return tap_done();
+	}
+	old = getenv("LD_LIBRARY_PATH");
+	snprintf(path, sizeof(path), "%s%s%s", t->dir, old && *old ? ":" : "", old ? old : "");
+	setenv("LD_LIBRARY_PATH", path, 1);
+	setenv("KCOLL_GPU_LIB", fake, 1);
+	snprintf(env, sizeof(env), "%d %d", tap_n, tap_failed);
+	snprintf(name, sizeof(name), "%s_TAP", t->prefix);
+	setenv(name, env, 1);
+	snprintf(name, sizeof(name), "%s_DIR", t->prefix);
+	setenv(name, t->dir, 1);
+	execv(self, argv);
+	tap_ok(0, "re-execute %s with the fake driver: %s", self, strerror(errno));
+	return tap_done();
 }
 
 #endif /* KCOLL_TESTS_GPU_KCOLLD_H */

@@ -138,8 +138,8 @@ static int wait_flag(const int *flag, int want, int seconds)
 }
 
 /* One batch, shifted by base at the remote side; the request's result. */
-static int batch(bool write, struct kcoll_seg *l, struct kcoll_rseg *r, const struct kcoll_xfer_entry *e,
-		 size_t n, uint64_t base, uint32_t notify)
+static int batch(bool write, struct kcoll_seg *l, struct kcoll_rseg *r,
+		 const struct kcoll_xfer_entry *e, size_t n, uint64_t base, uint32_t notify)
 {
 	struct kcoll_xfer_entry s[4];
 	struct kcoll_req *req;
@@ -147,7 +147,8 @@ static int batch(bool write, struct kcoll_seg *l, struct kcoll_rseg *r, const st
 
 	for (size_t i = 0; i < n; i++)
 		s[i] = (struct kcoll_xfer_entry){ e[i].local_off, base + e[i].remote_off, e[i].len };
-	rc = write ? kcoll_xfer_write(l, r, s, n, notify, &req) : kcoll_xfer_read(l, r, s, n, notify, &req);
+	rc = write ? kcoll_xfer_write(l, r, s, n, notify, &req) :
+		     kcoll_xfer_read(l, r, s, n, notify, &req);
 	return rc ? rc : kcoll_wait(req, 60000);
 }
 
@@ -445,75 +446,13 @@ static void run_all(void)
 	tap_ok(st == 0, "%s: the three kcollds exited 0 on SIGTERM", run_name);
 }
 
-/* Does this machine have a usable GPU? Asked in a child: never fork after cuInit. */
-static int real_gpu(void)
-{
-	pid_t pid = fork();
-
-	if (pid == 0)
-		_exit(kcoll_gpu_available(NULL, 0) ? 1 : 0);
-	return pid > 0 && wait_child(pid) == 0;
-}
-
 int main(int argc, char **argv)
 {
-	char self[PATH_MAX], fake[PATH_MAX + 64], link[PATH_MAX + 64], env[64], path[2 * PATH_MAX];
-	const char *tapn = getenv("TEST_GPU_KV_TAP"), *old;
-	ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	struct gpu_test t = { "TEST_GPU_KV", "gpu-kv", RUN_CHECKS, run_all, exe_dir, dir,
+			      &run_name };
 
-	if (len <= 0)
-		return 1;
-	self[len] = '\0';
-	snprintf(exe_dir, sizeof(exe_dir), "%s", self);
-	*strrchr(exe_dir, '/') = '\0';
 	bd = mmap(NULL, sizeof(*bd), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (bd == MAP_FAILED)
 		return 1;
-	if (tapn) {
-		if (sscanf(tapn, "%d %d", &tap_n, &tap_failed) != 2 || !getenv("TEST_GPU_KV_DIR"))
-			return 1;
-		snprintf(dir, sizeof(dir), "%s", getenv("TEST_GPU_KV_DIR"));
-		run_name = "fake";
-		run_all();
-		if (!tap_failed) {
-			char cmd[PATH_MAX + 32];
-
-			snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-			if (system(cmd))
-				tap_diag("could not remove %s", dir);
-		} else {
-			tap_diag("kcolld logs kept in %s", dir);
-		}
-		return tap_done();
-	}
-	snprintf(dir, sizeof(dir), "/tmp/gpu-kv-%d", (int)getpid());
-	if (mkdir(dir, 0700))
-		return 1;
-	run_name = "GPU";
-	if (real_gpu()) {
-		run_all();
-	} else {
-		for (int i = 0; i < RUN_CHECKS; i++)
-			tap_skip("needs a GPU (kcoll-gpu-doctor says why): the same checks on the real "
-				 "driver");
-	}
-	/* Then the fake driver: this program again, seeing it as libcuda.so.1. */
-	snprintf(fake, sizeof(fake), "%s/fixtures/libcuda-fake.so", exe_dir);
-	snprintf(link, sizeof(link), "%s/libcuda.so.1", dir);
-	if (access(fake, R_OK) || symlink(fake, link)) {
-		for (int i = 0; i < RUN_CHECKS; i++)
-			tap_skip("the fake CUDA driver %s is missing (make builds it)", fake);
-		rmdir(dir);
-		return tap_done();
-	}
-	old = getenv("LD_LIBRARY_PATH");
-	snprintf(path, sizeof(path), "%s%s%s", dir, old && *old ? ":" : "", old ? old : "");
-	setenv("LD_LIBRARY_PATH", path, 1);
-	setenv("KCOLL_GPU_LIB", fake, 1);
-	snprintf(env, sizeof(env), "%d %d", tap_n, tap_failed);
-	setenv("TEST_GPU_KV_TAP", env, 1);
-	setenv("TEST_GPU_KV_DIR", dir, 1);
-	execv(self, argv);
-	tap_ok(0, "re-execute %s with the fake driver: %s", self, strerror(errno));
-	return tap_done();
+	return gpu_test_main(&t, argv);
 }

@@ -383,99 +383,14 @@ static void run_all(void)
 	run_fault("2", 3);
 }
 
-/* Does this machine have a usable GPU? Probed in a child: never fork after cuInit. */
-static int real_gpu(char *why, size_t len)
-{
-	char buf[KCOLL_GPU_TEXT + 8];
-	int p[2], rc = -ENODEV;
-	pid_t pid;
-
-	snprintf(why, len, "probe failed");
-	if (pipe(p))
-		return rc;
-	pid = fork();
-	if (pid == 0) {
-		int r = kcoll_gpu_available(buf + sizeof(int), sizeof(buf) - sizeof(int));
-
-		memcpy(buf, &r, sizeof(r));
-		_exit(write(p[1], buf, sizeof(buf)) != (ssize_t)sizeof(buf));
-	}
-	close(p[1]);
-	if (read(p[0], buf, sizeof(buf)) == (ssize_t)sizeof(buf)) {
-		memcpy(&rc, buf, sizeof(rc));
-		buf[sizeof(buf) - 1] = '\0';
-		snprintf(why, len, "%.*s", (int)len - 1, buf + sizeof(int));
-	}
-	close(p[0]);
-	wait_child(pid);
-	return rc;
-}
-
 int main(int argc, char **argv)
 {
-	char self[PATH_MAX], fake[PATH_MAX + 64], link[PATH_MAX + 64], env[64];
-	const char *tapn = getenv("TEST_GPU_MH_TAP");
-	ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	struct gpu_test t = { "TEST_GPU_MH", "gpu-mh", RUN_CHECKS, run_all, exe_dir, dir,
+			      &run_name };
 
-	if (len <= 0)
-		return 1;
-	self[len] = '\0';
-	snprintf(exe_dir, sizeof(exe_dir), "%s", self);
-	*strrchr(exe_dir, '/') = '\0';
 	build_cases();
 	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (sh == MAP_FAILED)
 		return 1;
-
-	if (!tapn) {
-		/* First the real hardware, if any, in this clean process. */
-		char why[KCOLL_GPU_TEXT];
-		const char *old = getenv("LD_LIBRARY_PATH");
-		char path[2 * PATH_MAX];
-
-		snprintf(dir, sizeof(dir), "/tmp/gpu-mh-%d", (int)getpid());
-		if (mkdir(dir, 0700))
-			return 1;
-		run_name = "GPU";
-		if (real_gpu(why, sizeof(why)) == 0) {
-			run_all();
-		} else {
-			for (int i = 0; i < RUN_CHECKS; i++)
-				tap_skip("needs a GPU (%s): the same checks on the real driver", why);
-		}
-		/* Then the fake driver: this program again, seeing it as libcuda.so.1. */
-		snprintf(fake, sizeof(fake), "%s/fixtures/libcuda-fake.so", exe_dir);
-		snprintf(link, sizeof(link), "%s/libcuda.so.1", dir);
-		if (access(fake, R_OK) || symlink(fake, link)) {
-			for (int i = 0; i < RUN_CHECKS; i++)
-				tap_skip("the fake CUDA driver %s is missing (make builds it)", fake);
-			rmdir(dir);
-			return tap_done();
-		}
-		snprintf(path, sizeof(path), "%s%s%s", dir, old && *old ? ":" : "", old ? old : "");
-		setenv("LD_LIBRARY_PATH", path, 1);
-		setenv("KCOLL_GPU_LIB", fake, 1);
-		snprintf(env, sizeof(env), "%d %d", tap_n, tap_failed);
-		setenv("TEST_GPU_MH_TAP", env, 1);
-		setenv("TEST_GPU_MH_DIR", dir, 1);
-		execv(self, argv);
-		tap_ok(0, "re-execute %s with the fake driver: %s", self, strerror(errno));
-		return tap_done();
-	}
-	if (sscanf(tapn, "%d %d", &tap_n, &tap_failed) != 2 || !getenv("TEST_GPU_MH_DIR"))
-		return 1;
-	snprintf(dir, sizeof(dir), "%s", getenv("TEST_GPU_MH_DIR"));
-	run_name = "fake";
-	run_all();
-	/* Keep the logs of a failed run for the reader. */
-	if (!tap_failed) {
-		char cmd[PATH_MAX + 32];
-
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-		if (system(cmd))
-			tap_diag("could not remove %s", dir);
-	} else {
-		tap_diag("kcolld logs kept in %s", dir);
-	}
-	return tap_done();
+	return gpu_test_main(&t, argv);
 }
