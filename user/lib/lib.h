@@ -139,8 +139,6 @@ int kc_lane_req_progress(struct kcoll_req *rq, int timeout_ms);
 bool kc_cuda_loaded(void);
 /* The SQE memory kind of [ptr, ptr + bytes), registering a device allocation. */
 int kc_mem_kind(struct kcoll *k, const void *ptr, size_t bytes, uint8_t *kind);
-/* 1 when [ptr, ptr + bytes) is device memory, 0 host memory, or -errno. */
-int kc_mem_on_device(const void *ptr, size_t bytes);
 /* Collapse a large host buffer into huge pages once (a hint). */
 void kc_thp_collapse(struct kcoll *k, const void *ptr, size_t bytes);
 /* A range kcoll_mem_share claimed for this process is let go. */

@@ -194,19 +194,11 @@ static int dev_query(const void *ptr, size_t bytes, struct kcoll_gpu **gp, struc
 	return 1;
 }
 
-int kc_mem_on_device(const void *ptr, size_t bytes)
-{
-	struct kcoll_gpu_ptr q;
-	struct kcoll_gpu *g;
-
-	return dev_query(ptr, bytes, &g, &q);
-}
-
 /* The SQE memory kind of [ptr, ptr + bytes), registering a device allocation. */
 int kc_mem_kind(struct kcoll *k, const void *ptr, size_t bytes, uint8_t *kind)
 {
 	struct kcoll_gpu_ptr q;
-	struct kcoll_gpu *g;
+	struct kcoll_gpu *g = NULL;
 	int r;
 
 	*kind = KCOLL_MEM_HOST;
