@@ -3,8 +3,9 @@
 """Disaggregated prefill/decode in the shape of a serving engine's KV
 connector, with kcoll.kv (docs/python.md "KV-cache transfers").
 
-Each worker holds a paged KV cache pool in kcolld-mapped memory,
-    pool[layer][block][K|V][token][head][dim]     (bf16 as uint16)
+Each worker holds a paged KV cache pool in kcolld-mapped memory, or with
+--device cuda in GPU memory as engines keep it (a torch CUDA tensor),
+    pool[layer][block][K|V][token][head][dim]     (bf16 as 16-bit integers)
 registered as one segment. The descriptors travel through DIR (a real
 engine sends them over its own RPC); everything else goes through kcolld:
 
@@ -24,12 +25,14 @@ in order and after the batches before them (docs/kv.md "Notifications").
   kv_connector.py prefill DIR [options]
   kv_connector.py both DIR [options]      both on this host (decode forked)
 options: --layers 4 --blocks 128 --block-tokens 16 --heads 4 --head-dim 64
-         --requests 16 --max-tokens 512 --inflight 4 --seed 1
-Needs kcolld ($KCOLL_SOCKET) and PYTHONPATH=user/python. Prints "ok - ..." /
+         --requests 16 --max-tokens 512 --inflight 4 --seed 1 --device cpu|cuda
+Needs kcolld ($KCOLL_SOCKET) and PYTHONPATH=user/python; --device cuda needs
+torch with a GPU, and a GPU in kcolld (docs/kv.md "Device memory"). Prints "ok - ..." /
 "not ok - ..." lines; exit 0 when every page arrived intact.
 """
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -54,6 +57,39 @@ def pages(a, req, layer, nblk):
     base = np.arange(2 * page, dtype=np.uint32).reshape(1, 2, a.block_tokens, a.heads, a.head_dim)
     i = np.arange(nblk, dtype=np.uint32).reshape(-1, 1, 1, 1, 1)
     return ((base * 3 + i * 7919 + req * 131 + layer * 17) & 0xFFFF).astype(np.uint16)
+
+
+class Pool:
+    """The paged pool and its segment: numpy in kcolld-mapped memory, or a
+    torch CUDA tensor (16-bit pages either way; numpy pages in and out)."""
+
+    def __init__(self, agent, a, shape):
+        self.cuda = a.device == "cuda"
+        if not self.cuda:
+            self.t, self.seg = agent.alloc(shape, np.uint16)
+            return
+        import torch
+        self.torch = torch
+        self.t = torch.zeros(shape, dtype=torch.int16, device="cuda")
+        self.seg = agent.register(self.t)
+
+    def put(self, layer, blk, pages):
+        if not self.cuda:
+            self.t[layer, blk] = pages
+            return
+        self.t[layer, blk] = self.torch.from_numpy(pages.view(np.int16)).to("cuda")
+        # kcolld copies the blocks with the GPU once the batch is queued:
+        # the work that wrote them must be done.
+        self.torch.cuda.current_stream().synchronize()
+
+    def get(self, layer, blk):
+        v = self.t[layer, blk]
+        return v.cpu().numpy().view(np.uint16) if self.cuda else v
+
+    def clear(self, blk):
+        self.t[:, blk] = 0
+        if self.cuda:   # done before the blocks are handed out again
+            self.torch.cuda.current_stream().synchronize()
 
 
 def put_file(d, name, data):
@@ -81,8 +117,9 @@ def result(ok, what):
 def decode(a):
     shape, page = geometry(a)
     agent = kv.Agent("decode")
-    pool, seg = agent.alloc(shape, np.uint16)
-    pool[:] = 0
+    pool = Pool(agent, a, shape)
+    pool.clear(slice(None))
+    seg = pool.seg
     put_file(a.dir, "decode.desc", seg.desc)
     prefill = agent.import_desc(get_file(a.dir, "prefill.desc"))
     tokens = request_tokens(a)
@@ -109,12 +146,12 @@ def decode(a):
         blk, t0 = waiting.pop(done)
         lat.append(time.monotonic() - t0)
         for layer in range(a.layers):
-            bad += int((pool[layer, blk] != pages(a, done, layer, len(blk))).sum())
+            bad += int((pool.get(layer, blk) != pages(a, done, layer, len(blk))).sum())
         nbytes += len(blk) * a.layers * 2 * page * 2
-        pool[:, blk] = 0      # freed: a later request's pages must arrive anew
+        pool.clear(blk)       # freed: a later request's pages must arrive anew
         free += blk
     lat_ms = sorted(x * 1000 for x in lat)
-    print(f"# decode: {a.requests} requests, {nbytes / 2**20:.1f} MiB, per request "
+    print(f"# decode ({a.device}): {a.requests} requests, {nbytes / 2**20:.1f} MiB, per request "
           f"median {lat_ms[len(lat_ms) // 2]:.2f} ms, max {lat_ms[-1]:.2f} ms "
           "(alloc sent to done taken)", flush=True)
     ok = result(bad == 0, f"decode: every page of every layer of {a.requests} requests intact "
@@ -128,7 +165,8 @@ def decode(a):
 def prefill(a):
     shape, page = geometry(a)
     agent = kv.Agent("prefill")
-    pool, seg = agent.alloc(shape, np.uint16)
+    pool = Pool(agent, a, shape)
+    seg = pool.seg
     put_file(a.dir, "prefill.desc", seg.desc)
     dec = agent.import_desc(get_file(a.dir, "decode.desc"))
     blk_bytes = 2 * page * 2                                  # K and V, bf16
@@ -149,7 +187,7 @@ def prefill(a):
                 lb = np.array(lblk, np.int64)
                 reqs = []
                 for layer in range(a.layers):
-                    pool[layer, lblk] = pages(a, int(req), layer, len(lblk))   # "compute"
+                    pool.put(layer, lblk, pages(a, int(req), layer, len(lblk)))   # "compute"
                     blocks = (layer * layer_bytes + lb * blk_bytes,
                               layer * layer_bytes + rblk * blk_bytes, blk_bytes)
                     tag = f"done:{req}" if layer == a.layers - 1 else None
@@ -175,9 +213,23 @@ def main():
                     ("head-dim", 64), ("requests", 16), ("max-tokens", 512), ("inflight", 4),
                     ("seed", 1)):
         p.add_argument("--" + name, type=int, default=v)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the KV pools live (cuda: torch CUDA tensors)")
     a = p.parse_args()
     if -(-a.max_tokens // a.block_tokens) > a.blocks:
         p.error("--max-tokens needs more blocks than --blocks")
+    if a.device == "cuda":
+        # Asked in a child process: this one must not touch CUDA before
+        # "both" forks.
+        r = subprocess.run([sys.executable, "-c", "import torch, sys\n"
+                            "print(torch.__version__, end='')\n"
+                            "sys.exit(0 if torch.cuda.is_available() else 3)"],
+                           capture_output=True, text=True)
+        if r.returncode == 3:
+            p.error(f"--device cuda: torch {r.stdout} sees no GPU (use --device cpu)")
+        if r.returncode:
+            p.error(f"--device cuda needs torch with CUDA: {r.stderr.strip().splitlines()[-1:]}")
+    os.makedirs(a.dir, exist_ok=True)
     if a.role == "both":
         pid = os.fork()
         if pid == 0:

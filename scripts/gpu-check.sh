@@ -296,10 +296,22 @@ run_python_cuda() {
 		"cuda 2" 75
 	rc=$?
 	after=$(grep -c 'runs on GPU' "$work/kcolld.log")
+	# The serving-connector example with its KV pools in GPU memory (torch
+	# CUDA tensors), where torch sees the GPU: not on the fake.
+	local conn="not run (torch with CUDA not importable by $py, or the fake driver)" crc=0
+	if [ "$mode" = gpu ] && "$py" -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+		PYTHONPATH=$top/user/python PYTHONDONTWRITEBYTECODE=1 KCOLL_LIB=$B/lib/libkcoll.so.1 \
+			KCOLL_SOCKET=$work/kcolld.sock \
+			limited "$log.conn" 120 "$py" "$top/examples/kv_connector.py" both \
+			"$work/kvconn" --device cuda --layers 8
+		crc=$?
+		conn="exit $crc: $(grep -E '^(not )?ok|^# decode' "$log.conn" | tr '\n' ' ')"
+		cat "$log.conn" >>"$log"
+	fi
 	grep -E '^not ok' "$log" | head -20 | sed 's/^/#   /' | tee -a "$tap"
-	why="$(grep -c '^ok' "$log") checks passed, $(grep -c '^not ok' "$log") failed, $((after - before)) ops ran on the GPU ($want wanted)"
+	why="$(grep -c '^ok' "$log") checks passed, $(grep -c '^not ok' "$log") failed, $((after - before)) ops ran on the GPU ($want wanted); examples/kv_connector.py --device cuda: $conn"
 	status=pass
-	if [ "$rc" -ne 0 ] || [ $((after - before)) -lt "$want" ]; then
+	if [ "$rc" -ne 0 ] || [ "$crc" -ne 0 ] || [ $((after - before)) -lt "$want" ]; then
 		status=fail why="exit $rc: $why"
 	fi
 	record python_cuda test "$status" "$why" $((SECONDS - t0)) "\"exit\": $rc, \"ops_on_gpu\": $((after - before))"

@@ -32,6 +32,16 @@ mkdir -p "$KCOLL_TEST_TMP/kvconn"
 timeout -k 5 120 "$PY" "$top/examples/kv_connector.py" both "$KCOLL_TEST_TMP/kvconn" --layers 8 2>&1 | emit
 rc=${PIPESTATUS[0]}
 ok $rc "examples/kv_connector.py both (one host) exits 0 (exit $rc)"
+# --device cuda keeps the pools in GPU memory (torch CUDA tensors): run on a
+# GPU by scripts/gpu-check.sh's python_cuda part; here it must refuse, saying why.
+if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+	skip "examples/kv_connector.py --device cuda refusal: torch sees a GPU here (gpu-check runs it)"
+else
+	out=$(timeout -k 5 60 "$PY" "$top/examples/kv_connector.py" both "$KCOLL_TEST_TMP/kvconn-cuda" --device cuda 2>&1)
+	rc=$?
+	[ "$rc" -ne 0 ] && grep -qE "sees no GPU \(use --device cpu\)|--device cuda needs torch" <<<"$out"
+	ok $? "examples/kv_connector.py --device cuda without a GPU in torch: refused, saying why (exit $rc: $(grep -m1 "error:" <<<"$out"))"
+fi
 
 pair() {	# NAME SCRIPT OWNER-ARGS -- INIT-ARGS: host 0 and host 1 of the cluster
 	local name=$1 script=$2 d="$T/$1" orc irc
