@@ -62,6 +62,13 @@ for w in 2 3; do
 	want=$(cat "$T/kv.want" 2>/dev/null || echo missing)
 	[ "$got" = "$want" ]; ok $? "kcolld copied the $w-rank KV blocks of device segments through the GPU: $got bytes ($want wanted)"
 done
+# The same count in the metrics (docs/metrics.md), and no device segment
+# left once the ranks are gone.
+m=$("$B/bin/kcollctl" metrics)
+mb=$(awk '$1 == "kcoll_kv_device_bytes_total" { print $2 }' <<<"$m")
+ms=$(awk '$1 == "kcoll_kv_segments{memory=\"device\"}" { print $2 }' <<<"$m")
+[ -n "$mb" ] && [ "$mb" = "$(kv_dev_bytes)" ] && [ "$ms" = 0 ]
+ok $? "kcollctl metrics: kcoll_kv_device_bytes_total $mb as in status, kcoll_kv_segments{memory=\"device\"} $ms after the ranks"
 # python3 -m kcoll tells whether this process has a driver for device memory.
 out=$("$PY" -m kcoll --json 2>&1)
 "$PY" -c 'import json, sys; r = json.loads(sys.argv[1])

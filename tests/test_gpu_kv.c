@@ -43,7 +43,7 @@
 #define SEG		(2u << 20)	/* the owner's device segment */
 #define ISEG		(1u << 20)	/* each initiator's host and device segments */
 #define HALF		(512u << 10)	/* initiator i writes into [i * HALF, (i + 1) * HALF) */
-#define RUN_CHECKS	12
+#define RUN_CHECKS	13
 
 /* Remote offsets are relative to initiator i's base i * HALF; the reads'
  * ranges from 1 MiB up lie where nobody writes. */
@@ -68,6 +68,7 @@ static const char *st_names[ST_N] = { "host -> device write", "device -> device 
 struct board {
 	kcoll_seg_desc_t desc;
 	int owner_rc, owner_ready, inits_done;
+	int inits_registered, counted;	/* the parent reads the segment counts between */
 	int owner_bad, owner_notify;	/* differing bytes; the counter's wait */
 	int init_rc[2][ST_N];		/* 0, -errno, or 1: wrong bytes */
 	int init_setup[2];
@@ -232,6 +233,7 @@ static int initiator_main(int i, const char *sock)
 	if (!h || !back || !owner || dev_init() || !(d = dalloc_fill(ISEG, 20 + i)) ||
 	    connect_to(sock, &k)) {
 		bd->init_setup[i] = -ENODEV;
+		__atomic_fetch_add(&bd->inits_registered, 1, __ATOMIC_RELEASE);
 		goto out;
 	}
 	pattern(h, ISEG, 10 + i);
@@ -242,6 +244,8 @@ static int initiator_main(int i, const char *sock)
 		bd->init_setup[i] = -ESRCH;
 	if (!bd->init_setup[i])
 		bd->init_setup[i] = kcoll_seg_import(k, &bd->desc, &rs);
+	__atomic_fetch_add(&bd->inits_registered, 1, __ATOMIC_RELEASE);
+	wait_flag(&bd->counted, 1, 60);
 	if (bd->init_setup[i])
 		goto out;
 	rc[ST_WHOST] = batch(true, hs, rs, w_host, N(w_host), base, KCOLL_NOTIFY_NONE);
@@ -337,17 +341,17 @@ static int nogpu_main(const char *sock)
 	return 0;
 }
 
-/* kcolld's kv.dev_bytes, or -1. */
-static long long dev_bytes(const char *sock)
+/* A number of kcolld's status JSON ("dev_bytes", "dev_segments"), or -1. */
+static long long status_num(const char *sock, const char *key)
 {
 	struct kcoll_raw rc;
-	char *buf = malloc(KCOLL_MSG_BYTES), *p;
+	char *buf = malloc(KCOLL_MSG_BYTES), *p, want[64];
 	long long v = -1;
 
+	snprintf(want, sizeof(want), "\"%s\":", key);
 	if (buf && !kcoll_raw_open(&rc, sock, 8)) {
-		if (!kcoll_raw_status(&rc, 1, buf, KCOLL_MSG_BYTES) &&
-		    (p = strstr(buf, "\"dev_bytes\":")))
-			v = strtoll(p + strlen("\"dev_bytes\":"), NULL, 10);
+		if (!kcoll_raw_status(&rc, 1, buf, KCOLL_MSG_BYTES) && (p = strstr(buf, want)))
+			v = strtoll(p + strlen(want), NULL, 10);
 		kcoll_raw_close(&rc);
 	}
 	free(buf);
@@ -398,6 +402,14 @@ static void run_all(void)
 		if (init[i] == 0)
 			_exit(initiator_main(i, sk[i]));
 	}
+	/* With every segment registered: A holds the owner's and initiator
+	 * 0's device segments, B initiator 1's (host segments not counted). */
+	wait_flag(&bd->inits_registered, 2, 120);
+	a = status_num(sk[0], "dev_segments");
+	b = status_num(sk[1], "dev_segments");
+	__atomic_store_n(&bd->counted, 1, __ATOMIC_RELEASE);
+	tap_ok(a == 2 && b == 1, "%s: kcollctl status counts the device segments: A %lld (2 wanted), "
+	       "B %lld (1 wanted)", run_name, a, b);
 	for (int i = 0; i < 2; i++)
 		wait_child(init[i]);
 	wait_child(owner);
@@ -418,8 +430,8 @@ static void run_all(void)
 	tap_ok(!bd->owner_bad && !bd->owner_notify, "%s: the owner's device memory holds every "
 	       "written block and nothing else changed (%d bytes differ); notify counter 2 (%d)",
 	       run_name, bd->owner_bad, bd->owner_notify);
-	a = dev_bytes(sk[0]);
-	b = dev_bytes(sk[1]);
+	a = status_num(sk[0], "dev_bytes");
+	b = status_num(sk[1], "dev_bytes");
 	tap_ok(a == 2 * all, "%s: kcolld A copied %lld bytes to or from GPU memory (%lld wanted: "
 	       "both initiators' blocks, each once)", run_name, a, 2 * all);
 	tap_ok(b == sum(w_dev, N(w_dev)) + sum(r_dev, N(r_dev)), "%s: kcolld B copied %lld bytes "

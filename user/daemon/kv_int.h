@@ -158,8 +158,6 @@ struct kv_state {
 	uint32_t next_id;
 	atomic_ulong xfers_ok, xfers_failed, bytes;
 	atomic_ulong rdma_bytes, rdma_sessions;	/* initiator: bytes; owner: sessions */
-	atomic_ulong dev_bytes;			/* copied to or from device segments */
-	atomic_uint dev_segs;			/* device segments registered */
 	atomic_uint next_sender;
 	atomic_ulong notifs;			/* notifications queued for our owners */
 };

@@ -129,7 +129,7 @@ static int copy_round(const struct kv_piece *p, uint32_t n, const struct kv_side
 		for (uint32_t i = 0; i < n && !r; i++)
 			r = kd_buf_copy_dev(&dst->buf, p[i].dst, &src->buf, p[i].src, p[i].len);
 		if (!r)
-			atomic_fetch_add(&kv_state.dev_bytes, total);
+			kd_metrics_kv_dev(total);
 		return r;
 	}
 	if (src->buf.direct) {	/* mapping -> process or GPU */

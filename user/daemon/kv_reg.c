@@ -20,6 +20,7 @@
 #include <kcoll/futex.h>
 
 #include "kv_int.h"
+#include "metrics.h"
 
 struct kv_state kv_state = { .lock = PTHREAD_MUTEX_INITIALIZER, .next_id = 1 };
 
@@ -29,8 +30,6 @@ void kv_seg_put(struct kd_seg *s)
 		return;
 	if (s->rm)
 		s->rm_free(s->rm);
-	if (s->dev)
-		atomic_fetch_sub(&kv_state.dev_segs, 1);
 	if (s->counters) {
 		kv_notifq_destroy(&s->notifs);
 		munmap(s->counters, s->counters_len);
@@ -164,7 +163,7 @@ int kv_side_vm(const struct kv_side *s, const struct iovec *liov, unsigned long 
 	if (!r && done != total)
 		r = -EFAULT;
 	if (!r)
-		atomic_fetch_add(&kv_state.dev_bytes, done);
+		kd_metrics_kv_dev(done);
 	return r;
 }
 

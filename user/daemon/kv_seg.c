@@ -37,6 +37,7 @@
 
 #include "kv_int.h"
 #include "log.h"
+#include "metrics.h"
 #include "net.h"
 
 #define KV_MAX_SEGS		65536	/* per daemon */
@@ -170,9 +171,8 @@ static int seg_register(struct kd_client *c, const struct kcoll_msg_seg_reg *m,
 	s->next = kv_state.segs;
 	kv_state.segs = s;
 	kv_state.nsegs++;
+	kd_metrics_kv_seg(s->dev, 1);
 	pthread_mutex_unlock(&kv_state.lock);
-	if (s->dev)
-		atomic_fetch_add(&kv_state.dev_segs, 1);
 	fill_wire(s, &rep->desc);
 	return 0;
 
@@ -202,6 +202,7 @@ static struct kd_seg *seg_unlink(struct kd_client *c, uint32_t id)
 			s = *pp;
 			*pp = s->next;
 			kv_state.nsegs--;
+			kd_metrics_kv_seg(s->dev, -1);
 			break;
 		}
 	}
@@ -407,6 +408,7 @@ void kd_kv_client_gone(struct kd_client *c)
 		if (s->owner == c) {
 			*pp = s->next;
 			kv_state.nsegs--;
+			kd_metrics_kv_seg(s->dev, -1);
 			s->next = dead;
 			dead = s;
 		} else {
@@ -431,12 +433,14 @@ void kd_kv_client_gone(struct kd_client *c)
 
 size_t kd_kv_render(char *buf, size_t cap, int json)
 {
-	uint32_t nsegs;
+	uint32_t nsegs, dev_segs;
+	uint64_t dev_bytes;
 	int n;
 
 	pthread_mutex_lock(&kv_state.lock);
 	nsegs = kv_state.nsegs;
 	pthread_mutex_unlock(&kv_state.lock);
+	kd_metrics_kv_dev_get(&dev_segs, &dev_bytes);
 	if (json)
 		n = snprintf(buf, cap, "\"kv\":{\"segments\":%u,\"xfers_ok\":%lu,\"xfers_failed\":%lu,"
 			     "\"bytes\":%lu,\"rdma_bytes\":%lu,\"rdma_sessions\":%lu,\"notifs\":%lu,"
@@ -445,14 +449,14 @@ size_t kd_kv_render(char *buf, size_t cap, int json)
 			     atomic_load(&kv_state.bytes),
 			     atomic_load(&kv_state.rdma_bytes), atomic_load(&kv_state.rdma_sessions),
 			     atomic_load(&kv_state.notifs), (unsigned long)kv_notif_bytes(),
-			     atomic_load(&kv_state.dev_segs), atomic_load(&kv_state.dev_bytes));
+			     dev_segs, (unsigned long)dev_bytes);
 	else
 		n = snprintf(buf, cap, "kv: %u segments (%u in GPU memory), %lu transfers ok, %lu "
 			     "failed, %lu bytes (%lu sent over rdma, %lu rdma sessions served, %lu "
 			     "copied to or from GPU memory)\n",
-			     nsegs, atomic_load(&kv_state.dev_segs), atomic_load(&kv_state.xfers_ok),
+			     nsegs, dev_segs, atomic_load(&kv_state.xfers_ok),
 			     atomic_load(&kv_state.xfers_failed), atomic_load(&kv_state.bytes),
 			     atomic_load(&kv_state.rdma_bytes), atomic_load(&kv_state.rdma_sessions),
-			     atomic_load(&kv_state.dev_bytes));
+			     (unsigned long)dev_bytes);
 	return n < 0 ? 0 : (size_t)n >= cap ? cap - 1 : (size_t)n;
 }

@@ -66,6 +66,8 @@ static struct {
 	atomic_ulong kv_xfers[2][ST_N];
 	atomic_ulong kv_bytes[2];
 	struct hist kv_lat[2];
+	atomic_long kv_segs[2];		/* host, device */
+	atomic_ulong kv_dev_bytes;
 } hot;
 
 static int status_of(int err)
@@ -107,6 +109,22 @@ void kd_metrics_kv(bool write, int err, uint64_t bytes, int64_t ns)
 	atomic_fetch_add_explicit(&hot.kv_xfers[write][status_of(err)], 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&hot.kv_bytes[write], bytes, memory_order_relaxed);
 	hist_add(&hot.kv_lat[write], ns);
+}
+
+void kd_metrics_kv_seg(bool dev, int delta)
+{
+	atomic_fetch_add_explicit(&hot.kv_segs[dev], delta, memory_order_relaxed);
+}
+
+void kd_metrics_kv_dev(uint64_t bytes)
+{
+	atomic_fetch_add_explicit(&hot.kv_dev_bytes, bytes, memory_order_relaxed);
+}
+
+void kd_metrics_kv_dev_get(uint32_t *segs, uint64_t *bytes)
+{
+	*segs = (uint32_t)atomic_load_explicit(&hot.kv_segs[1], memory_order_relaxed);
+	*bytes = atomic_load_explicit(&hot.kv_dev_bytes, memory_order_relaxed);
 }
 
 /* ---- what the control thread counts ------------------------------------- */
@@ -315,6 +333,14 @@ static void render_kv(struct out *o)
 		snprintf(labels, sizeof(labels), "dir=\"%s\"", kv_dir[d]);
 		put_hist(o, "kcoll_kv_transfer_duration_seconds", labels, &hot.kv_lat[d]);
 	}
+	head(o, "kcoll_kv_segments", "gauge", "KV-cache segments registered here, by memory");
+	for (int m = 0; m < 2; m++)
+		put(o, "kcoll_kv_segments{memory=\"%s\"} %ld\n", m ? "device" : "host",
+		    atomic_load_explicit(&hot.kv_segs[m], memory_order_relaxed));
+	head(o, "kcoll_kv_device_bytes_total", "counter",
+	     "Bytes kcolld copied to or from KV segments in GPU memory (each byte once)");
+	put(o, "kcoll_kv_device_bytes_total %lu\n",
+	    atomic_load_explicit(&hot.kv_dev_bytes, memory_order_relaxed));
 }
 
 static void render_daemon(struct out *o)

@@ -24,6 +24,12 @@
 void kd_metrics_op(uint8_t opcode, int err, uint64_t bytes, int64_t ns);
 /* Any thread: a KV transfer batch finished. */
 void kd_metrics_kv(bool write, int err, uint64_t bytes, int64_t ns);
+/* A KV segment (dev: in GPU memory) was registered (+1) or ended (-1). */
+void kd_metrics_kv_seg(bool dev, int delta);
+/* Bytes copied to or from device KV segments, each once. */
+void kd_metrics_kv_dev(uint64_t bytes);
+/* For status: device segments now, and the bytes above so far. */
+void kd_metrics_kv_dev_get(uint32_t *segs, uint64_t *bytes);
 
 /* Control thread (the C4 tick, c4d.c). */
 void kd_metrics_c4_raised(uint32_t kind);
