@@ -43,7 +43,7 @@
 #define SEG		(2u << 20)	/* the owner's device segment */
 #define ISEG		(1u << 20)	/* each initiator's host and device segments */
 #define HALF		(512u << 10)	/* initiator i writes into [i * HALF, (i + 1) * HALF) */
-#define RUN_CHECKS	13
+#define RUN_CHECKS	14
 
 /* Remote offsets are relative to initiator i's base i * HALF; the reads'
  * ranges from 1 MiB up lie where nobody writes. */
@@ -73,6 +73,7 @@ struct board {
 	int init_rc[2][ST_N];		/* 0, -errno, or 1: wrong bytes */
 	int init_setup[2];
 	int nogpu_rc, nogpu_text, nogpu_host_rc;
+	int dereg_rc[3];		/* deregister, the write after it, the bytes (0 same) */
 };
 
 static struct board *bd;
@@ -323,6 +324,40 @@ static int raw_main(const char *sock)
 	return fails;
 }
 
+/*
+ * In a child: a device segment whose allocation the process then
+ * deregisters (kcoll_mem_deregister): kcolld closes its mapping, so a write
+ * into the segment fails with -EFAULT and leaves the memory as it was.
+ */
+static int dereg_main(const char *sock)
+{
+	struct kcoll_xfer_entry e = { 0, 4096, 8192 };
+	uint8_t *h = malloc(65536), *want = malloc(65536), *got = malloc(65536);
+	struct kcoll_seg *ds, *hs;
+	kcoll_seg_desc_t desc;
+	struct kcoll_rseg *rs;
+	struct kcoll_req *req;
+	struct kcoll *k;
+	void *d;
+
+	bd->dereg_rc[0] = bd->dereg_rc[1] = bd->dereg_rc[2] = -ENODEV;
+	if (!h || !want || !got || dev_init() || !(d = dalloc_fill(65536, 7)) ||
+	    connect_to(sock, &k) || kcoll_seg_register(k, d, 65536, NULL, &ds) ||
+	    kcoll_seg_register(k, h, 65536, NULL, &hs) || kcoll_seg_export(ds, &desc) ||
+	    kcoll_seg_import(k, &desc, &rs))
+		return 0;
+	memset(h, 0xee, 65536);
+	pattern(want, 65536, 7);
+	bd->dereg_rc[0] = kcoll_mem_deregister(k, d);
+	bd->dereg_rc[1] = kcoll_xfer_write(hs, rs, &e, 1, KCOLL_NOTIFY_NONE, &req);
+	if (!bd->dereg_rc[1])
+		bd->dereg_rc[1] = kcoll_wait(req, 30000);
+	bd->dereg_rc[2] = K->copy(got, d, 65536) ? -EIO : memcmp(got, want, 65536) != 0;
+	kcoll_rseg_close(rs);
+	kcoll_disconnect(k);
+	return 0;
+}
+
 static int nogpu_main(const char *sock)
 {
 	struct kcoll_seg *s;
@@ -445,6 +480,15 @@ static void run_all(void)
 	for (int i = 0; i < RAW_N; i++)
 		tap_ok(st >= 0 && st != 0x7f && !(st & (1 << i)), "%s: %s (child %d)", run_name,
 		       raw_names[i], st);
+
+	raw = fork();
+	if (raw == 0)
+		_exit(dereg_main(sk[0]));
+	wait_child(raw);
+	tap_ok(!bd->dereg_rc[0] && bd->dereg_rc[1] == -EFAULT && !bd->dereg_rc[2],
+	       "%s: the allocation under a device segment deregistered: a write into it fails "
+	       "-EFAULT, the memory unchanged (%d %d %d)", run_name, bd->dereg_rc[0],
+	       bd->dereg_rc[1], bd->dereg_rc[2]);
 
 	nogpu = fork();
 	if (nogpu == 0)
