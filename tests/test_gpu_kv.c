@@ -83,16 +83,11 @@ static const struct kcoll_gpu_kernels *K;
 
 TEST_CUDA_SAN_DEFAULTS
 
+/* Byte i of the pattern numbered seed (test_util.h's hash). */
 static void pattern(uint8_t *p, size_t n, unsigned int seed)
 {
-	uint32_t x = 2463534242u ^ (seed * 2654435761u);
-
-	for (size_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 17;
-		x ^= x << 5;
-		p[i] = (uint8_t)x;
-	}
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)mix(((uint64_t)seed << 32) + i);
 }
 
 static int dev_init(void)
