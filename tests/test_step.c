@@ -28,14 +28,29 @@
  *     piece twice or taking one for another
  *   - C4 busy time: the overlapping sends' intervals count once (the busy
  *     time of a stream and direction is at most the op's wall time)
+ * and over the TCP transport (xport_tcp.c) on loopback TCP connections:
+ *   - the byte checks again (every algorithm, the input in place where mh.c
+ *     reads it so, chained ring steps, reduce-scatter, all-gather,
+ *     broadcast), and afterwards no byte left unread on any connection
+ *   - the transport alone: a send's buffer is free at its TX event (rewritten
+ *     then, the receiver still gets the bytes sent)
+ *   - a host whose connections close before the op: the others fail with
+ *     -ECONNRESET naming it, at once rather than at the timeout; one whose
+ *     connections carry junk where a piece header belongs: -EPROTO naming it
  * Every sent piece must have been received when an op succeeds.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,6 +81,9 @@ struct cfg {
 	bool cancel;		/* abort the comm once the others wait */
 	const struct kd_xport_ops *xp;	/* NULL: kd_xport_loop */
 	uint32_t fault;		/* kd_loop_fabric_fault (0: none) */
+	bool tcp;		/* kd_xport_tcp over loopback TCP connections (xp ignored);
+				 * the silent host's ends are closed before the run */
+	bool junk;		/* ... or carry a piece header of junk, left open */
 };
 
 static const struct cfg CFG = { .nstreams = 2, .piece = 4096, .silent = -1, .timeout_ns = 10000000000LL,
@@ -117,6 +135,86 @@ static void *host_main(void *arg)
 	return NULL;
 }
 
+/* ---- TCP on loopback ------------------------------------------------------- */
+
+/* A connected TCP pair on 127.0.0.1, non-blocking with TCP_NODELAY as
+ * net.c leaves its data streams. */
+static void tcp_pair(int fd[2])
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t al = sizeof(a);
+	int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 1) ||
+	    getsockname(l, (struct sockaddr *)&a, &al))
+		abort();
+	fd[0] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd[0] < 0 || connect(fd[0], (struct sockaddr *)&a, sizeof(a)))
+		abort();
+	fd[1] = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+	if (fd[1] < 0)
+		abort();
+	close(l);
+	for (int e = 0; e < 2; e++)
+		if (setsockopt(fd[e], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) ||
+		    fcntl(fd[e], F_SETFL, O_NONBLOCK))
+			abort();
+}
+
+/* A mesh of nstreams connections per host pair, as net.c builds. */
+static void tcp_mesh(uint32_t H, uint32_t S)
+{
+	for (uint32_t h = 0; h < H; h++)
+		for (uint32_t g = h + 1; g < H; g++)
+			for (uint32_t s = 0; s < S; s++) {
+				int fd[2];
+
+				tcp_pair(fd);
+				hs[h].mh.hosts[g].data[s] = fd[0];
+				hs[g].mh.hosts[h].data[s] = fd[1];
+			}
+}
+
+/* Close host h's ends (-1 after). */
+static void tcp_close_host(uint32_t H, uint32_t S, uint32_t h)
+{
+	for (uint32_t g = 0; g < H; g++)
+		for (uint32_t s = 0; g != h && s < S; s++)
+			if (hs[h].mh.hosts[g].data[s] >= 0) {
+				close(hs[h].mh.hosts[g].data[s]);
+				hs[h].mh.hosts[g].data[s] = -1;
+			}
+}
+
+/* Host h writes one piece header's worth of junk to every peer. */
+static void tcp_junk_host(uint32_t H, uint32_t S, uint32_t h)
+{
+	uint8_t junk[sizeof(struct kd_p_data)];
+
+	memset(junk, 0x5a, sizeof(junk));
+	for (uint32_t g = 0; g < H; g++)
+		for (uint32_t s = 0; g != h && s < S; s++)
+			if (write(hs[h].mh.hosts[g].data[s], junk, sizeof(junk)) != (ssize_t)sizeof(junk))
+				abort();
+}
+
+/* Bytes waiting to be read on all hosts' connections. */
+static int tcp_unread(uint32_t H, uint32_t S)
+{
+	int left = 0;
+
+	for (uint32_t h = 0; h < H; h++)
+		for (uint32_t g = 0; g < H; g++)
+			for (uint32_t s = 0; g != h && s < S; s++) {
+				int n = 0;
+
+				if (hs[h].mh.hosts[g].data[s] >= 0 &&
+				    ioctl(hs[h].mh.hosts[g].data[s], FIONREAD, &n) == 0)
+					left += n;
+			}
+	return left;
+}
+
 /* Runs sop (per host: acc[h], in0[h] or NULL) on H hosts. Returns 0 when
  * every running host returned 0 and every piece sent was received, else -1
  * with *why set; r[h] and bad[h] what each host returned. */
@@ -126,7 +224,7 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 {
 	static struct kd_op op;
 	struct kd_loop_fabric *f = kd_loop_fabric_new(H, cf->nstreams);
-	int rc = 0;
+	int rc = 0, unread = 0;
 
 	if (!f)
 		abort();
@@ -152,6 +250,8 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 			mh->hosts[g].avoid = cf->avoid;
 		if (cf->xp)
 			mh->xport = cf->xp;
+		if (cf->tcp)
+			mh->xport = &kd_xport_tcp;
 		mh->acc = acc[h];
 		mh->piece = cf->piece;
 		mh->sig = (int)h == cf->other_sig ? 0x5eed : 0xc0ffee;
@@ -162,6 +262,13 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 		hs[h].op = &op;
 		hs[h].sop = *sop;
 		hs[h].sop.in0 = in0 ? in0[h] : NULL;
+	}
+	if (cf->tcp) {
+		tcp_mesh(H, cf->nstreams);
+		if (cf->silent >= 0 && cf->junk)
+			tcp_junk_host(H, cf->nstreams, (uint32_t)cf->silent);
+		else if (cf->silent >= 0)
+			tcp_close_host(H, cf->nstreams, (uint32_t)cf->silent);
 	}
 	for (uint32_t h = 0; h < H; h++)
 		if ((int)h != cf->silent && pthread_create(&hs[h].t, NULL, host_main, &hs[h]))
@@ -176,6 +283,10 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 	for (uint32_t h = 0; h < H; h++)
 		if ((int)h != cf->silent)
 			pthread_join(hs[h].t, NULL);
+	if (cf->tcp && cf->silent < 0)
+		unread = tcp_unread(H, cf->nstreams);
+	for (uint32_t h = 0; cf->tcp && h < H; h++)
+		tcp_close_host(H, cf->nstreams, h);
 	/* All joined first: a failing host writes every host's abort_fd. */
 	for (uint32_t h = 0; h < H; h++) {
 		struct kd_mh *mh = &hs[h].mh;
@@ -201,6 +312,10 @@ static int run(uint32_t H, const struct cfg *cf, enum kd_algo algo, enum kcoll_d
 					}
 				}
 		loopmh_fini(mh);
+	}
+	if (!rc && unread) {
+		snprintf(why, cap, "%d byte(s) left unread on the connections", unread);
+		rc = -1;
 	}
 	if (!rc && kd_loop_fabric_pending(f)) {
 		snprintf(why, cap, "%u piece(s) sent were never received", kd_loop_fabric_pending(f));
@@ -352,9 +467,9 @@ static void case_rsag(uint32_t H, bool rs, enum layout l, size_t count, const st
 				wrong += ((int32_t *)acc[h])[e] != (int32_t)w;
 			}
 		}
-	tap_ok(!rc && !wrong, "%s, %u host(s), %s (%u ranks), %zu i32 per rank, %u stream(s): %s%s (wrong %zu)",
+	tap_ok(!rc && !wrong, "%s, %u host(s), %s (%u ranks), %zu i32 per rank, %u stream(s)%s: %s%s (wrong %zu)",
 	       rs ? "reduce-scatter" : "all-gather", H, layout_name[l], nranks, count, cf->nstreams,
-	       rc ? "failed: " : "every byte right", rc ? why : "", wrong);
+	       cf->tcp ? ", TCP" : "", rc ? "failed: " : "every byte right", rc ? why : "", wrong);
 	for (uint32_t h = 0; h < H; h++)
 		free(acc[h]);
 }
@@ -378,8 +493,8 @@ static void case_broadcast(uint32_t H, uint32_t root, size_t count, const struct
 	for (uint32_t h = 0; !rc && h < H; h++)
 		for (size_t i = 0; i < count; i++)
 			wrong += ((int32_t *)acc[h])[i] != (int32_t)val(root, i, KCOLL_I32);
-	tap_ok(!rc && !wrong, "broadcast, %u host(s), root host %u, %zu i32, %u stream(s): %s%s (wrong %zu)", H, root,
-	       count, cf->nstreams, rc ? "failed: " : "every byte right", rc ? why : "", wrong);
+	tap_ok(!rc && !wrong, "broadcast, %u host(s), root host %u, %zu i32, %u stream(s)%s: %s%s (wrong %zu)", H,
+	       root, count, cf->nstreams, cf->tcp ? ", TCP" : "", rc ? "failed: " : "every byte right", rc ? why : "", wrong);
 	for (uint32_t h = 0; h < H; h++)
 		free(acc[h]);
 }
@@ -447,29 +562,41 @@ static void case_bad_header(bool sig)
 	       sig ? "-EBADMSG" : "-EPROTO", hit, hit >= 0 ? (int)bad[hit] : -1);
 }
 
-/* Host 2 of 3 never runs: the others wait for it (direct: each receives
- * from both) until the comm is aborted, or their timeout names it. */
-static void case_silent(bool cancel)
+/* Host 2 of 3 never runs: the others time out naming it, or the comm is
+ * aborted while they wait, or (over TCP) its connections closed before the
+ * op, or they carry a header of junk instead of a piece: the others fail
+ * at once naming it. */
+enum silent { SILENT_TIMEOUT, SILENT_CANCEL, SILENT_TCP_CLOSED, SILENT_TCP_JUNK };
+
+static void case_silent(enum silent how, enum kd_algo algo)
 {
-	struct ar a = { .H = 3, .algo = KD_ALGO_DIRECT, .dt = KCOLL_I32, .redop = KCOLL_SUM, .count = 1001 };
+	static const char *const what[] = { "a host that never answers",
+					    "the comm aborted while hosts wait for a silent one",
+					    "host 2's TCP connections closed",
+					    "host 2's TCP connections carry a header of junk" };
+	static const int want[] = { -ETIMEDOUT, -ECANCELED, -ECONNRESET, -EPROTO };
+	static const char *const want_name[] = { "-ETIMEDOUT", "-ECANCELED", "-ECONNRESET", "-EPROTO" };
+	struct ar a = { .H = 3, .algo = algo, .dt = KCOLL_I32, .redop = KCOLL_SUM, .count = 1001 };
 	struct cfg cf = CFG;
 	int r[MAXH];
 	uint32_t bad[MAXH];
 	char why[300];
-	int want_err = cancel ? -ECANCELED : -ETIMEDOUT;
 	bool ok = true;
 
 	cf.silent = 2;
-	cf.cancel = cancel;
-	if (!cancel)
+	cf.cancel = how == SILENT_CANCEL;
+	cf.tcp = how == SILENT_TCP_CLOSED || how == SILENT_TCP_JUNK;
+	cf.junk = how == SILENT_TCP_JUNK;
+	if (how == SILENT_TIMEOUT)
 		cf.timeout_ns = 100000000;	/* + the engine's 2 s backstop */
+	if (cf.tcp)
+		a.count = 100003;
 	allreduce(&a, &cf, r, bad, why, sizeof(why));
 	for (uint32_t h = 0; h < 2; h++)
-		ok &= r[h] == want_err && (cancel || bad[h] == 2);
-	tap_ok(ok, "%s: hosts 0 and 1 return %s%s (got %d %d, blamed %d %d)",
-	       cancel ? "the comm aborted while hosts wait for a silent one" : "a host that never answers",
-	       cancel ? "-ECANCELED" : "-ETIMEDOUT", cancel ? "" : " naming host 2", r[0], r[1], (int)bad[0],
-	       (int)bad[1]);
+		ok &= r[h] == want[how] && (cf.cancel || bad[h] == 2);
+	tap_ok(ok, "%s, all-reduce %s: hosts 0 and 1 return %s%s (got %d %d, blamed %d %d)", what[how],
+	       algo_name[algo], want_name[how], cf.cancel ? "" : " naming host 2", r[0], r[1],
+	       (int)bad[0], (int)bad[1]);
 }
 
 /* A transport bug (TX events swapped or doubled) with sends in flight. */
@@ -511,6 +638,86 @@ static void case_busy_union(void)
 	       "wall time on every stream (%llu bytes observed, %u over%s%s)%s%s", KD_LOOP_DEPTH,
 	       (unsigned long long)obs.bytes, obs.over, obs.over ? ": " : "", obs.worst,
 	       wrong == SIZE_MAX ? "; failed: " : "", wrong == SIZE_MAX ? why : "");
+}
+
+/* ---- the TCP transport alone ------------------------------------------------ */
+
+/* Host self of 2, one stream on fd. */
+static void *tcp_end(uint32_t self, int fd)
+{
+	int fds[2 * KD_MAX_STREAMS];
+	const char *names[2] = { "h0", "h1" };
+	struct kd_xport_env env = { .nhosts = 2, .self = self, .nstreams = 1, .piece = 1 << 20, .fds = fds,
+				    .name = "test", .host_names = names, .timeout_ns = 1000000000LL };
+	size_t piece = env.piece;
+	void *ctx;
+
+	for (uint32_t i = 0; i < 2 * KD_MAX_STREAMS; i++)
+		fds[i] = -1;
+	fds[(1 - self) * KD_MAX_STREAMS] = fd;
+	if (kd_xport_tcp.open(&env, &ctx, &piece))
+		abort();
+	return ctx;
+}
+
+/* Poll ctx until one event comes: its err (-EPROTO if not of this kind), or
+ * -ETIMEDOUT after about 5 s. */
+static int tcp_event(void *ctx, uint32_t kind)
+{
+	for (int i = 0; i < 5000; i++) {
+		struct kd_xev ev;
+		struct pollfd pfd[4];
+		bool moved = false;
+		int n = kd_xport_tcp.poll(ctx, &ev, 1, &moved);
+
+		if (n < 0)
+			return n;
+		if (n == 1)
+			return ev.kind == kind ? ev.err : -EPROTO;
+		poll(pfd, kd_xport_tcp.wait_fds(ctx, pfd, 4), 1);
+	}
+	return -ETIMEDOUT;
+}
+
+/* xport.h: a send's payload is the caller's again at its TX event. */
+static void case_tcp_tx_free(void)
+{
+	const size_t len = 128 << 10;
+	uint8_t *buf = malloc(len), *got = malloc(len);
+	struct kd_p_data h = { .hdr = { .magic = KD_PEER_MAGIC, .type = KD_P_DATA,
+					.len = (uint32_t)(sizeof(h) + len) }, .seq = 1 };
+	int fd[2], big = 1 << 20, rt, rr = -1, n0 = -1, n1 = -1;
+	size_t same = 0;
+	void *a, *b;
+
+	tcp_pair(fd);
+	/* Room for the whole piece in the sockets: the TX event comes before
+	 * the receiver reads a byte. */
+	setsockopt(fd[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	setsockopt(fd[1], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+	a = tcp_end(0, fd[0]);
+	b = tcp_end(1, fd[1]);
+	for (size_t i = 0; i < len; i++)
+		buf[i] = (uint8_t)(i * 7 + 1);
+	rt = kd_xport_tcp.send(a, 1, 0, &h, buf, len, NULL, 1);
+	rt = rt ? rt : tcp_event(a, KD_XEV_TX);
+	memset(buf, 0xee, len);	/* the caller's again: reused at once */
+	if (!rt && !kd_xport_tcp.recv(b, 0, 0, got, len, 2))
+		rr = tcp_event(b, KD_XEV_RX);
+	for (size_t i = 0; !rr && i < len; i++)
+		same += got[i] == (uint8_t)(i * 7 + 1);
+	ioctl(fd[0], FIONREAD, &n0);
+	ioctl(fd[1], FIONREAD, &n1);
+	tap_ok(!rt && !rr && same == len && !n0 && !n1,
+	       "tcp: a 128 KiB piece's buffer rewritten right after its TX event, before the receiver read "
+	       "it: the receiver gets the bytes sent (send/TX %d, RX %d, %zu of %zu bytes right, unread %d %d)",
+	       rt, rr, same, len, n0, n1);
+	kd_xport_tcp.close(a);
+	kd_xport_tcp.close(b);
+	close(fd[0]);
+	close(fd[1]);
+	free(buf);
+	free(got);
 }
 
 int main(void)
@@ -580,13 +787,39 @@ int main(void)
 		}
 		case_broadcast(H, 0, 70001, &cf);
 	}
+	/* The TCP transport on loopback connections. */
+	for (uint32_t H = 2; H <= 5; H++) {
+		struct cfg cf = CFG;
+
+		cf.tcp = true;
+		for (int a = KD_ALGO_RING; a <= KD_ALGO_DIRECT; a++) {
+			/* the input read in place where mh.c reads it so */
+			bool in0 = a == KD_ALGO_RING || a == KD_ALGO_DIRECT ||
+				   (a == KD_ALGO_RABENSEIFNER && !(H & (H - 1)));
+
+			cf.nstreams = 1 + (H + (uint32_t)a) % 3;
+			for (int fused = 0; fused <= in0; fused++) {
+				struct ar x = { H, (enum kd_algo)a, KCOLL_I32, KCOLL_SUM, 65537, fused };
+
+				case_allreduce(&x, &cf, ", TCP");
+			}
+		}
+		cf.nstreams = 2;
+		case_rsag(H, true, TWO_CONTIGUOUS, 10031, &cf);
+		case_rsag(H, false, TWO_CONTIGUOUS, 10031, &cf);
+		case_broadcast(H, H - 1, 70001, &cf);
+	}
+	case_tcp_tx_free();
+	case_silent(SILENT_TCP_CLOSED, KD_ALGO_RING);
+	case_silent(SILENT_TCP_CLOSED, KD_ALGO_DIRECT);
+	case_silent(SILENT_TCP_JUNK, KD_ALGO_DIRECT);
 	case_tx_fault(KD_LOOP_TX_SWAP);
 	case_tx_fault(KD_LOOP_TX_DUP);
 	case_busy_union();
 	case_corrupt_payload();
 	case_bad_header(false);
 	case_bad_header(true);
-	case_silent(true);
-	case_silent(false);
+	case_silent(SILENT_CANCEL, KD_ALGO_DIRECT);
+	case_silent(SILENT_TIMEOUT, KD_ALGO_DIRECT);
 	return tap_done();
 }
