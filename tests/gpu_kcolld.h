@@ -3,8 +3,9 @@
  * A private kcolld for the GPU tests (test_gpu_ring.c, test_gpu_mh.c,
  * test_gpu_kv.c): start the build's bin/kcolld beside the test with the fake
  * driver's knobs and the ASan options a real GPU needs, stop it, and read
- * what it logged; and the two runs each of those tests makes (the real
- * driver, then the fake in a re-execution of the program).
+ * what it logged; the two runs each of those tests makes (the real
+ * driver, then the fake in a re-execution of the program); and device
+ * memory for the test itself, through the same kernels table kcolld uses.
  */
 #ifndef KCOLL_TESTS_GPU_KCOLLD_H
 #define KCOLL_TESTS_GPU_KCOLLD_H
@@ -31,6 +32,32 @@ struct gpu_kcolld {
 	const char *host_alloc_max;	/* KCOLL_FAKE_CUDA_HOST_ALLOC_MAX, or NULL */
 	const char *fail_copy;		/* KCOLL_FAKE_CUDA_FAIL_COPY_ASYNC, or NULL */
 };
+
+/* The process's kernels table (cudaMalloc/cudaMemcpy or the fake), device 0. */
+static const struct kcoll_gpu_kernels *K;
+
+/* 0, or -errno with why (NULL: not wanted) filled in. */
+static inline int gpu_dev_init(char *why, size_t len)
+{
+	struct kcoll_gpu *g;
+	int rc = kcoll_gpu_process(&g);
+
+	if (!rc)
+		rc = kcoll_gpu_kernels(g, &K);
+	if (!rc)
+		rc = K->set_device(0);
+	if (rc && why)
+		snprintf(why, len, "%s", g ? kcoll_gpu_info(g)->why : "out of memory");
+	return rc;
+}
+
+/* n bytes of device memory, NULL if there are none. */
+static inline void *gpu_dalloc(size_t n)
+{
+	void *p = NULL;
+
+	return K->mem_alloc(&p, n) ? NULL : p;
+}
 
 /* The daemon's pid once its socket exists, -1 if it died or never got there. */
 static inline pid_t gpu_kcolld_start(const struct gpu_kcolld *o, const char *sock, const char *log)

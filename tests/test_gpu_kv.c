@@ -79,7 +79,6 @@ struct board {
 static struct board *bd;
 static char exe_dir[PATH_MAX], dir[PATH_MAX];
 static const char *run_name;
-static const struct kcoll_gpu_kernels *K;
 
 TEST_CUDA_SAN_DEFAULTS
 
@@ -90,22 +89,12 @@ static void pattern(uint8_t *p, size_t n, unsigned int seed)
 		p[i] = (uint8_t)mix(((uint64_t)seed << 32) + i);
 }
 
-static int dev_init(void)
-{
-	struct kcoll_gpu *g;
-	int rc = kcoll_gpu_process(&g);
-
-	if (!rc)
-		rc = kcoll_gpu_kernels(g, &K);
-	return rc ? rc : K->set_device(0);
-}
-
 static void *dalloc_fill(size_t n, unsigned int seed)
 {
 	uint8_t *h = malloc(n);
 	void *d = NULL;
 
-	if (!h || K->mem_alloc(&d, n))
+	if (!h || !(d = gpu_dalloc(n)))
 		d = NULL;
 	else
 		pattern(h, n, seed);
@@ -177,7 +166,7 @@ static int owner_main(const char *sock)
 	void *d;
 
 	bd->owner_rc = -ENODEV;
-	if (!want || !got || dev_init() || !(d = dalloc_fill(SEG, 1)) || connect_to(sock, &k))
+	if (!want || !got || gpu_dev_init(NULL, 0) || !(d = dalloc_fill(SEG, 1)) || connect_to(sock, &k))
 		goto out;
 	bd->owner_rc = kcoll_seg_register(k, d, SEG, &o, &seg);
 	if (bd->owner_rc)
@@ -226,7 +215,7 @@ static int initiator_main(int i, const char *sock)
 
 	for (int s = 0; s < ST_N; s++)
 		rc[s] = -ENODEV;
-	if (!h || !back || !owner || dev_init() || !(d = dalloc_fill(ISEG, 20 + i)) ||
+	if (!h || !back || !owner || gpu_dev_init(NULL, 0) || !(d = dalloc_fill(ISEG, 20 + i)) ||
 	    connect_to(sock, &k)) {
 		bd->init_setup[i] = -ENODEV;
 		__atomic_fetch_add(&bd->inits_registered, 1, __ATOMIC_RELEASE);
@@ -306,7 +295,7 @@ static int raw_main(const char *sock)
 	int fails = 0;
 	void *h = malloc(65536), *d;
 
-	if (!h || dev_init() || !(d = dalloc_fill(65536, 5)) || kcoll_raw_open(&rc, sock, 64))
+	if (!h || gpu_dev_init(NULL, 0) || !(d = dalloc_fill(65536, 5)) || kcoll_raw_open(&rc, sock, 64))
 		return 0x7f;
 	if (raw_seg_reg(&rc, h, 65536, KCOLL_MSG_SEG_F_DEVICE, why, sizeof(why)) != -EFAULT ||
 	    !strstr(why, "registered with this kcolld"))
@@ -336,7 +325,7 @@ static int dereg_main(const char *sock)
 	void *d;
 
 	bd->dereg_rc[0] = bd->dereg_rc[1] = bd->dereg_rc[2] = -ENODEV;
-	if (!h || !want || !got || dev_init() || !(d = dalloc_fill(65536, 7)) ||
+	if (!h || !want || !got || gpu_dev_init(NULL, 0) || !(d = dalloc_fill(65536, 7)) ||
 	    connect_to(sock, &k) || kcoll_seg_register(k, d, 65536, NULL, &ds) ||
 	    kcoll_seg_register(k, h, 65536, NULL, &hs) || kcoll_seg_export(ds, &desc) ||
 	    kcoll_seg_import(k, &desc, &rs))
@@ -360,7 +349,7 @@ static int nogpu_main(const char *sock)
 	void *d, *h = malloc(4096);
 
 	bd->nogpu_rc = bd->nogpu_host_rc = -ENODEV;
-	if (!h || dev_init() || !(d = dalloc_fill(65536, 6)) || connect_to(sock, &k))
+	if (!h || gpu_dev_init(NULL, 0) || !(d = dalloc_fill(65536, 6)) || connect_to(sock, &k))
 		return 0;
 	bd->nogpu_rc = kcoll_seg_register(k, d, 65536, NULL, &s);
 	bd->nogpu_text = !!strstr(kcoll_strerror(bd->nogpu_rc), "device KV segments");

@@ -115,30 +115,6 @@ static void fill(void *buf, int dtype, size_t count, int rank, int salt)
 		((double *)buf)[i] = ((float *)buf)[i];
 }
 
-/* ---- device memory through the kernels table (cudaMalloc/cudaMemcpy or the fake) ---- */
-static const struct kcoll_gpu_kernels *K;
-
-static int dev_init(char *why, size_t len)
-{
-	struct kcoll_gpu *g;
-	int rc = kcoll_gpu_process(&g);
-
-	if (!rc)
-		rc = kcoll_gpu_kernels(g, &K);
-	if (!rc)
-		rc = K->set_device(0);
-	if (rc)
-		snprintf(why, len, "%s", g ? kcoll_gpu_info(g)->why : "out of memory");
-	return rc;
-}
-
-static void *dalloc(size_t n)
-{
-	void *p = NULL;
-
-	return K->mem_alloc(&p, n) ? NULL : p;
-}
-
 /* ---- kcolld ---- */
 static pid_t kcolld_start(const char *sock, const char *log)
 {
@@ -158,7 +134,7 @@ static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock)
 	char why[KCOLL_GPU_TEXT];
 	int r;
 
-	if (dev_init(why, sizeof(why))) {
+	if (gpu_dev_init(why, sizeof(why))) {
 		fprintf(stderr, "# rank %d: no device: %s\n", rank, why);
 		return 2;
 	}
@@ -169,8 +145,8 @@ static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock)
 	got = malloc(BUF_BYTES);
 	hsend = malloc(BUF_BYTES);
 	hrecv = malloc(BUF_BYTES);
-	dsend = dalloc(BUF_BYTES);
-	drecv = dalloc(BUF_BYTES);
+	dsend = gpu_dalloc(BUF_BYTES);
+	drecv = gpu_dalloc(BUF_BYTES);
 	if (!want || !got || !hsend || !hrecv || !dsend || !drecv)
 		return 3;
 	r = kcoll_connect(&o, &k);

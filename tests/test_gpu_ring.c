@@ -119,30 +119,6 @@ static void fill(void *buf, int dtype, size_t count, int rank, int salt)
 	fill_range(buf, dtype, count, rank, salt, 1000, 8.0, 1.0);
 }
 
-/* ---- device memory through the kernels table (cudaMalloc/cudaMemcpy or the fake) ---- */
-static const struct kcoll_gpu_kernels *K;
-
-static int dev_init(char *why, size_t len)
-{
-	struct kcoll_gpu *g;
-	int rc = kcoll_gpu_process(&g);
-
-	if (!rc)
-		rc = kcoll_gpu_kernels(g, &K);
-	if (!rc)
-		rc = K->set_device(0);
-	if (rc)
-		snprintf(why, len, "%s", g ? kcoll_gpu_info(g)->why : "out of memory");
-	return rc;
-}
-
-static void *dalloc(size_t n)
-{
-	void *p = NULL;
-
-	return K->mem_alloc(&p, n) ? NULL : p;
-}
-
 /* ---- kcolld ---- */
 static const char *kcolld_fail_copy;	/* KCOLL_FAKE_CUDA_FAIL_COPY_ASYNC for the next start */
 
@@ -200,7 +176,7 @@ static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock, in
 	char why[KCOLL_GPU_TEXT];
 	int r;
 
-	if (dev_init(why, sizeof(why))) {
+	if (gpu_dev_init(why, sizeof(why))) {
 		fprintf(stderr, "# rank %d: no device: %s\n", rank, why);
 		return 2;
 	}
@@ -210,8 +186,8 @@ static int rank_main(int rank, const kcoll_unique_id_t *id, const char *sock, in
 	got = malloc(BUF_BYTES);
 	hsend = malloc(BUF_BYTES);
 	hrecv = malloc(BUF_BYTES);
-	dsend = dalloc(BUF_BYTES);
-	drecv = dalloc(BUF_BYTES);
+	dsend = gpu_dalloc(BUF_BYTES);
+	drecv = gpu_dalloc(BUF_BYTES);
 	if (!hin[0] || !hin[1] || !want || !got || !hsend || !hrecv || !dsend || !drecv)
 		return 3;
 	r = kcoll_connect(&o, &k);
@@ -285,7 +261,7 @@ submit:
 	/* A freed allocation whose address comes back: the new one must be used. */
 	if (!cross) {
 		size_t n = REUSE_BYTES / sizeof(int32_t);
-		int32_t *a = dalloc(REUSE_BYTES), *b;
+		int32_t *a = gpu_dalloc(REUSE_BYTES), *b;
 		int32_t *h = (int32_t *)hsend, *w = (int32_t *)want, *o2 = (int32_t *)got;
 
 		for (size_t x = 0; x < n; x++)
@@ -296,7 +272,7 @@ submit:
 		if (!r)
 			r = kcoll_wait(req, 60000);
 		K->mem_free(a);
-		b = dalloc(REUSE_BYTES);
+		b = gpu_dalloc(REUSE_BYTES);
 		sh->reuse_same_addr[rank] = b == a;
 		for (size_t x = 0; x < n; x++) {
 			h[x] = (int32_t)(7 * x + 3 + rank);
@@ -477,10 +453,10 @@ static int raw_main(const char *sock)
 	uint32_t comm_id = 0;
 	int fails = 0, r;
 
-	if (!host || !back || dev_init(why, sizeof(why)))
+	if (!host || !back || gpu_dev_init(why, sizeof(why)))
 		return 0x7f;
-	d = dalloc(bytes);
-	other = dalloc(bytes);	/* never registered */
+	d = gpu_dalloc(bytes);
+	other = gpu_dalloc(bytes);	/* never registered */
 	for (size_t i = 0; i < n; i++)
 		host[i] = (float)i / 4;
 	kcoll_gpu_process(&g);
@@ -529,9 +505,9 @@ static int foreign_main(void)
 	struct kcoll_gpu *g;
 	void *d;
 
-	if (dev_init(why, sizeof(why)))
+	if (gpu_dev_init(why, sizeof(why)))
 		return 1;
-	d = dalloc(65536 * sizeof(float));
+	d = gpu_dalloc(65536 * sizeof(float));
 	kcoll_gpu_process(&g);
 	if (!d || kcoll_gpu_ipc_export(g, d, 65536 * sizeof(float), &sh->foreign, why, sizeof(why)))
 		return 2;
@@ -570,9 +546,9 @@ static int nogpu_main(const char *sock)
 	uint8_t *d;
 	int fails = 0, r;
 
-	if (dev_init(why, sizeof(why)))
+	if (gpu_dev_init(why, sizeof(why)))
 		return 0x7f;
-	d = dalloc(65536);
+	d = gpu_dalloc(65536);
 	kcoll_gpu_process(&g);
 	if (!d || kcoll_gpu_ipc_export(g, d, 65536, &h, why, sizeof(why)))
 		return 0x7f;
@@ -614,9 +590,9 @@ static int fault_main(const char *sock)
 	uint8_t *d, *h = malloc(n * 4), *w = malloc(n * 4);
 	int r;
 
-	if (!h || !w || dev_init(why, sizeof(why)))
+	if (!h || !w || gpu_dev_init(why, sizeof(why)))
 		return 0x7f;
-	d = dalloc(n * 4);
+	d = gpu_dalloc(n * 4);
 	if (!d)
 		return 0x7f;
 	if (join_alone(sock, &k, &comm))
