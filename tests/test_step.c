@@ -29,8 +29,8 @@
  *   - C4 busy time: the overlapping sends' intervals count once (the busy
  *     time of a stream and direction is at most the op's wall time)
  * and over the TCP transport (xport_tcp.c) on loopback TCP connections:
- *   - the byte checks again (every algorithm, the input in place where mh.c
- *     reads it so, chained ring steps, reduce-scatter, all-gather,
+ *   - the byte checks again (every algorithm, the input in place where the
+ *     algorithm reads it so, chained ring steps, reduce-scatter, all-gather,
  *     broadcast), and afterwards no byte left unread on any connection
  *   - the transport alone: a send's buffer is free at its TX event (rewritten
  *     then, the receiver still gets the bytes sent)
@@ -793,9 +793,7 @@ int main(void)
 
 		cf.tcp = true;
 		for (int a = KD_ALGO_RING; a <= KD_ALGO_DIRECT; a++) {
-			/* the input read in place where mh.c reads it so */
-			bool in0 = a == KD_ALGO_RING || a == KD_ALGO_DIRECT ||
-				   (a == KD_ALGO_RABENSEIFNER && !(H & (H - 1)));
+			bool in0 = kd_sched_reads_in0((enum kd_algo)a, H);
 
 			cf.nstreams = 1 + (H + (uint32_t)a) % 3;
 			for (int fused = 0; fused <= in0; fused++) {

@@ -453,10 +453,8 @@ static const uint8_t *fused_input(struct kd_mh *mh, struct kd_op *op, uint64_t b
 {
 	struct kd_contrib *ct = NULL;
 	enum kd_algo a = op->opcode == KCOLL_OP_REDUCE_SCATTER ? KD_ALGO_RING : kd_sched_algo(mh, bytes);
-	bool pow2 = !(mh->nhosts & (mh->nhosts - 1));
 
-	if (op->comm->nlocal != 1 || !bytes ||
-	    !(a == KD_ALGO_RING || a == KD_ALGO_DIRECT || (a == KD_ALGO_RABENSEIFNER && pow2)))
+	if (op->comm->nlocal != 1 || !bytes || !kd_sched_reads_in0(a, mh->nhosts))
 		return NULL;
 	for (uint32_t rk = 0; rk < op->comm->nranks && !ct; rk++)
 		if (op->c[rk].present)

@@ -386,6 +386,14 @@ enum kd_algo kd_sched_algo(const struct kd_mh *mh, uint64_t bytes)
 	return KD_ALGO_RING;
 }
 
+bool kd_sched_reads_in0(enum kd_algo a, uint32_t nhosts)
+{
+	/* Recursive doubling and the fold of a non-power-of-two Rabenseifner
+	 * send acc from their first step. */
+	return a == KD_ALGO_RING || a == KD_ALGO_DIRECT ||
+	       (a == KD_ALGO_RABENSEIFNER && !(nhosts & (nhosts - 1)));
+}
+
 static int broadcast(struct run *x, uint64_t bytes, size_t esz, uint32_t root_host)
 {
 	struct kd_mh *mh = x->mh;

@@ -3,6 +3,7 @@
 #ifndef KCOLLD_SCHEDULE_H
 #define KCOLLD_SCHEDULE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,15 +22,19 @@ struct kd_sched_op {
 	const uint8_t *in0;	/* the single local rank's input, read in place; NULL: mh->acc */
 };
 
+/* The all-reduce algorithm mh->algo means for bytes (auto: by size and host
+ * count; direct too large for its scratch: ring). */
+enum kd_algo kd_sched_algo(const struct kd_mh *mh, uint64_t bytes);
+
+/* Does algorithm a on nhosts hosts take kd_sched_op.in0 (ring, direct,
+ * Rabenseifner on a power of two)? The others want the input in mh->acc. */
+bool kd_sched_reads_in0(enum kd_algo a, uint32_t nhosts);
+
 /*
  * Run s over mh->xport on mh->acc (mh->dtype, redop and esz set; mh->snap is
  * scratch it may grow; mh->algo picks the all-reduce algorithm, auto by
  * size). 0, or -errno with *bad_host the host at fault (KCOLL_RANK_NONE).
  */
-/* The all-reduce algorithm mh->algo means for bytes (auto: by size and host
- * count; direct too large for its scratch: ring). */
-enum kd_algo kd_sched_algo(const struct kd_mh *mh, uint64_t bytes);
-
 int kd_sched_run(struct kd_mh *mh, struct kd_op *op, const struct kd_sched_op *s, uint32_t *bad_host);
 
 #endif /* KCOLLD_SCHEDULE_H */
