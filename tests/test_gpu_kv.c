@@ -92,11 +92,9 @@ static void pattern(uint8_t *p, size_t n, unsigned int seed)
 static void *dalloc_fill(size_t n, unsigned int seed)
 {
 	uint8_t *h = malloc(n);
-	void *d = NULL;
+	void *d = h ? gpu_dalloc(n) : NULL;
 
-	if (!h || !(d = gpu_dalloc(n)))
-		d = NULL;
-	else
+	if (d)
 		pattern(h, n, seed);
 	if (d && K->copy(d, h, n)) {
 		K->mem_free(d);
