@@ -1,7 +1,9 @@
 # bpf/: the eBPF flow tracker (flows.bpf.c), its loader library (kcoll_bpf.c,
-# libkcoll_bpf.a) and the kcoll-bpf tool. Built where clang, bpftool and
-# libbpf-dev exist (scripts/deps.sh installs them); otherwise skipped and
-# KCOLL_HAVE_BPF stays undefined (kcolld then runs without flow tracking).
+# libkcoll_bpf.a) and the kcoll-bpf tool. Built where clang, bpftool,
+# libbpf-dev and libnl-route-3-dev exist (scripts/deps.sh installs them; the
+# steering loader asks rtnetlink for addresses, MACs and neighbours through
+# libnl); otherwise skipped and KCOLL_HAVE_BPF stays undefined (kcolld then
+# runs without flow tracking).
 # vmlinux.h comes from the build machine's /sys/kernel/btf/vmlinux (CO-RE:
 # the object relocates itself on whatever kernel loads it).
 BPF_CLANG ?= clang
@@ -9,10 +11,11 @@ BPFTOOL ?= $(shell command -v bpftool 2>/dev/null || echo /usr/sbin/bpftool)
 # WITH_BPF=0 leaves it out, WITH_BPF=1 insists on it (see the Makefile's head).
 WITH_BPF ?= auto
 BPF_FOUND := $(and $(shell command -v $(BPF_CLANG) 2>/dev/null),$(wildcard $(BPFTOOL)),\
-	$(wildcard /usr/include/bpf/libbpf.h),$(wildcard /sys/kernel/btf/vmlinux))
+	$(wildcard /usr/include/bpf/libbpf.h),$(wildcard /sys/kernel/btf/vmlinux),\
+	$(wildcard /usr/include/libnl3/netlink/route/neighbour.h))
 BPF_HAVE := $(if $(filter 0,$(WITH_BPF)),,$(BPF_FOUND))
 ifeq ($(WITH_BPF)$(BPF_FOUND),1)
-$(error WITH_BPF=1, but clang, bpftool, libbpf-dev or /sys/kernel/btf/vmlinux is missing: run make deps)
+$(error WITH_BPF=1, but clang, bpftool, libbpf-dev, libnl-route-3-dev or /sys/kernel/btf/vmlinux is missing: run make deps)
 endif
 KCOLL_CONFIG += BPF=$(if $(BPF_HAVE),y,n)
 ifneq ($(BPF_HAVE),)
@@ -21,7 +24,8 @@ BPF_VMLINUX := $(BPF_OUT)/vmlinux.h
 BPF_OBJ := $(BPF_OUT)/flows.bpf.o
 BPF_SKEL := $(BPF_OUT)/flows.skel.h
 KCOLL_BPF_LIB := $(LIB)/libkcoll_bpf.a
-KCOLL_BPF_LDLIBS := -lbpf -lelf -lz
+KCOLL_NL_CFLAGS := -I/usr/include/libnl3
+KCOLL_BPF_LDLIBS := -lbpf -lelf -lz -lnl-route-3 -lnl-3
 KCOLL_BPF_CPPFLAGS := -DKCOLL_HAVE_BPF -Ibpf
 KCOLL_BPF_TOOL := $(BIN)/kcoll-bpf
 
@@ -54,7 +58,7 @@ $(BPF_STEER_SKEL): $(BPF_STEER_OBJ)
 	$(call msg,SKEL,$@)
 	$(Q)$(BPFTOOL) gen skeleton $< name steer_bpf > $@.tmp && mv $@.tmp $@
 
-$(OBJ)/bpf/steer.o: CPPFLAGS += -I$(BPF_OUT) -Ibpf
+$(OBJ)/bpf/steer.o: CPPFLAGS += -I$(BPF_OUT) -Ibpf $(KCOLL_NL_CFLAGS)
 $(OBJ)/bpf/steer.o: $(BPF_STEER_SKEL)
 
 $(KCOLL_BPF_LIB): $(OBJ)/bpf/kcoll_bpf.o $(OBJ)/bpf/steer.o

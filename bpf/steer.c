@@ -2,14 +2,12 @@
 /* Loader of the flow steering classifiers; the API is in kcoll_steer.h. */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
 #include <limits.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -17,6 +15,11 @@
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
+#include <linux/neighbour.h>
+#include <netlink/netlink.h>
+#include <netlink/route/addr.h>
+#include <netlink/route/link.h>
+#include <netlink/route/neighbour.h>
 
 #include "kcoll_bpf.h"
 #include "kcoll_steer.h"
@@ -185,93 +188,154 @@ static int hook_on(const char *pin, int ifs_fd, int ifindex, __u32 bit, char *ms
 	return 0;
 }
 
-/* The interface that holds an IPv4 address here; 0 if none. */
-static int ifindex_of(__u32 addr)
-{
-	struct ifaddrs *ifa, *i;
-	int idx = 0;
+/*
+ * What steering asks of the kernel's network configuration goes through
+ * rtnetlink (libnl-route): which interface holds an address, an interface's
+ * MAC, a neighbour's MAC. One netlink socket per API call, in the caller's
+ * netns.
+ */
+struct rt {
+	struct nl_sock *sk;
+	struct nl_cache *addrs;	/* this netns's addresses, on first use */
+};
 
-	if (getifaddrs(&ifa))
-		return 0;
-	for (i = ifa; i && !idx; i = i->ifa_next)
-		if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
-		    ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == addr)
-			idx = (int)if_nametoindex(i->ifa_name);
-	freeifaddrs(ifa);
-	return idx;
+/* libnl's error codes as negative errno. */
+static int nl_errno(int nlerr)
+{
+	switch (-nlerr) {
+	case NLE_PERM:
+		return -EPERM;
+	case NLE_NOACCESS:
+		return -EACCES;
+	case NLE_NOMEM:
+		return -ENOMEM;
+	case NLE_NODEV:
+	case NLE_OBJ_NOTFOUND:
+		return -ENODEV;
+	default:
+		return -EIO;
+	}
 }
 
-static int hwaddr(int ifindex, __u8 mac[6])
+static int rt_open(struct rt *rt, char *msg, size_t len)
 {
-	struct ifreq ifr = { 0 };
-	int s, err = 0;
+	int err;
 
-	if (!if_indextoname((unsigned)ifindex, ifr.ifr_name))
-		return -ENODEV;
-	s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	if (s < 0)
-		return -errno;
-	if (ioctl(s, SIOCGIFHWADDR, &ifr))
-		err = -errno;
+	rt->addrs = NULL;
+	rt->sk = nl_socket_alloc();
+	if (!rt->sk)
+		return say(msg, len, -ENOMEM, "rtnetlink: no memory for a socket");
+	err = nl_connect(rt->sk, NETLINK_ROUTE);
+	if (err < 0) {
+		nl_socket_free(rt->sk);
+		rt->sk = NULL;
+		return say(msg, len, nl_errno(err), "rtnetlink: %s", nl_geterror(err));
+	}
+	return 0;
+}
+
+static void rt_close(struct rt *rt)
+{
+	if (rt->addrs)
+		nl_cache_free(rt->addrs);
+	if (rt->sk)
+		nl_socket_free(rt->sk);
+}
+
+/* The interface that holds IPv4 address addr here; 0 if none (or unknown). */
+static int rt_ifindex(struct rt *rt, __u32 addr)
+{
+	struct nl_object *o;
+
+	if (!rt->addrs && rtnl_addr_alloc_cache(rt->sk, &rt->addrs) < 0)
+		return 0;
+	for (o = nl_cache_get_first(rt->addrs); o; o = nl_cache_get_next(o)) {
+		struct rtnl_addr *a = (struct rtnl_addr *)o;
+		struct nl_addr *l = rtnl_addr_get_local(a);
+
+		if (rtnl_addr_get_family(a) == AF_INET && l && nl_addr_get_len(l) == 4 &&
+		    !memcmp(nl_addr_get_binary_addr(l), &addr, 4))
+			return rtnl_addr_get_ifindex(a);
+	}
+	return 0;
+}
+
+static int rt_hwaddr(struct rt *rt, int ifindex, __u8 mac[6])
+{
+	struct rtnl_link *link;
+	struct nl_addr *a;
+	int err = rtnl_link_get_kernel(rt->sk, ifindex, NULL, &link);
+
+	if (err < 0)
+		return nl_errno(err);
+	a = rtnl_link_get_addr(link);
+	if (a && nl_addr_get_len(a) == 6)
+		memcpy(mac, nl_addr_get_binary_addr(a), 6);
 	else
-		memcpy(mac, ifr.ifr_hwaddr.sa_data, 6);
-	close(s);
+		err = -EAFNOSUPPORT;	/* not an Ethernet interface */
+	rtnl_link_put(link);
 	return err;
 }
 
-/* A complete ARP entry for addr on dev in /proc/net/arp (this netns). */
-static int arp_lookup(__u32 addr, const char *dev, __u8 mac[6])
+/* The MAC of addr's neighbour entry on ifindex if it is usable (the kernel's
+ * NUD_VALID states); -ENOENT if there is none yet. */
+static int rt_neigh(struct rt *rt, __u32 addr, int ifindex, __u8 mac[6])
 {
-	char line[256], ip[64], hw[64], d[IF_NAMESIZE + 1];
-	unsigned int flags, m[6];
-	struct in_addr a;
-	FILE *f = fopen("/proc/net/arp", "re");
-	int err = -ENOENT;
+	const int valid = NUD_PERMANENT | NUD_NOARP | NUD_REACHABLE | NUD_PROBE | NUD_STALE |
+			  NUD_DELAY;
+	struct nl_cache *cache;
+	struct nl_addr *dst;
+	struct rtnl_neigh *n;
+	struct nl_addr *ll;
+	int err = rtnl_neigh_alloc_cache(rt->sk, &cache);
 
-	if (!f)
-		return -errno;
-	while (err && fgets(line, sizeof(line), f)) {
-		if (sscanf(line, "%63s %*s %x %63s %*s %16s", ip, &flags, hw, d) != 4)
-			continue;
-		if (!(flags & 0x2) || strcmp(d, dev) || inet_pton(AF_INET, ip, &a) != 1 ||
-		    a.s_addr != addr)
-			continue;
-		if (sscanf(hw, "%x:%x:%x:%x:%x:%x", &m[0], &m[1], &m[2], &m[3], &m[4], &m[5]) != 6)
-			continue;
-		for (int i = 0; i < 6; i++)
-			mac[i] = (__u8)m[i];
-		err = 0;
+	if (err < 0)
+		return nl_errno(err);
+	dst = nl_addr_build(AF_INET, &addr, 4);
+	n = dst ? rtnl_neigh_get(cache, ifindex, dst) : NULL;
+	err = -ENOENT;
+	if (n) {
+		ll = rtnl_neigh_get_lladdr(n);
+		if ((rtnl_neigh_get_state(n) & valid) && ll && nl_addr_get_len(ll) == 6) {
+			memcpy(mac, nl_addr_get_binary_addr(ll), 6);
+			err = 0;
+		}
+		rtnl_neigh_put(n);
 	}
-	fclose(f);
+	nl_addr_put(dst);
+	nl_cache_free(cache);
 	return err;
 }
 
 /* The via neighbour's MAC; asks the kernel to resolve it (one UDP datagram
  * to the discard port from the via address) and waits up to 2 s. */
-static int neigh_mac(__u32 laddr, __u32 raddr, int ifindex, __u8 mac[6], char *msg, size_t len)
+static int neigh_mac(struct rt *rt, __u32 laddr, __u32 raddr, int ifindex, __u8 mac[6],
+		     char *msg, size_t len)
 {
 	struct sockaddr_in src = { .sin_family = AF_INET, .sin_addr.s_addr = laddr };
 	struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons(9),
 				   .sin_addr.s_addr = raddr };
 	struct timespec ms50 = { 0, 50 * 1000 * 1000 };
 	char dev[IF_NAMESIZE], a[INET_ADDRSTRLEN];
-	int s;
+	int s, err;
 
 	if (!if_indextoname((unsigned)ifindex, dev))
 		return say(msg, len, -ENODEV, "interface #%d is gone", ifindex);
-	if (!arp_lookup(raddr, dev, mac))
-		return 0;
+	err = rt_neigh(rt, raddr, ifindex, mac);
+	if (err != -ENOENT)
+		return err ? hint(msg, len, err, "reading the neighbour table") : 0;
 	s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (s >= 0) {
 		if (!bind(s, (struct sockaddr *)&src, sizeof(src)))
 			sendto(s, "", 0, MSG_DONTWAIT, (struct sockaddr *)&dst, sizeof(dst));
 		close(s);
 	}
-	for (int i = 0; i < 40; i++) {
+	for (int i = 0; i < 40 && err == -ENOENT; i++) {
 		nanosleep(&ms50, NULL);
-		if (!arp_lookup(raddr, dev, mac))
-			return 0;
+		err = rt_neigh(rt, raddr, ifindex, mac);
 	}
+	if (err != -ENOENT)
+		return err ? hint(msg, len, err, "reading the neighbour table") : 0;
 	inet_ntop(AF_INET, &raddr, a, sizeof(a));
 	return say(msg, len, -EHOSTUNREACH, "no neighbour entry for %s on %s (is it up and on that "
 		   "network? ping -I %s %s)", a, dev, dev, a);
@@ -310,6 +374,7 @@ int kcoll_steer_add(const char *pin, const struct kcoll_steer_rule *r, char *msg
 	struct kcoll_steer_key ko, ki;
 	int fd[M_NR], err, home, via;
 	char a[INET_ADDRSTRLEN];
+	struct rt rt;
 
 	if (!r)
 		return say(msg, len, -EINVAL, "no rule");
@@ -318,21 +383,27 @@ int kcoll_steer_add(const char *pin, const struct kcoll_steer_rule *r, char *msg
 	err = check_rule(r, 1, msg, len);
 	if (err)
 		return err;
-	home = r->home_ifindex ? r->home_ifindex : ifindex_of(r->home_laddr);
-	via = r->via_ifindex ? r->via_ifindex : ifindex_of(r->via_laddr);
+	err = rt_open(&rt, msg, len);
+	if (err)
+		return err;
+	home = r->home_ifindex ? r->home_ifindex : rt_ifindex(&rt, r->home_laddr);
+	via = r->via_ifindex ? r->via_ifindex : rt_ifindex(&rt, r->via_laddr);
 	if (!home || !via) {
 		inet_ntop(AF_INET, home ? &r->via_laddr : &r->home_laddr, a, sizeof(a));
-		return say(msg, len, -EADDRNOTAVAIL, "%s is not an address of this network namespace "
-			   "(ip -4 addr lists them; run where the flow's local end is, "
-			   "kcoll-bpf --netns NAME)", a);
+		err = say(msg, len, -EADDRNOTAVAIL, "%s is not an address of this network namespace "
+			  "(ip -4 addr lists them; run where the flow's local end is, "
+			  "kcoll-bpf --netns NAME)", a);
+	} else if (home == via) {
+		err = say(msg, len, -EINVAL, "home and via addresses are on the same interface: "
+			  "nothing to steer");
+	} else {
+		err = rt_hwaddr(&rt, via, out.smac);
+		if (err)
+			hint(msg, len, err, "reading the via interface's MAC");
+		else
+			err = neigh_mac(&rt, r->via_laddr, r->via_raddr, via, out.dmac, msg, len);
 	}
-	if (home == via)
-		return say(msg, len, -EINVAL, "home and via addresses are on the same interface: "
-			   "nothing to steer");
-	err = hwaddr(via, out.smac);
-	if (err)
-		return hint(msg, len, err, "reading the via interface's MAC");
-	err = neigh_mac(r->via_laddr, r->via_raddr, via, out.dmac, msg, len);
+	rt_close(&rt);
 	if (err)
 		return err;
 	out.new_laddr = r->via_laddr;
@@ -418,12 +489,18 @@ int kcoll_steer_foreach(const char *pin, kcoll_steer_cb cb, void *arg, char *msg
 	struct kcoll_steer_val v, vo;
 	struct kcoll_steer_rule r;
 	int fd[M_NR], err;
+	struct rt rt;
 
 	if (!cb)
 		return say(msg, len, -EINVAL, "no callback");
 	err = open_maps(pin, fd, msg, len);
 	if (err)
 		return err;
+	err = rt_open(&rt, msg, len);
+	if (err) {
+		close_fds(fd, M_NR);
+		return err;
+	}
 	/* Every rule has its in half; the out half is missing when RECV_ONLY. */
 	while (!err && !bpf_map_get_next_key(fd[M_IN], cur, &next)) {
 		k = next;
@@ -438,8 +515,8 @@ int kcoll_steer_foreach(const char *pin, kcoll_steer_cb cb, void *arg, char *msg
 		r.home_raddr = v.new_raddr;
 		r.via_laddr = k.laddr;
 		r.via_raddr = k.raddr;
-		r.via_ifindex = ifindex_of(k.laddr);
-		r.home_ifindex = ifindex_of(v.new_laddr);
+		r.via_ifindex = rt_ifindex(&rt, k.laddr);
+		r.home_ifindex = rt_ifindex(&rt, v.new_laddr);
 		r.in_pkts = v.pkts;
 		r.in_bytes = v.bytes;
 		ko = k;
@@ -454,6 +531,7 @@ int kcoll_steer_foreach(const char *pin, kcoll_steer_cb cb, void *arg, char *msg
 		}
 		err = cb(&r, arg);
 	}
+	rt_close(&rt);
 	close_fds(fd, M_NR);
 	return err;
 }

@@ -7,8 +7,10 @@
 # counters) and the rule's counters move; with eth0 degraded to 20 Mbit/s the
 # steered stream keeps its rate while an unsteered one on eth0 slows (a 2x
 # margin against a 8x shaping ratio); with the rule off the bytes are back on
-# eth0; at the end both streams arrived intact. Also: bad input gets a clear
-# error, detach removes filters and pins; a UDP flow is steered one way
+# eth0; at the end both streams arrived intact; each host's rule sends to the
+# other's via MAC, resolved from an empty neighbour table. Also: bad input
+# (a foreign address, a via peer nobody answers for) gets a clear error and
+# adds nothing, detach removes filters and pins; a UDP flow is steered one way
 # (datagrams intact, source address restored). Needs root (SKIP otherwise).
 # About 20 s. TAP.
 set -u
@@ -86,22 +88,28 @@ window 2
 ok $(( !(W_R > 1000000 && W_A0 * 2 >= W_R && W_A1 * 20 < W_A0) )) \
 	"stream 1 (10.10.0.1 -> 10.10.0.2:5301) flows on eth0 before steering: $W_TXT"
 
+# Nothing has crossed eth1 yet: the via neighbours' MACs are not known, and
+# steer add has the kernel resolve them (rtnetlink's neighbour table).
+ip -n "$P-h0" neigh flush dev eth1 2>/dev/null; ip -n "$P-h1" neigh flush dev eth1 2>/dev/null
 switch on 2>"$T/on.err"
 ok $? "steer on: --recv-only on both hosts, then the rule on both$(cat "$T/on.err")"
 window 2
 ok $(( !(W_R > 1000000 && W_A1 * 2 >= W_R && W_A0 * 20 < W_A1 && W_B1 > 0 && W_B0 * 20 < W_B1 + 1) )) \
 	"steered: h0 sends stream 1 on eth1, not eth0; h1's ACKs come back on eth1: $W_TXT"
 K 0 steer list --json >"$T/l0.json" && K 1 steer list --json >"$T/l1.json"
-$PY - "$T/l0.json" "$T/l1.json" <<'PYEOF'
+mac0=$(ip netns exec "$P-h0" cat /sys/class/net/eth1/address)
+mac1=$(ip netns exec "$P-h1" cat /sys/class/net/eth1/address)
+$PY - "$T/l0.json" "$T/l1.json" "$mac1" "$mac0" <<'PYEOF'
 import json, sys
 a = json.load(open(sys.argv[1]))["rules"]
 b = json.load(open(sys.argv[2]))["rules"]
 ok = (len(a) == 1 and a[0]["raddr"] == "10.10.0.2" and a[0]["rport"] == 5301 and
       a[0]["via_ifname"] == "eth1" and not a[0]["recv_only"] and a[0]["out_bytes"] > 1000000 and
-      a[0]["in_pkts"] > 0 and len(b) == 1 and b[0]["in_bytes"] > 1000000 and b[0]["out_pkts"] > 0)
+      a[0]["in_pkts"] > 0 and len(b) == 1 and b[0]["in_bytes"] > 1000000 and b[0]["out_pkts"] > 0 and
+      a[0]["via_dmac"] == sys.argv[3] and b[0]["via_dmac"] == sys.argv[4])
 sys.exit(0 if ok else 1)
 PYEOF
-ok $? "steer list --json: one rule per host, h0 steered out >1 MB, h1 restored >1 MB in ($(tr -d '\n' <"$T/l0.json" | cut -c1-300))"
+ok $? "steer list --json: one rule per host, h0 steered out >1 MB, h1 restored >1 MB in, each sending to the other's eth1 MAC (h1 $mac1, h0 $mac0) ($(tr -d '\n' <"$T/l0.json" | cut -c1-300))"
 
 # Degrade eth0 both ways; an unsteered stream on eth0 slows, the steered one does not.
 "$C" degrade 0 eth0 20mbit >"$T/degrade.log" 2>&1
@@ -159,6 +167,13 @@ ok $? "udp rule deleted on both hosts"
 out=$(K 0 steer add tcp 10.10.0.9 10.10.0.2 via 10.20.0.1 10.20.0.2 2>&1); rc=$?
 [ $rc = 1 ] && echo "$out" | grep -q "not an address of this network namespace"
 ok $? "steer add with a foreign local address: exit 1, says so ($out)"
+t0=$(date +%s%N)
+out=$(K 0 steer add tcp 10.10.0.1 10.10.0.2:5398 via 10.20.0.1 10.20.0.99 2>&1); rc=$?
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+left=$(K 0 steer list --json | tr -d ' \n')
+[ $rc = 1 ] && echo "$out" | grep -q "no neighbour entry for 10.20.0.99 on eth1" && [ $ms -lt 10000 ] &&
+	[ "$left" = '{"rules":[]}' ]
+ok $? "steer add via an address nobody answers for: exit 1 after $ms ms, says so, no rule added ($out)"
 out=$(K 0 steer del tcp 10.10.0.1 10.10.0.2:5399 2>&1); rc=$?
 [ $rc = 1 ] && echo "$out" | grep -q "no such rule"
 ok $? "steer del of a missing rule: exit 1 ($out)"
