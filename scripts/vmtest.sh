@@ -310,8 +310,22 @@ host_check() {	# description, command... : one TAP line, output as diagnostics
 kbuild=/lib/modules/$kver/build
 kobj=$top/build/kmod
 vmbin=$top/build/vm/bin
+ksft=$top/build/ksft
 vmcflags=(-std=gnu11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE
-	  -Iinclude -Iinclude/uapi -Iuser/common -pthread)
+	  -Iinclude -Iinclude/uapi -Iuser/common -I"$ksft" -pthread)
+
+# from_linux_source DEST PATH...: files of Debian's kernel source tarball
+# (package linux-source; PATH relative to its top) into DEST, flat.
+from_linux_source() {
+	local dest=$1 src dir p; shift
+	src=$(printf '%s\n' /usr/src/linux-source-*.tar.xz | grep -v '\*' | sort -V | tail -1 || true)
+	[ -n "$src" ] || { echo "no /usr/src/linux-source-*.tar.xz: install linux-source"; return 1; }
+	dir=$(basename "$src" .tar.xz)
+	mkdir -p "$dest"
+	local paths=()
+	for p in "$@"; do paths+=("$dir/$p"); done
+	tar -xJf "$src" -C "$dest" --transform='s|.*/||' "${paths[@]}"
+}
 
 build_kmod() {
 	[ -d "$kbuild" ] || { echo "no $kbuild: install linux-headers-$kver"; return 1; }
@@ -334,6 +348,9 @@ build_kmod() {
 build_vmtests() {
 	mkdir -p "$vmbin"
 	local t
+	# The tests count, print and exit through kselftest's kselftest.h.
+	[ -f "$ksft/kselftest.h" ] ||
+		from_linux_source "$ksft" tools/testing/selftests/kselftest.h || return 1
 	for t in tests/vm/*.c; do
 		gcc "${vmcflags[@]}" -o "$vmbin/$(basename "$t" .c)" "$t" user/common/kdev.c || return 1
 	done
@@ -365,14 +382,8 @@ abi_check() {	# -m64 / -m32
 checkpatch() {
 	local cp=$top/build/checkpatch
 	if [ ! -x "$cp/checkpatch.pl" ]; then
-		local src
-		src=$(printf '%s\n' /usr/src/linux-source-*.tar.xz | grep -v '\*' | sort -V | tail -1 || true)
-		[ -n "$src" ] || { echo "no /usr/src/linux-source-*.tar.xz: install linux-source"; return 1; }
-		local dir
-		dir=$(basename "$src" .tar.xz)
-		mkdir -p "$cp"
-		tar -xJf "$src" -C "$cp" --strip-components=2 "$dir/scripts/checkpatch.pl" \
-			"$dir/scripts/spelling.txt" "$dir/scripts/const_structs.checkpatch" || return 1
+		from_linux_source "$cp" scripts/checkpatch.pl scripts/spelling.txt \
+			scripts/const_structs.checkpatch || return 1
 	fi
 	"$cp/checkpatch.pl" --no-tree --quiet --strict --show-types -f kmod/*.c kmod/*.h
 }

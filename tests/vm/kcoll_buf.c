@@ -57,36 +57,36 @@ static void same_process(void)
 	memset(mem, 0, 4 * PAGE);
 	/* 2 pages + 200 bytes starting 100 bytes in: 3 pages pinned */
 	ret = buf_reg(owner, mem + 100, 2 * PAGE + 200, 0, &h);
-	tap_ok(ret == 0 && h >= 1, "register an unaligned 8392-byte range -> handle %llu",
-	       (unsigned long long)h);
-	tap_ok(pins_at(pinned0 + 3, registered0 + 2 * PAGE + 200),
-	       "sysfs pinned_pages +3, registered_bytes +8392 (%lld, %lld)",
-	       sysfs_read("pinned_pages"), sysfs_read("registered_bytes"));
+	vm_ok(ret == 0 && h >= 1, "register an unaligned 8392-byte range -> handle %llu",
+	      (unsigned long long)h);
+	vm_ok(pins_at(pinned0 + 3, registered0 + 2 * PAGE + 200),
+	      "sysfs pinned_pages +3, registered_bytes +8392 (%lld, %lld)",
+	      sysfs_read("pinned_pages"), sysfs_read("registered_bytes"));
 	ret = buf_reg(owner, mem + 100, 2 * PAGE + 200, 0, &h2);
-	tap_ok(ret == 0 && h2 != h, "the same range registered twice gets a second handle");
+	vm_ok(ret == 0 && h2 != h, "the same range registered twice gets a second handle");
 	buf_unreg(owner, h2);
 
 	p = map_buf(daemon, h, PROT_READ | PROT_WRITE, &imp);
-	if (!tap_ok(p != NULL, "import + mmap through another fd (%s)", p ? "ok" : strerror(errno)))
+	if (!vm_ok(p != NULL, "import + mmap through another fd (%s)", p ? "ok" : strerror(errno)))
 		return;
-	tap_ok(imp.page_offset == 100 && imp.map_len == 3 * PAGE && imp.len == 2 * PAGE + 200 &&
-	       imp.buf_flags == 0, "import reports page_offset 100, map_len 3 pages");
+	vm_ok(imp.page_offset == 100 && imp.map_len == 3 * PAGE && imp.len == 2 * PAGE + 200 &&
+	      imp.buf_flags == 0, "import reports page_offset 100, map_len 3 pages");
 	for (i = 0; i < 2 * PAGE + 200; i++)
 		mem[100 + i] = (char)(i * 7);
 	for (i = 0; i < 2 * PAGE + 200 && p[i] == (char)(i * 7); i++)
 		;
-	tap_ok(i == 2 * PAGE + 200, "owner's writes are visible in the mapping");
+	vm_ok(i == 2 * PAGE + 200, "owner's writes are visible in the mapping");
 	memset(p, 0x3c, 2 * PAGE + 200);
-	tap_ok(mem[100] == 0x3c && mem[100 + 2 * PAGE + 199] == 0x3c && mem[99] == 0,
-	       "mapping's writes are visible to the owner");
+	vm_ok(mem[100] == 0x3c && mem[100 + 2 * PAGE + 199] == 0x3c && mem[99] == 0,
+	      "mapping's writes are visible to the owner");
 
 	ret = buf_unreg(owner, h);
-	tap_ok(ret == 0 && pins_at(pinned0 + 3, registered0),
-	       "unregister while mapped: registered_bytes drops, pages stay pinned");
-	tap_ok(import(daemon, h, &imp) == -ENOENT, "an unregistered handle cannot be imported");
+	vm_ok(ret == 0 && pins_at(pinned0 + 3, registered0),
+	      "unregister while mapped: registered_bytes drops, pages stay pinned");
+	vm_ok(import(daemon, h, &imp) == -ENOENT, "an unregistered handle cannot be imported");
 	p[0] = 1;
 	munmap(p - 100, 3 * PAGE);
-	tap_ok(pins_at(pinned0, registered0), "munmap of the last mapping unpins");
+	vm_ok(pins_at(pinned0, registered0), "munmap of the last mapping unpins");
 	close(owner);
 	close(daemon);
 	free(mem);
@@ -103,43 +103,43 @@ static void mapping_rules(void)
 	buf_reg(owner, mem, 4 * PAGE, 0, &h);
 	import(daemon, h, &imp);
 	p = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, daemon, (off_t)(imp.mmap_offset + 2 * PAGE));
-	tap_ok(p != MAP_FAILED && p[0] == 0x11, "map only the third page (offset + 2 pages)");
+	vm_ok(p != MAP_FAILED && p[0] == 0x11, "map only the third page (offset + 2 pages)");
 	mem[2 * PAGE] = 0x22;
-	tap_ok(p != MAP_FAILED && p[0] == 0x22, "the partial mapping shows that page");
+	vm_ok(p != MAP_FAILED && p[0] == 0x22, "the partial mapping shows that page");
 	if (p != MAP_FAILED)
 		munmap(p, PAGE);
 	p = mmap(NULL, 2 * PAGE, PROT_READ, MAP_SHARED, daemon, (off_t)(imp.mmap_offset + 3 * PAGE));
-	tap_ok(p == MAP_FAILED && errno == EINVAL, "a mapping past the buffer's end -> EINVAL (%s)",
-	       strerror(errno));
+	vm_ok(p == MAP_FAILED && errno == EINVAL, "a mapping past the buffer's end -> EINVAL (%s)",
+	      strerror(errno));
 	p = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, daemon, (off_t)(imp.mmap_offset + 4 * PAGE));
-	tap_ok(p == MAP_FAILED && errno == EINVAL, "a mapping starting past the end -> EINVAL (%s)",
-	       strerror(errno));
+	vm_ok(p == MAP_FAILED && errno == EINVAL, "a mapping starting past the end -> EINVAL (%s)",
+	      strerror(errno));
 	p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE, daemon, (off_t)imp.mmap_offset);
-	tap_ok(p == MAP_FAILED && errno == EINVAL, "MAP_PRIVATE -> EINVAL (%s)", strerror(errno));
+	vm_ok(p == MAP_FAILED && errno == EINVAL, "MAP_PRIVATE -> EINVAL (%s)", strerror(errno));
 	p = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, daemon, (off_t)KCOLL_MMAP_OFF_BUF(999999));
-	tap_ok(p == MAP_FAILED && errno == ENOENT, "mmap of an unknown handle's slot -> ENOENT (%s)",
-	       strerror(errno));
+	vm_ok(p == MAP_FAILED && errno == ENOENT, "mmap of an unknown handle's slot -> ENOENT (%s)",
+	      strerror(errno));
 
 	/* split a mapping: each half keeps the buffer alive on its own */
 	p = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, daemon, (off_t)imp.mmap_offset);
 	buf_unreg(owner, h);
 	munmap(p + PAGE, PAGE);
-	tap_ok(sysfs_read("pinned_pages") == pinned0 + 4, "a split mapping still holds the pins");
+	vm_ok(sysfs_read("pinned_pages") == pinned0 + 4, "a split mapping still holds the pins");
 	munmap(p, PAGE);
 	munmap(p + 2 * PAGE, 2 * PAGE);
-	tap_ok(pins_at(pinned0, registered0), "unmapping both pieces unpins");
+	vm_ok(pins_at(pinned0, registered0), "unmapping both pieces unpins");
 
 	/* read-only registrations */
 	ret = buf_reg(owner, mem, PAGE, KCOLL_BUF_F_READONLY, &hro);
 	import(daemon, hro, &imp);
-	tap_ok(ret == 0 && imp.buf_flags == KCOLL_BUF_F_READONLY, "import reports KCOLL_BUF_F_READONLY");
+	vm_ok(ret == 0 && imp.buf_flags == KCOLL_BUF_F_READONLY, "import reports KCOLL_BUF_F_READONLY");
 	p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, daemon, (off_t)imp.mmap_offset);
-	tap_ok(p == MAP_FAILED && errno == EACCES, "read-only buffer: PROT_WRITE mapping -> EACCES (%s)",
-	       strerror(errno));
+	vm_ok(p == MAP_FAILED && errno == EACCES, "read-only buffer: PROT_WRITE mapping -> EACCES (%s)",
+	      strerror(errno));
 	p = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, daemon, (off_t)imp.mmap_offset);
-	tap_ok(p != MAP_FAILED, "read-only buffer: PROT_READ mapping works");
-	tap_ok(p != MAP_FAILED && mprotect(p, PAGE, PROT_READ | PROT_WRITE) && errno == EACCES,
-	       "read-only buffer: mprotect to writable -> EACCES");
+	vm_ok(p != MAP_FAILED, "read-only buffer: PROT_READ mapping works");
+	vm_ok(p != MAP_FAILED && mprotect(p, PAGE, PROT_READ | PROT_WRITE) && errno == EACCES,
+	      "read-only buffer: mprotect to writable -> EACCES");
 	if (p != MAP_FAILED)
 		munmap(p, PAGE);
 
@@ -153,11 +153,11 @@ static void mapping_rules(void)
 
 			_exit(mincore(p, PAGE, &v) == -1 && errno == ENOMEM ? 0 : 1);
 		}
-		tap_ok(reap(pid) == 0, "a fork of the importer does not inherit the mapping");
+		vm_ok(reap(pid) == 0, "a fork of the importer does not inherit the mapping");
 		munmap(p, PAGE);
 	}
 	buf_unreg(owner, hro);
-	tap_ok(pins_at(pinned0, registered0), "counters back after the read-only tests");
+	vm_ok(pins_at(pinned0, registered0), "counters back after the read-only tests");
 	close(owner);
 	close(daemon);
 	free(mem);
@@ -268,33 +268,33 @@ static void permissions(void)
 	buf_reg(owner, mem, PAGE, 0, &h);
 
 	st = nobody_probe(h);
-	tap_ok(st == 0, "uid 65534 can neither import nor mmap root's buffer (status %d)", st);
+	vm_ok(st == 0, "uid 65534 can neither import nor mmap root's buffer (status %d)", st);
 	ret = grant(owner, h, KCOLL_GRANT_UID, NOBODY, 0);
 	st = nobody_probe(h);
-	tap_ok(ret == 0 && st == all,
-	       "after a uid grant, uid 65534 imports, maps and reads it (status %d)", st);
+	vm_ok(ret == 0 && st == all,
+	      "after a uid grant, uid 65534 imports, maps and reads it (status %d)", st);
 	ret = grant(owner, h, KCOLL_GRANT_UID, NOBODY, 0);
-	tap_ok(ret == 0, "granting the same uid twice is harmless (%d)", ret);
+	vm_ok(ret == 0, "granting the same uid twice is harmless (%d)", ret);
 	ret = grant(owner, h, KCOLL_GRANT_UID, NOBODY, KCOLL_GRANT_F_REVOKE);
 	st = nobody_probe(h);
-	tap_ok(ret == 0 && st == 0, "after revoke, uid 65534 is refused again (status %d)", st);
+	vm_ok(ret == 0 && st == 0, "after revoke, uid 65534 is refused again (status %d)", st);
 
 	st = pid_grant_probe(owner, h, &ret);
-	tap_ok(ret == 0 && st == all,
-	       "a pid grant lets that process (uid 65534) map the buffer (status %d)", st);
+	vm_ok(ret == 0 && st == all,
+	      "a pid grant lets that process (uid 65534) map the buffer (status %d)", st);
 	st = nobody_probe(h);
-	tap_ok(st == 0, "the pid grant does not extend to another process of that uid (status %d)",
-	       st);
+	vm_ok(st == 0, "the pid grant does not extend to another process of that uid (status %d)",
+	      st);
 
 	for (ret = 0, n = 0; n < 16 && !ret; n++)
 		ret = grant(owner, h, KCOLL_GRANT_UID, 2000 + n, 0);
-	tap_ok(ret == -ENOSPC, "grants are bounded: -ENOSPC after %d more", n - 1);
+	vm_ok(ret == -ENOSPC, "grants are bounded: -ENOSPC after %d more", n - 1);
 
-	tap_ok(nobody_peer_report() == 0, "PEER_REPORT without CAP_NET_ADMIN -> -EPERM");
-	tap_ok(nobody_memlock() == 0,
-	       "uid 65534 with RLIMIT_MEMLOCK 64 KiB: 1 MiB -> -ENOMEM, 32 KiB works");
+	vm_ok(nobody_peer_report() == 0, "PEER_REPORT without CAP_NET_ADMIN -> -EPERM");
+	vm_ok(nobody_memlock() == 0,
+	      "uid 65534 with RLIMIT_MEMLOCK 64 KiB: 1 MiB -> -ENOMEM, 32 KiB works");
 	close(owner);
-	tap_ok(pins_at(pinned0, registered0), "counters back after the permission tests");
+	vm_ok(pins_at(pinned0, registered0), "counters back after the permission tests");
 	free(mem);
 }
 
@@ -324,27 +324,27 @@ static void owner_death(void)
 			pause();
 	}
 	if (chan_recv(c.up[0], &h)) {
-		tap_ok(0, "owner child registered a buffer");
+		vm_ok(0, "owner child registered a buffer");
 		return;
 	}
-	tap_ok(pins_at(pinned0 + 256, registered0 + 256 * PAGE),
-	       "owner child pinned 256 pages (1 MiB)");
+	vm_ok(pins_at(pinned0 + 256, registered0 + 256 * PAGE),
+	      "owner child pinned 256 pages (1 MiB)");
 	p = map_buf(daemon, h, PROT_READ | PROT_WRITE, &imp);
-	tap_ok(p && imp.owner_pid == (uint32_t)pid, "daemon maps it; import names the owner's pid");
+	vm_ok(p && imp.owner_pid == (uint32_t)pid, "daemon maps it; import names the owner's pid");
 	kill(pid, SIGKILL);
 	reap(pid);
-	tap_ok(pins_at(pinned0 + 256, registered0),
-	       "owner killed: registration gone, pages stay pinned while the daemon maps them");
-	tap_ok(import(daemon, h, &imp) == -ENOENT, "the dead owner's handle cannot be imported");
+	vm_ok(pins_at(pinned0 + 256, registered0),
+	      "owner killed: registration gone, pages stay pinned while the daemon maps them");
+	vm_ok(import(daemon, h, &imp) == -ENOENT, "the dead owner's handle cannot be imported");
 	for (i = 0, ok = p != NULL; p && i < 256 * PAGE; i += 512)
 		ok &= p[i] == 0x6b;
 	if (p)
 		memset(p, 0, 256 * PAGE);
-	tap_ok(ok, "the daemon's mapping still reads the dead owner's data and can be written");
+	vm_ok(ok, "the daemon's mapping still reads the dead owner's data and can be written");
 	if (p)
 		munmap(p, 256 * PAGE);
-	tap_ok(pins_at(pinned0, registered0), "daemon unmaps: no pin left (%lld pages)",
-	       sysfs_read("pinned_pages"));
+	vm_ok(pins_at(pinned0, registered0), "daemon unmaps: no pin left (%lld pages)",
+	      sysfs_read("pinned_pages"));
 
 	/* owner dies with no importer: everything goes at once */
 	pid = fork();
@@ -364,8 +364,8 @@ static void owner_death(void)
 	ok = pins_at(pinned0 + 24, registered0 + 24 * PAGE);
 	kill(pid, SIGKILL);
 	reap(pid);
-	tap_ok(ok && pins_at(pinned0, registered0),
-	       "owner with two registrations killed, nothing mapped: all unpinned");
+	vm_ok(ok && pins_at(pinned0, registered0),
+	      "owner with two registrations killed, nothing mapped: all unpinned");
 	close(daemon);
 }
 
@@ -394,11 +394,11 @@ static void importer_death(void)
 	}
 	chan_recv(c.up[0], &v);
 	ret = buf_unreg(owner, h);
-	tap_ok(v == 1 && ret == 0 && pins_at(pinned0 + 8, registered0),
-	       "importer child maps, owner unregisters: pins held by the child's mapping");
+	vm_ok(v == 1 && ret == 0 && pins_at(pinned0 + 8, registered0),
+	      "importer child maps, owner unregisters: pins held by the child's mapping");
 	kill(pid, SIGKILL);
 	reap(pid);
-	tap_ok(pins_at(pinned0, registered0), "importer killed: its mapping's pins are released");
+	vm_ok(pins_at(pinned0, registered0), "importer killed: its mapping's pins are released");
 	close(owner);
 	free(mem);
 }
@@ -412,40 +412,39 @@ static void module_limits(void)
 
 	memset(mem, 1, 3 << 20);
 	xioctl(fd, KCOLL_IOC_QUERY, &q);
-	tap_ok(q.max_buf_bytes == 1 << 20 && q.max_pinned_bytes == 2 << 20,
-	       "QUERY reports max_buf 1 MiB, max_pinned 2 MiB");
+	vm_ok(q.max_buf_bytes == 1 << 20 && q.max_pinned_bytes == 2 << 20,
+	      "QUERY reports max_buf 1 MiB, max_pinned 2 MiB");
 	ret = buf_reg(fd, mem, (1 << 20) + 1, 0, &h1);
-	tap_ok(ret == -EINVAL, "a registration above max_buf_mb -> -EINVAL (%d)", ret);
+	vm_ok(ret == -EINVAL, "a registration above max_buf_mb -> -EINVAL (%d)", ret);
 	ret = buf_reg(fd, mem, 1 << 20, 0, &h1);
 	ret |= buf_reg(fd, mem + (1 << 20), 1 << 20, 0, &h2);
-	tap_ok(ret == 0, "two 1 MiB registrations fit in max_pinned_mb=2");
+	vm_ok(ret == 0, "two 1 MiB registrations fit in max_pinned_mb=2");
 	ret = buf_reg(fd, mem + (2 << 20), PAGE, 0, &h3);
-	tap_ok(ret == -ENOSPC && sysfs_read("pinned_pages") == 512,
-	       "one more page -> -ENOSPC, nothing more pinned (%d)", ret);
+	vm_ok(ret == -ENOSPC && sysfs_read("pinned_pages") == 512,
+	      "one more page -> -ENOSPC, nothing more pinned (%d)", ret);
 	buf_unreg(fd, h1);
 	ret = buf_reg(fd, mem + (2 << 20), PAGE, 0, &h3);
-	tap_ok(ret == 0, "after an unregister the page fits (%d)", ret);
+	vm_ok(ret == 0, "after an unregister the page fits (%d)", ret);
 	close(fd);
-	tap_ok(pins_at(0, 0), "all unpinned on close");
+	vm_ok(pins_at(0, 0), "all unpinned on close");
 	free(mem);
 }
 
 int main(int argc, char **argv)
 {
+	ksft_print_header();
 	pinned0 = sysfs_read("pinned_pages");
 	registered0 = sysfs_read("registered_bytes");
-	if (pinned0 < 0 || registered0 < 0) {
-		printf("Bail out! cannot read %s counters\n", SYSFS_DIR);
-		return 1;
-	}
+	if (pinned0 < 0 || registered0 < 0)
+		ksft_exit_fail_msg("cannot read %s counters\n", SYSFS_DIR);
 	if (argc > 1 && !strcmp(argv[1], "--limits")) {
 		module_limits();
-		return tap_done();
+		return vm_done();
 	}
 	same_process();
 	mapping_rules();
 	permissions();
 	owner_death();
 	importer_death();
-	return tap_done();
+	return vm_done();
 }

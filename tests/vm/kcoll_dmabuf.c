@@ -80,38 +80,38 @@ static void basics(void)
 	uint64_t h;
 
 	ret = xioctl(fd, KCOLL_IOC_QUERY, &q);
-	tap_ok(ret == 0 && (q.features & KCOLL_FEAT_DMABUF), "QUERY reports KCOLL_FEAT_DMABUF");
+	vm_ok(ret == 0 && (q.features & KCOLL_FEAT_DMABUF), "QUERY reports KCOLL_FEAT_DMABUF");
 	memset(mem, 0x3c, 4 * PAGE);
 	/* 2 pages + 200 bytes starting 100 bytes in: 3 pages */
 	ret = buf_reg(fd, mem + 100, 2 * PAGE + 200, 0, &h);
 	ret = ret ? ret : export(fd, h, &d);
-	tap_ok(ret == 0 && d.fd >= 0 && d.dmabuf_size == 3 * PAGE && d.len == 2 * PAGE + 200 &&
-	       d.page_offset == 100, "export: fd %d, dmabuf_size %llu, len %llu, page_offset %u",
-	       d.fd, (unsigned long long)d.dmabuf_size, (unsigned long long)d.len, d.page_offset);
+	vm_ok(ret == 0 && d.fd >= 0 && d.dmabuf_size == 3 * PAGE && d.len == 2 * PAGE + 200 &&
+	      d.page_offset == 100, "export: fd %d, dmabuf_size %llu, len %llu, page_offset %u",
+	      d.fd, (unsigned long long)d.dmabuf_size, (unsigned long long)d.len, d.page_offset);
 	if (ret) {
 		close(fd);
 		return;
 	}
-	tap_ok((fcntl(d.fd, F_GETFD) & FD_CLOEXEC) && (fcntl(d.fd, F_GETFL) & O_ACCMODE) == O_RDWR,
-	       "the dma-buf fd is close-on-exec and read-write");
-	tap_ok(fdinfo_is_kcoll(d.fd), "fdinfo names exporter kcoll");
-	tap_ok(pins_at(pinned0 + 3, registered0 + 2 * PAGE + 200),
-	       "export pins nothing more (pinned_pages %lld)", sysfs_read("pinned_pages"));
+	vm_ok((fcntl(d.fd, F_GETFD) & FD_CLOEXEC) && (fcntl(d.fd, F_GETFL) & O_ACCMODE) == O_RDWR,
+	      "the dma-buf fd is close-on-exec and read-write");
+	vm_ok(fdinfo_is_kcoll(d.fd), "fdinfo names exporter kcoll");
+	vm_ok(pins_at(pinned0 + 3, registered0 + 2 * PAGE + 200),
+	      "export pins nothing more (pinned_pages %lld)", sysfs_read("pinned_pages"));
 	p = mmap(NULL, 3 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE, d.fd, 0);
-	tap_ok(p == MAP_FAILED && errno == EINVAL, "MAP_PRIVATE of the dma-buf -> EINVAL");
+	vm_ok(p == MAP_FAILED && errno == EINVAL, "MAP_PRIVATE of the dma-buf -> EINVAL");
 	p = mmap(NULL, 4 * PAGE, PROT_READ, MAP_SHARED, d.fd, 0);
-	tap_ok(p == MAP_FAILED, "a mapping past the dma-buf's size is refused");
+	vm_ok(p == MAP_FAILED, "a mapping past the dma-buf's size is refused");
 	p = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, d.fd, 2 * PAGE);
 	mem[2 * PAGE + 7] = 0x5a;
-	tap_ok(p != MAP_FAILED && p[7] == 0x5a, "a mapping of the third page alone shows it");
+	vm_ok(p != MAP_FAILED && p[7] == 0x5a, "a mapping of the third page alone shows it");
 	if (p != MAP_FAILED)
 		munmap(p, PAGE);
-	tap_ok(buf_unreg(fd, h) == 0 && pins_at(pinned0 + 3, registered0),
-	       "unregister: registered_bytes drops, the dma-buf keeps the pages pinned");
-	tap_ok(export(fd, h, &again) == -ENOENT, "an ended registration cannot be exported");
+	vm_ok(buf_unreg(fd, h) == 0 && pins_at(pinned0 + 3, registered0),
+	      "unregister: registered_bytes drops, the dma-buf keeps the pages pinned");
+	vm_ok(export(fd, h, &again) == -ENOENT, "an ended registration cannot be exported");
 	close(d.fd);
-	tap_ok(counters_reach(pinned0, registered0), "closing the dma-buf unpins (%lld pages)",
-	       sysfs_read("pinned_pages"));
+	vm_ok(counters_reach(pinned0, registered0), "closing the dma-buf unpins (%lld pages)",
+	      sysfs_read("pinned_pages"));
 	close(fd);
 	free(mem);
 }
@@ -148,42 +148,42 @@ static void both_ways(void)
 			pause();
 	}
 	if (chan_recv(c.up[0], &h)) {
-		tap_ok(0, "registrant child registered 64 pages");
+		vm_ok(0, "registrant child registered 64 pages");
 		return;
 	}
 	ret = export(daemon, h, &d);
-	tap_ok(ret == 0 && d.dmabuf_size == 64 * PAGE, "the daemon exports the child's buffer (%d)",
-	       ret);
+	vm_ok(ret == 0 && d.dmabuf_size == 64 * PAGE, "the daemon exports the child's buffer (%d)",
+	      ret);
 	if (!ret)
 		p = mmap(NULL, 64 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, d.fd, 0);
 	if (p == MAP_FAILED)
 		p = NULL;
 	for (i = 0, ok = p != NULL; p && i < 64 * PAGE; i++)
 		ok &= (unsigned char)p[i] == (unsigned char)(i * 7 + 1);
-	tap_ok(ok, "the daemon's mapping of the dma-buf reads the registrant's 256 KiB exactly");
+	vm_ok(ok, "the daemon's mapping of the dma-buf reads the registrant's 256 KiB exactly");
 	for (i = 0; p && i < 64 * PAGE; i++)
 		p[i] = (char)(i * 13 + 5);
 	chan_send(c.down[1], 1);
 	v = ~0ULL;
 	chan_recv(c.up[0], &v);
-	tap_ok(p && v == 0, "the registrant reads the daemon's writes (%llu bytes differ)",
-	       (unsigned long long)v);
+	vm_ok(p && v == 0, "the registrant reads the daemon's writes (%llu bytes differ)",
+	      (unsigned long long)v);
 
 	/* the registrant dies: the dma-buf still holds its pages */
 	kill(pid, SIGKILL);
 	reap(pid);
-	tap_ok(pins_at(pinned0 + 64, registered0),
-	       "registrant killed: registration gone, 64 pages stay pinned for the dma-buf");
+	vm_ok(pins_at(pinned0 + 64, registered0),
+	      "registrant killed: registration gone, 64 pages stay pinned for the dma-buf");
 	if (!ret)
 		close(d.fd);
-	tap_ok(pins_at(pinned0 + 64, registered0), "closing the fd keeps them: still mapped");
+	vm_ok(pins_at(pinned0 + 64, registered0), "closing the fd keeps them: still mapped");
 	for (i = 0, ok = p != NULL; p && i < 64 * PAGE; i++)
 		ok &= (unsigned char)p[i] == (unsigned char)(i * 13 + 5);
-	tap_ok(ok, "the mapping still reads the dead registrant's memory");
+	vm_ok(ok, "the mapping still reads the dead registrant's memory");
 	if (p)
 		munmap(p, 64 * PAGE);
-	tap_ok(counters_reach(pinned0, registered0), "munmap of the last user unpins (%lld pages)",
-	       sysfs_read("pinned_pages"));
+	vm_ok(counters_reach(pinned0, registered0), "munmap of the last user unpins (%lld pages)",
+	      sysfs_read("pinned_pages"));
 	close(daemon);
 }
 
@@ -214,17 +214,17 @@ static void permissions(void)
 	memset(mem, 0x44, 2 * PAGE);
 	buf_reg(owner, mem, 2 * PAGE, 0, &h);
 	ret = nobody_export(h);
-	tap_ok(ret == EACCES, "another uid without a grant -> EACCES (%d)", ret);
-	tap_ok(pins_at(pinned0 + 2, registered0 + 2 * PAGE), "the refusal pinned nothing");
-	tap_ok(export(owner, 0, &d) == -ENOENT && export(owner, h + 1000, &d) == -ENOENT,
-	       "handle 0 or an unknown handle -> ENOENT");
+	vm_ok(ret == EACCES, "another uid without a grant -> EACCES (%d)", ret);
+	vm_ok(pins_at(pinned0 + 2, registered0 + 2 * PAGE), "the refusal pinned nothing");
+	vm_ok(export(owner, 0, &d) == -ENOENT && export(owner, h + 1000, &d) == -ENOENT,
+	      "handle 0 or an unknown handle -> ENOENT");
 	ret = xioctl(owner, KCOLL_IOC_BUF_GRANT, &(struct kcoll_ioc_buf_grant){
 		.size = sizeof(struct kcoll_ioc_buf_grant), .handle = h,
 		.kind = KCOLL_GRANT_UID, .id = NOBODY });
 	ret = ret ? ret : nobody_export(h);
-	tap_ok(ret == 0, "after a uid grant nobody may export (%d)", ret);
-	tap_ok(counters_reach(pinned0 + 2, registered0 + 2 * PAGE),
-	       "the exiting child's dma-buf was released");
+	vm_ok(ret == 0, "after a uid grant nobody may export (%d)", ret);
+	vm_ok(counters_reach(pinned0 + 2, registered0 + 2 * PAGE),
+	      "the exiting child's dma-buf was released");
 
 	/* the size-first contract; no fd may leak from a refusal */
 	fds = nr_fds();
@@ -234,27 +234,27 @@ static void permissions(void)
 		memset(&big, 0, sizeof(big));
 		big.d.size = 8;
 		big.d.handle = h;
-		tap_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -EINVAL, "size 8 -> EINVAL");
+		vm_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -EINVAL, "size 8 -> EINVAL");
 		big.d.size = sizeof(big.d) - 1;
-		tap_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -EINVAL, "size 39 -> EINVAL");
+		vm_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -EINVAL, "size 39 -> EINVAL");
 		big.d.size = PAGE + 1;
-		tap_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -E2BIG, "size 4097 -> E2BIG");
+		vm_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -E2BIG, "size 4097 -> E2BIG");
 		big.d.size = sizeof(big);
 		big.tail = 1;
-		tap_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -E2BIG,
-		       "a longer struct with a non-zero tail -> E2BIG");
+		vm_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -E2BIG,
+		      "a longer struct with a non-zero tail -> E2BIG");
 		big.d.size = sizeof(big.d);
 		big.d.flags = 1;
-		tap_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -EOPNOTSUPP,
-		       "unknown flags -> EOPNOTSUPP");
-		tap_ok(nr_fds() == fds && pins_at(pinned0 + 2, registered0 + 2 * PAGE),
-		       "no fd and no pin left by the refusals");
+		vm_ok(xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big) == -EOPNOTSUPP,
+		      "unknown flags -> EOPNOTSUPP");
+		vm_ok(nr_fds() == fds && pins_at(pinned0 + 2, registered0 + 2 * PAGE),
+		      "no fd and no pin left by the refusals");
 		big.d.size = sizeof(big);
 		big.d.flags = 0;
 		big.tail = 0;
 		ret = xioctl(owner, KCOLL_IOC_BUF_DMABUF, &big);
-		tap_ok(ret == 0 && big.d.fd >= 0 && big.tail == 0,
-		       "a longer struct with a zero tail works (%d)", ret);
+		vm_ok(ret == 0 && big.d.fd >= 0 && big.tail == 0,
+		      "a longer struct with a zero tail works (%d)", ret);
 		if (!ret)
 			close(big.d.fd);
 	}
@@ -267,33 +267,33 @@ static void permissions(void)
 		a->handle = h;
 		mprotect(p, PAGE, PROT_READ);
 		ret = xioctl(owner, KCOLL_IOC_BUF_DMABUF, a);
-		tap_ok(ret == -EFAULT && nr_fds() == fds &&
-		       counters_reach(pinned0 + 2, registered0 + 2 * PAGE),
-		       "an argument the kernel cannot write back -> EFAULT, no fd installed (%d)",
-		       ret);
+		vm_ok(ret == -EFAULT && nr_fds() == fds &&
+		      counters_reach(pinned0 + 2, registered0 + 2 * PAGE),
+		      "an argument the kernel cannot write back -> EFAULT, no fd installed (%d)",
+		      ret);
 		munmap(p, PAGE);
 	} else {
-		tap_skip("mmap failed: %s", strerror(errno));
+		vm_skip("mmap failed: %s", strerror(errno));
 	}
 
 	/* read-only registration: an O_RDONLY dma-buf */
 	buf_reg(owner, mem, PAGE, KCOLL_BUF_F_READONLY, &hro);
 	ret = export(owner, hro, &d);
-	tap_ok(ret == 0 && (fcntl(d.fd, F_GETFL) & O_ACCMODE) == O_RDONLY,
-	       "a read-only registration exports an O_RDONLY dma-buf");
+	vm_ok(ret == 0 && (fcntl(d.fd, F_GETFL) & O_ACCMODE) == O_RDONLY,
+	      "a read-only registration exports an O_RDONLY dma-buf");
 	if (!ret) {
 		p = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, d.fd, 0);
-		tap_ok(p == MAP_FAILED && errno == EACCES, "... that cannot be mapped writable");
+		vm_ok(p == MAP_FAILED && errno == EACCES, "... that cannot be mapped writable");
 		p = mmap(NULL, PAGE, PROT_READ, MAP_SHARED, d.fd, 0);
-		tap_ok(p != MAP_FAILED && p[0] == 0x44 &&
-		       mprotect(p, PAGE, PROT_READ | PROT_WRITE) != 0,
-		       "... read-only mapping reads it, mprotect to writable refused");
+		vm_ok(p != MAP_FAILED && p[0] == 0x44 &&
+		      mprotect(p, PAGE, PROT_READ | PROT_WRITE) != 0,
+		      "... read-only mapping reads it, mprotect to writable refused");
 		if (p != MAP_FAILED)
 			munmap(p, PAGE);
 		close(d.fd);
 	}
 	close(owner);
-	tap_ok(counters_reach(pinned0, registered0), "counters back after the permission tests");
+	vm_ok(counters_reach(pinned0, registered0), "counters back after the permission tests");
 	free(mem);
 }
 
@@ -320,14 +320,13 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "--hold"))
 		return hold();
+	ksft_print_header();
 	pinned0 = sysfs_read("pinned_pages");
 	registered0 = sysfs_read("registered_bytes");
-	if (pinned0 < 0 || registered0 < 0) {
-		printf("Bail out! cannot read %s counters\n", SYSFS_DIR);
-		return 1;
-	}
+	if (pinned0 < 0 || registered0 < 0)
+		ksft_exit_fail_msg("cannot read %s counters\n", SYSFS_DIR);
 	basics();
 	both_ways();
 	permissions();
-	return tap_done();
+	return vm_done();
 }

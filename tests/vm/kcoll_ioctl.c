@@ -222,41 +222,41 @@ static void contract(struct ctx *c, const struct ioc_case *t)
 	size_t i;
 
 	ret = call(c, t, sz, NULL, 0);
-	tap_ok(ret == 0, "%s: valid call at size %u -> 0 (got %d)", t->name, sz, ret);
+	vm_ok(ret == 0, "%s: valid call at size %u -> 0 (got %d)", t->name, sz, ret);
 
 	ret = call(c, t, (uint32_t)t->min_size - 1, NULL, 0);
-	tap_ok(ret == -EINVAL, "%s: size %zu (below the first version) -> -EINVAL (got %d)",
-	       t->name, t->min_size - 1, ret);
+	vm_ok(ret == -EINVAL, "%s: size %zu (below the first version) -> -EINVAL (got %d)",
+	      t->name, t->min_size - 1, ret);
 
 	ret = call(c, t, 0, NULL, 0);
-	tap_ok(ret == -EINVAL, "%s: size 0 -> -EINVAL (got %d)", t->name, ret);
+	vm_ok(ret == -EINVAL, "%s: size 0 -> -EINVAL (got %d)", t->name, ret);
 
 	ret = call(c, t, sz + 1, set_tail_byte, 0);
-	tap_ok(ret == -E2BIG, "%s: size+1 with a non-zero tail byte -> -E2BIG (got %d)",
-	       t->name, ret);
+	vm_ok(ret == -E2BIG, "%s: size+1 with a non-zero tail byte -> -E2BIG (got %d)",
+	      t->name, ret);
 
 	ret = call(c, t, sz + 8, set_tail_byte, 7);
-	tap_ok(ret == -E2BIG, "%s: size+8 with a non-zero last byte -> -E2BIG (got %d)",
-	       t->name, ret);
+	vm_ok(ret == -E2BIG, "%s: size+8 with a non-zero last byte -> -E2BIG (got %d)",
+	      t->name, ret);
 
 	ret = call(c, t, sz + 8, NULL, 0);
-	tap_ok(ret == 0 && all_zero(arg + sz, 8),
-	       "%s: size+8 with a zero tail -> 0, tail left untouched (got %d)", t->name, ret);
+	vm_ok(ret == 0 && all_zero(arg + sz, 8),
+	      "%s: size+8 with a zero tail -> 0, tail left untouched (got %d)", t->name, ret);
 
 	ret = call(c, t, PAGE + 8, NULL, 0);
-	tap_ok(ret == -E2BIG, "%s: size beyond a page -> -E2BIG (got %d)", t->name, ret);
+	vm_ok(ret == -E2BIG, "%s: size beyond a page -> -E2BIG (got %d)", t->name, ret);
 
 	ret = call(c, t, sz, set_bad_flag, 0);
-	tap_ok(ret == -EOPNOTSUPP, "%s: unknown flag 0x%x -> -EOPNOTSUPP (got %d)", t->name,
-	       t->bad_flag, ret);
+	vm_ok(ret == -EOPNOTSUPP, "%s: unknown flag 0x%x -> -EOPNOTSUPP (got %d)", t->name,
+	      t->bad_flag, ret);
 
 	ret = call(c, t, sz, set_high_flag, 0);
-	tap_ok(ret == -EOPNOTSUPP, "%s: flag bit 31 -> -EOPNOTSUPP (got %d)", t->name, ret);
+	vm_ok(ret == -EOPNOTSUPP, "%s: flag bit 31 -> -EOPNOTSUPP (got %d)", t->name, ret);
 
 	for (i = 0; i < 2 && t->reserved[i]; i++) {
 		ret = call(c, t, sz, set_reserved, i);
-		tap_ok(ret == -EINVAL, "%s: reserved field at offset %zu non-zero -> -EINVAL (got %d)",
-		       t->name, t->reserved[i], ret);
+		vm_ok(ret == -EINVAL, "%s: reserved field at offset %zu non-zero -> -EINVAL (got %d)",
+		      t->name, t->reserved[i], ret);
 	}
 }
 
@@ -272,26 +272,26 @@ static void query_short(struct ctx *c)
 	raw[1] = raw[2] = raw[3] = 0;
 	memset(raw + 4, 0, 4);
 	ret = xioctl(c->fd, KCOLL_IOC_QUERY, raw);
-	tap_ok(ret == 0 && raw[8] == 0xee && raw[sizeof(raw) - 1] == 0xee,
-	       "QUERY: size 8 -> 0 and nothing written past byte 8 (got %d)", ret);
+	vm_ok(ret == 0 && raw[8] == 0xee && raw[sizeof(raw) - 1] == 0xee,
+	      "QUERY: size 8 -> 0 and nothing written past byte 8 (got %d)", ret);
 
 	memset(raw, 0xee, sizeof(raw));
 	memset(raw, 0, 8);
 	raw[0] = sizeof(q) - 1;
 	ret = xioctl(c->fd, KCOLL_IOC_QUERY, raw);
 	memcpy(&q, raw, sizeof(q));
-	tap_ok(ret == 0 && raw[sizeof(raw) - 1] == 0xee && q.abi_version == KCOLL_KDEV_ABI_VERSION,
-	       "QUERY: size-1 -> 0, zero-extended, last byte untouched (got %d)", ret);
+	vm_ok(ret == 0 && raw[sizeof(raw) - 1] == 0xee && q.abi_version == KCOLL_KDEV_ABI_VERSION,
+	      "QUERY: size-1 -> 0, zero-extended, last byte untouched (got %d)", ret);
 
 	memset(&q, 0, sizeof(q));
 	q.size = sizeof(q);
 	ret = xioctl(c->fd, KCOLL_IOC_QUERY, &q);
-	tap_ok(ret == 0 && q.features == 0x3f && q.page_size == (uint32_t)getpagesize() &&
-	       q.max_ring_entries == KCOLL_RING_MAX_ENTRIES && q.max_grants > 0 &&
-	       q.max_buf_bytes > 0 && q.max_pinned_bytes >= q.max_buf_bytes &&
-	       (long long)q.features == sysfs_read("features"),
-	       "QUERY: features 0x%llx, limits filled, features match sysfs",
-	       (unsigned long long)q.features);
+	vm_ok(ret == 0 && q.features == 0x3f && q.page_size == (uint32_t)getpagesize() &&
+	      q.max_ring_entries == KCOLL_RING_MAX_ENTRIES && q.max_grants > 0 &&
+	      q.max_buf_bytes > 0 && q.max_pinned_bytes >= q.max_buf_bytes &&
+	      (long long)q.features == sysfs_read("features"),
+	      "QUERY: features 0x%llx, limits filled, features match sysfs",
+	      (unsigned long long)q.features);
 }
 
 static void unknown_ioctls(struct ctx *c)
@@ -300,16 +300,16 @@ static void unknown_ioctls(struct ctx *c)
 	int ret;
 
 	ret = xioctl(c->fd, _IOWR('k', 0x4a, struct kcoll_ioc_query), &q);
-	tap_ok(ret == -ENOTTY, "unknown ioctl number 0x4a -> -ENOTTY (got %d)", ret);
+	vm_ok(ret == -ENOTTY, "unknown ioctl number 0x4a -> -ENOTTY (got %d)", ret);
 	ret = xioctl(c->fd, _IOWR('k', 0x3f, struct kcoll_ioc_query), &q);
-	tap_ok(ret == -ENOTTY, "unknown ioctl number 0x3f -> -ENOTTY (got %d)", ret);
+	vm_ok(ret == -ENOTTY, "unknown ioctl number 0x3f -> -ENOTTY (got %d)", ret);
 	ret = xioctl(c->fd, _IOR('k', 0x40, struct kcoll_ioc_query), &q);
-	tap_ok(ret == -ENOTTY, "QUERY number with the wrong direction -> -ENOTTY (got %d)", ret);
+	vm_ok(ret == -ENOTTY, "QUERY number with the wrong direction -> -ENOTTY (got %d)", ret);
 	ret = xioctl(c->fd, _IOWR('k', 0x40, uint64_t), &q);
-	tap_ok(ret == 0, "QUERY number with another size still works: size field governs (got %d)",
-	       ret);
+	vm_ok(ret == 0, "QUERY number with another size still works: size field governs (got %d)",
+	      ret);
 	ret = xioctl(c->fd, KCOLL_IOC_QUERY, (void *)16);
-	tap_ok(ret == -EFAULT, "QUERY with a bad pointer -> -EFAULT (got %d)", ret);
+	vm_ok(ret == -EFAULT, "QUERY with a bad pointer -> -EFAULT (got %d)", ret);
 }
 
 static int ring_create(int fd, uint32_t sq, uint32_t cq)
@@ -333,17 +333,17 @@ static void ring_values(struct ctx *c)
 	for (i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
 		fd = dev_open();
 		ret = ring_create(fd, v[i].sq, v[i].cq);
-		tap_ok(ret == v[i].want, "RING_CREATE sq %u cq %u -> %d (got %d)", v[i].sq, v[i].cq,
-		       v[i].want, ret);
+		vm_ok(ret == v[i].want, "RING_CREATE sq %u cq %u -> %d (got %d)", v[i].sq, v[i].cq,
+		      v[i].want, ret);
 		close(fd);
 	}
 	fd = dev_open();
 	ret = xioctl(fd, KCOLL_IOC_RING_CREATE, &r);
-	tap_ok(ret == 0 && r.ring_size == 4096 + 8 * 64 + 16 * 32 + 3072 && r.mmap_offset == 0,
-	       "RING_CREATE sq 8, cq 0 -> cq 16, ring_size %llu, offset 0",
-	       (unsigned long long)r.ring_size);
+	vm_ok(ret == 0 && r.ring_size == 4096 + 8 * 64 + 16 * 32 + 3072 && r.mmap_offset == 0,
+	      "RING_CREATE sq 8, cq 0 -> cq 16, ring_size %llu, offset 0",
+	      (unsigned long long)r.ring_size);
 	ret = ring_create(fd, 8, 0);
-	tap_ok(ret == -EBUSY, "second RING_CREATE on one file -> -EBUSY (got %d)", ret);
+	vm_ok(ret == -EBUSY, "second RING_CREATE on one file -> -EBUSY (got %d)", ret);
 	close(fd);
 }
 
@@ -354,17 +354,17 @@ static void doorbell_values(struct ctx *c)
 	int fd = dev_open(), ret;
 
 	ret = xioctl(c->fd, KCOLL_IOC_WAIT, &w);
-	tap_ok(ret == -EINVAL, "WAIT doorbell 2 -> -EINVAL (got %d)", ret);
+	vm_ok(ret == -EINVAL, "WAIT doorbell 2 -> -EINVAL (got %d)", ret);
 	ret = xioctl(c->fd, KCOLL_IOC_WAKE, &k);
-	tap_ok(ret == -EINVAL, "WAKE doorbell 2 -> -EINVAL (got %d)", ret);
+	vm_ok(ret == -EINVAL, "WAKE doorbell 2 -> -EINVAL (got %d)", ret);
 	w.doorbell = k.doorbell = KCOLL_DOORBELL_SQ;
 	ret = xioctl(fd, KCOLL_IOC_WAIT, &w);
-	tap_ok(ret == -ENXIO, "WAIT on a file without a ring -> -ENXIO (got %d)", ret);
+	vm_ok(ret == -ENXIO, "WAIT on a file without a ring -> -ENXIO (got %d)", ret);
 	ret = xioctl(fd, KCOLL_IOC_WAKE, &k);
-	tap_ok(ret == -ENXIO, "WAKE on a file without a ring -> -ENXIO (got %d)", ret);
+	vm_ok(ret == -ENXIO, "WAKE on a file without a ring -> -ENXIO (got %d)", ret);
 	ret = xioctl(c->fd, KCOLL_IOC_WAIT, &w);
-	tap_ok(ret == -ETIMEDOUT, "WAIT with timeout 0 on an unchanged index -> -ETIMEDOUT (got %d)",
-	       ret);
+	vm_ok(ret == -ETIMEDOUT, "WAIT with timeout 0 on an unchanged index -> -ETIMEDOUT (got %d)",
+	      ret);
 	close(fd);
 }
 
@@ -389,63 +389,63 @@ static void buf_values(struct ctx *c)
 
 	xioctl(c->fd, KCOLL_IOC_QUERY, &q);
 	ret = reg(c->fd, (uintptr_t)c->mem, 0, NULL);
-	tap_ok(ret == -EINVAL, "BUF_REGISTER len 0 -> -EINVAL (got %d)", ret);
+	vm_ok(ret == -EINVAL, "BUF_REGISTER len 0 -> -EINVAL (got %d)", ret);
 	ret = reg(c->fd, (uintptr_t)c->mem, q.max_buf_bytes + 1, NULL);
-	tap_ok(ret == -EINVAL, "BUF_REGISTER len max_buf_bytes+1 -> -EINVAL (got %d)", ret);
+	vm_ok(ret == -EINVAL, "BUF_REGISTER len max_buf_bytes+1 -> -EINVAL (got %d)", ret);
 	ret = reg(c->fd, ~0ULL - 100, 4096, NULL);
-	tap_ok(ret == -EFAULT, "BUF_REGISTER wrapping range -> -EFAULT (got %d)", ret);
+	vm_ok(ret == -EFAULT, "BUF_REGISTER wrapping range -> -EFAULT (got %d)", ret);
 	ret = reg(c->fd, 0xffff800000000000ULL, 4096, NULL);
-	tap_ok(ret == -EFAULT, "BUF_REGISTER kernel address -> -EFAULT (got %d)", ret);
+	vm_ok(ret == -EFAULT, "BUF_REGISTER kernel address -> -EFAULT (got %d)", ret);
 	ret = reg(c->fd, 4096, 4096, NULL);
-	tap_ok(ret == -EFAULT, "BUF_REGISTER unmapped address -> -EFAULT (got %d)", ret);
+	vm_ok(ret == -EFAULT, "BUF_REGISTER unmapped address -> -EFAULT (got %d)", ret);
 	ro = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	ret = reg(c->fd, (uintptr_t)ro, 4096, NULL);
-	tap_ok(ret == -EFAULT, "BUF_REGISTER read-only memory -> -EFAULT (got %d)", ret);
+	vm_ok(ret == -EFAULT, "BUF_REGISTER read-only memory -> -EFAULT (got %d)", ret);
 	munmap(ro, 4096);
 
 	u.handle = c->handle;
 	ret = xioctl(fd2, KCOLL_IOC_BUF_UNREGISTER, &u);
-	tap_ok(ret == -ENOENT, "BUF_UNREGISTER from another file -> -ENOENT (got %d)", ret);
+	vm_ok(ret == -ENOENT, "BUF_UNREGISTER from another file -> -ENOENT (got %d)", ret);
 	u.handle = 0;
 	ret = xioctl(c->fd, KCOLL_IOC_BUF_UNREGISTER, &u);
-	tap_ok(ret == -ENOENT, "BUF_UNREGISTER handle 0 -> -ENOENT (got %d)", ret);
+	vm_ok(ret == -ENOENT, "BUF_UNREGISTER handle 0 -> -ENOENT (got %d)", ret);
 	u.handle = 1ULL << 40;
 	ret = xioctl(c->fd, KCOLL_IOC_BUF_UNREGISTER, &u);
-	tap_ok(ret == -ENOENT, "BUF_UNREGISTER handle 2^40 -> -ENOENT (got %d)", ret);
+	vm_ok(ret == -ENOENT, "BUF_UNREGISTER handle 2^40 -> -ENOENT (got %d)", ret);
 
 	g.kind = 2;
 	ret = xioctl(c->fd, KCOLL_IOC_BUF_GRANT, &g);
-	tap_ok(ret == -EINVAL, "BUF_GRANT kind 2 -> -EINVAL (got %d)", ret);
+	vm_ok(ret == -EINVAL, "BUF_GRANT kind 2 -> -EINVAL (got %d)", ret);
 	g.kind = KCOLL_GRANT_UID;
 	g.id = (uint32_t)-1;
 	ret = xioctl(c->fd, KCOLL_IOC_BUF_GRANT, &g);
-	tap_ok(ret == -EINVAL, "BUF_GRANT uid -1 -> -EINVAL (got %d)", ret);
+	vm_ok(ret == -EINVAL, "BUF_GRANT uid -1 -> -EINVAL (got %d)", ret);
 	g.kind = KCOLL_GRANT_PID;
 	g.id = 0;
 	ret = xioctl(c->fd, KCOLL_IOC_BUF_GRANT, &g);
-	tap_ok(ret == -EINVAL, "BUF_GRANT pid 0 -> -EINVAL (got %d)", ret);
+	vm_ok(ret == -EINVAL, "BUF_GRANT pid 0 -> -EINVAL (got %d)", ret);
 	g.id = 4000000;
 	ret = xioctl(c->fd, KCOLL_IOC_BUF_GRANT, &g);
-	tap_ok(ret == -ESRCH, "BUF_GRANT pid of no process -> -ESRCH (got %d)", ret);
+	vm_ok(ret == -ESRCH, "BUF_GRANT pid of no process -> -ESRCH (got %d)", ret);
 	g.id = (uint32_t)getpid();
 	ret = xioctl(fd2, KCOLL_IOC_BUF_GRANT, &g);
-	tap_ok(ret == -ENOENT, "BUF_GRANT from a file that does not own the handle -> -ENOENT (got %d)",
-	       ret);
+	vm_ok(ret == -ENOENT, "BUF_GRANT from a file that does not own the handle -> -ENOENT (got %d)",
+	      ret);
 	g.flags = KCOLL_GRANT_F_REVOKE;
 	ret = xioctl(c->fd, KCOLL_IOC_BUF_GRANT, &g);
-	tap_ok(ret == -ENOENT, "BUF_GRANT revoke of a grant never made -> -ENOENT (got %d)", ret);
+	vm_ok(ret == -ENOENT, "BUF_GRANT revoke of a grant never made -> -ENOENT (got %d)", ret);
 
 	imp.handle = 0;
 	ret = xioctl(fd2, KCOLL_IOC_BUF_IMPORT, &imp);
-	tap_ok(ret == -ENOENT, "BUF_IMPORT handle 0 -> -ENOENT (got %d)", ret);
+	vm_ok(ret == -ENOENT, "BUF_IMPORT handle 0 -> -ENOENT (got %d)", ret);
 	imp.handle = 999999;
 	ret = xioctl(fd2, KCOLL_IOC_BUF_IMPORT, &imp);
-	tap_ok(ret == -ENOENT, "BUF_IMPORT unknown handle -> -ENOENT (got %d)", ret);
+	vm_ok(ret == -ENOENT, "BUF_IMPORT unknown handle -> -ENOENT (got %d)", ret);
 	imp.handle = c->handle;
 	ret = xioctl(fd2, KCOLL_IOC_BUF_IMPORT, &imp);
-	tap_ok(ret == 0 && imp.mmap_offset == KCOLL_MMAP_OFF_BUF(c->handle) && imp.len == 4 * PAGE &&
-	       imp.map_len == 4 * PAGE && imp.page_offset == 0 && imp.owner_pid == (uint32_t)getpid(),
-	       "BUF_IMPORT from another file of the same uid: offset, lengths, owner pid");
+	vm_ok(ret == 0 && imp.mmap_offset == KCOLL_MMAP_OFF_BUF(c->handle) && imp.len == 4 * PAGE &&
+	      imp.map_len == 4 * PAGE && imp.page_offset == 0 && imp.owner_pid == (uint32_t)getpid(),
+	      "BUF_IMPORT from another file of the same uid: offset, lengths, owner pid");
 	close(fd2);
 }
 
@@ -455,15 +455,15 @@ static void peer_values(struct ctx *c)
 	int ret;
 
 	ret = xioctl(c->fd, KCOLL_IOC_PEER_REPORT, &p);
-	tap_ok(ret == -EINVAL, "PEER_REPORT peer %d -> -EINVAL (got %d)", KCOLL_MAX_PEERS, ret);
+	vm_ok(ret == -EINVAL, "PEER_REPORT peer %d -> -EINVAL (got %d)", KCOLL_MAX_PEERS, ret);
 	p.peer = 1;
 	p.state = KCOLL_PEER_STATE_MAX;
 	ret = xioctl(c->fd, KCOLL_IOC_PEER_REPORT, &p);
-	tap_ok(ret == -EINVAL, "PEER_REPORT state %d -> -EINVAL (got %d)", KCOLL_PEER_STATE_MAX, ret);
+	vm_ok(ret == -EINVAL, "PEER_REPORT state %d -> -EINVAL (got %d)", KCOLL_PEER_STATE_MAX, ret);
 	p.peer = 7;
 	p.state = KCOLL_PEER_UNKNOWN;
 	ret = xioctl(c->fd, KCOLL_IOC_PEER_REPORT, &p);
-	tap_ok(ret == 0, "PEER_REPORT state unknown forgets the peer (got %d)", ret);
+	vm_ok(ret == 0, "PEER_REPORT state unknown forgets the peer (got %d)", ret);
 }
 
 int main(void)
@@ -471,14 +471,13 @@ int main(void)
 	struct ctx c;
 	size_t i;
 
+	ksft_print_header();
 	c.fd = dev_open();
 	c.fresh_fd = dev_open();
 	c.mem = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (c.mem == MAP_FAILED || ring_create(c.fd, 8, 0) || reg(c.fd, (uintptr_t)c.mem, 4 * PAGE,
-								  &c.handle)) {
-		printf("Bail out! setup: %s\n", strerror(errno));
-		return 1;
-	}
+								  &c.handle))
+		ksft_exit_fail_msg("setup: %s\n", strerror(errno));
 	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		contract(&c, &cases[i]);
 	query_short(&c);
@@ -489,5 +488,5 @@ int main(void)
 	peer_values(&c);
 	close(c.fd);
 	close(c.fresh_fd);
-	return tap_done();
+	return vm_done();
 }

@@ -13,12 +13,12 @@ static void absent(void)
 	int ret;
 
 	ret = kcoll_kdev_open(&kd, NULL);
-	tap_ok(ret == -ENODEV && kd.fd == -1 && strstr(kcoll_kdev_why(&kd), "not loaded"),
-	       "no module: open -> -ENODEV, reason \"%s\"", kcoll_kdev_why(&kd));
-	tap_ok(!kcoll_kdev_has(&kd, KCOLL_FEAT_BUF), "no module: no features");
+	vm_ok(ret == -ENODEV && kd.fd == -1 && strstr(kcoll_kdev_why(&kd), "not loaded"),
+	      "no module: open -> -ENODEV, reason \"%s\"", kcoll_kdev_why(&kd));
+	vm_ok(!kcoll_kdev_has(&kd, KCOLL_FEAT_BUF), "no module: no features");
 	ret = kcoll_kdev_open(&kd, "/dev/null");
-	tap_ok(ret == -ENODEV && strstr(kcoll_kdev_why(&kd), "not a kcoll device"),
-	       "/dev/null: -ENODEV, reason \"%s\"", kcoll_kdev_why(&kd));
+	vm_ok(ret == -ENODEV && strstr(kcoll_kdev_why(&kd), "not a kcoll device"),
+	      "/dev/null: -ENODEV, reason \"%s\"", kcoll_kdev_why(&kd));
 	kcoll_kdev_close(&kd);
 }
 
@@ -71,59 +71,60 @@ static void present(void)
 	int ret, st;
 
 	ret = kcoll_kdev_open(&kd, NULL);
-	if (!tap_ok(ret == 0 && kd.fd >= 0, "open %s (%d: %s)", KCOLL_DEV_PATH, ret,
-		    kcoll_kdev_why(&kd)))
+	if (!vm_ok(ret == 0 && kd.fd >= 0, "open %s (%d: %s)", KCOLL_DEV_PATH, ret,
+		   kcoll_kdev_why(&kd)))
 		return;
-	tap_ok(kcoll_kdev_has(&kd, KCOLL_FEAT_RING | KCOLL_FEAT_DOORBELL | KCOLL_FEAT_BUF |
+	vm_ok(kcoll_kdev_has(&kd, KCOLL_FEAT_RING | KCOLL_FEAT_DOORBELL | KCOLL_FEAT_BUF |
 			      KCOLL_FEAT_GRANT | KCOLL_FEAT_PEERS) &&
-	       kd.page_size == 4096 && kd.max_buf_bytes > 0,
-	       "features 0x%llx, page size %u", (unsigned long long)kd.features, kd.page_size);
+	      kd.page_size == 4096 && kd.max_buf_bytes > 0,
+	      "features 0x%llx, page size %u", (unsigned long long)kd.features, kd.page_size);
 	ret = kcoll_kdev_query(&kd, &q);
-	tap_ok(ret == 0 && q.size == sizeof(q) && q.features == kd.features, "kcoll_kdev_query");
+	vm_ok(ret == 0 && q.size == sizeof(q) && q.features == kd.features, "kcoll_kdev_query");
 
 	for (i = 0; i < len; i++)
 		p[i] = (unsigned char)(i % 251);
 	ret = kcoll_kdev_register(&kd, p, len, 0, &handle);
-	tap_ok(ret == 0 && handle, "client registers an unaligned %zu-byte buffer (handle %llu)",
-	       len, (unsigned long long)handle);
+	vm_ok(ret == 0 && handle, "client registers an unaligned %zu-byte buffer (handle %llu)",
+	      len, (unsigned long long)handle);
 	st = run_daemon(handle, len, 0);
-	tap_ok(st == 0, "daemon process maps it by handle, reads and writes it, unmaps (status %d)",
-	       st);
+	vm_ok(st == 0, "daemon process maps it by handle, reads and writes it, unmaps (status %d)",
+	      st);
 	for (i = 0; i < len && p[i] == (unsigned char)(255 - i % 251); i++)
 		;
-	tap_ok(i == len, "client sees the daemon's writes");
+	vm_ok(i == len, "client sees the daemon's writes");
 
 	st = run_daemon(handle, len, 1);
-	tap_ok(st == 50, "a daemon running as another uid gets -EACCES (status %d)", st);
+	vm_ok(st == 50, "a daemon running as another uid gets -EACCES (status %d)", st);
 	ret = kcoll_kdev_grant(&kd, handle, KCOLL_GRANT_UID, NOBODY, 0);
 	for (i = 0; i < len; i++)
 		p[i] = (unsigned char)(i % 251);
 	st = run_daemon(handle, len, 1);
-	tap_ok(ret == 0 && st == 0, "after kcoll_kdev_grant(uid) it maps (status %d)", st);
+	vm_ok(ret == 0 && st == 0, "after kcoll_kdev_grant(uid) it maps (status %d)", st);
 
 	ret = kcoll_kdev_map(&kd, handle, PROT_READ, &m);
-	tap_ok(ret == 0 && !memcmp(m.addr, p, len), "map into the registering process itself");
-	tap_ok(kcoll_kdev_unregister(&kd, handle) == 0, "kcoll_kdev_unregister");
-	tap_ok(kcoll_kdev_unmap(&m) == 0, "kcoll_kdev_unmap after the registration ended");
+	vm_ok(ret == 0 && !memcmp(m.addr, p, len), "map into the registering process itself");
+	vm_ok(kcoll_kdev_unregister(&kd, handle) == 0, "kcoll_kdev_unregister");
+	vm_ok(kcoll_kdev_unmap(&m) == 0, "kcoll_kdev_unmap after the registration ended");
 	ret = kcoll_kdev_map(&kd, handle, 0, &m);
-	tap_ok(ret == -ENOENT, "map of an ended handle -> -ENOENT (%d)", ret);
+	vm_ok(ret == -ENOENT, "map of an ended handle -> -ENOENT (%d)", ret);
 	ret = kcoll_kdev_unregister(&kd, handle);
-	tap_ok(ret == -ENOENT, "second unregister -> -ENOENT (%d)", ret);
+	vm_ok(ret == -ENOENT, "second unregister -> -ENOENT (%d)", ret);
 
 	ret = kcoll_kdev_peer_report(&kd, 5, KCOLL_PEER_HUNG, 0, 0);
-	tap_ok(ret == 0, "kcoll_kdev_peer_report (%d)", ret);
+	vm_ok(ret == 0, "kcoll_kdev_peer_report (%d)", ret);
 	kcoll_kdev_peer_report(&kd, 5, KCOLL_PEER_UNKNOWN, 0, 0);
 	kcoll_kdev_close(&kd);
-	tap_ok(kd.fd == -1 && sysfs_read("pinned_pages") == 0 && sysfs_read("registered_bytes") == 0,
-	       "close: nothing left pinned");
+	vm_ok(kd.fd == -1 && sysfs_read("pinned_pages") == 0 && sysfs_read("registered_bytes") == 0,
+	      "close: nothing left pinned");
 	free(buf);
 }
 
 int main(int argc, char **argv)
 {
+	ksft_print_header();
 	if (argc > 1 && !strcmp(argv[1], "--absent"))
 		absent();
 	else
 		present();
-	return tap_done();
+	return vm_done();
 }

@@ -69,32 +69,32 @@ static void mapping_rules(void)
 	int fd = dev_open(), ret;
 
 	p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
-	tap_ok(p == MAP_FAILED && errno == ENXIO, "mmap before RING_CREATE -> ENXIO (%s)",
-	       strerror(errno));
+	vm_ok(p == MAP_FAILED && errno == ENXIO, "mmap before RING_CREATE -> ENXIO (%s)",
+	      strerror(errno));
 	ret = make_ring(fd, 8, &size);
-	tap_ok(ret == 0 && sysfs_read("rings") == rings0 + 1, "RING_CREATE counts in sysfs rings");
+	vm_ok(ret == 0 && sysfs_read("rings") == rings0 + 1, "RING_CREATE counts in sysfs rings");
 	p = mmap(NULL, size + 4096, PROT_READ, MAP_SHARED, fd, 0);
-	tap_ok(p == MAP_FAILED && errno == EINVAL, "mmap longer than the ring -> EINVAL (%s)",
-	       strerror(errno));
+	vm_ok(p == MAP_FAILED && errno == EINVAL, "mmap longer than the ring -> EINVAL (%s)",
+	      strerror(errno));
 	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-	tap_ok(p == MAP_FAILED && errno == EINVAL, "MAP_PRIVATE -> EINVAL (%s)", strerror(errno));
+	vm_ok(p == MAP_FAILED && errno == EINVAL, "MAP_PRIVATE -> EINVAL (%s)", strerror(errno));
 	p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 4096);
-	tap_ok(p == MAP_FAILED && errno == ENOENT, "mmap at offset 4096 (no such handle) -> ENOENT (%s)",
-	       strerror(errno));
+	vm_ok(p == MAP_FAILED && errno == ENOENT, "mmap at offset 4096 (no such handle) -> ENOENT (%s)",
+	      strerror(errno));
 	h = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, KCOLL_MMAP_OFF_RING);
-	if (!tap_ok(h != MAP_FAILED, "mmap the ring at KCOLL_MMAP_OFF_RING")) {
+	if (!vm_ok(h != MAP_FAILED, "mmap the ring at KCOLL_MMAP_OFF_RING")) {
 		close(fd);
 		return;
 	}
 	ret = kcoll_ring_hdr_check(h, size, &why);
-	tap_ok(ret == 0 && h->sq_entries == 8 && h->cq_entries == 16 && h->sq_tail == 0 &&
-	       h->cq_tail == 0, "the header passes kcoll_ring_hdr_check (%d: %s)", ret,
-	       ret ? why : "ok");
+	vm_ok(ret == 0 && h->sq_entries == 8 && h->cq_entries == 16 && h->sq_tail == 0 &&
+	      h->cq_tail == 0, "the header passes kcoll_ring_hdr_check (%d: %s)", ret,
+	      ret ? why : "ok");
 	close(fd);
-	tap_ok(sysfs_read("rings") == rings0 + 1, "a mapping keeps the ring after close(fd)");
+	vm_ok(sysfs_read("rings") == rings0 + 1, "a mapping keeps the ring after close(fd)");
 	h->sq_tail = 77;	/* still writable */
 	munmap(h, size);
-	tap_ok(sysfs_read("rings") == rings0, "munmap of the last mapping frees the ring");
+	vm_ok(sysfs_read("rings") == rings0, "munmap of the last mapping frees the ring");
 }
 
 /*
@@ -159,7 +159,7 @@ static void round_trips(void)
 		_exit(daemon_side(fd, size));
 	h = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (h == MAP_FAILED) {
-		tap_ok(0, "client maps the ring");
+		vm_ok(0, "client maps the ring");
 		kill(pid, SIGKILL);
 		reap(pid);
 		return;
@@ -194,9 +194,9 @@ static void round_trips(void)
 			bad = 3;
 	}
 	st = reap(pid);
-	tap_ok(!bad && st == 0,
-	       "%d SQE->CQE round trips between two processes over doorbells (%d sleeps, client %d, daemon %d)",
-	       ROUND_TRIPS, waits, bad, st);
+	vm_ok(!bad && st == 0,
+	      "%d SQE->CQE round trips between two processes over doorbells (%d sleeps, client %d, daemon %d)",
+	      ROUND_TRIPS, waits, bad, st);
 	munmap(h, size);
 	close(fd);
 }
@@ -211,16 +211,16 @@ static void timeouts(void)
 	t0 = now_ms();
 	ret = db_wait(fd, KCOLL_DOORBELL_CQ, 0, 0, 0);
 	dt = now_ms() - t0;
-	tap_ok(ret == -ETIMEDOUT && dt < 500, "timeout 0 checks without sleeping (%d, %.1f ms)", ret,
-	       dt);
+	vm_ok(ret == -ETIMEDOUT && dt < 500, "timeout 0 checks without sleeping (%d, %.1f ms)", ret,
+	      dt);
 	t0 = now_ms();
 	ret = db_wait(fd, KCOLL_DOORBELL_CQ, 0, 100, 0);
 	dt = now_ms() - t0;
-	tap_ok(ret == -ETIMEDOUT && dt >= 95 && dt < 3000, "timeout 100 ms -> -ETIMEDOUT after %.0f ms",
-	       dt);
+	vm_ok(ret == -ETIMEDOUT && dt >= 95 && dt < 3000, "timeout 100 ms -> -ETIMEDOUT after %.0f ms",
+	      dt);
 	ret = db_wait(fd, KCOLL_DOORBELL_SQ, 1, KCOLL_WAIT_FOREVER, 0);
-	tap_ok(ret == 0, "an index that already moved returns at once, even with no timeout (%d)",
-	       ret);
+	vm_ok(ret == 0, "an index that already moved returns at once, even with no timeout (%d)",
+	      ret);
 	close(fd);
 }
 
@@ -271,7 +271,7 @@ static pid_t sleeper(int fd, uint32_t flags, uint32_t timeout_ms, struct chan *c
 	}
 	chan_recv(c->up[0], &v);
 	if (!asleep_in_wait(pid))
-		tap_diag("child %d not seen asleep in kcoll_ring_wait", (int)pid);
+		vm_diag("child %d not seen asleep in kcoll_ring_wait", (int)pid);
 	return pid;
 }
 
@@ -301,27 +301,27 @@ static void wakes_and_signals(void)
 
 	pid = sleeper(fd, 0, KCOLL_WAIT_FOREVER, &c);
 	db_wake(fd, KCOLL_DOORBELL_SQ);
-	tap_ok(child_result(&c, 300, &ret) < 0, "a WAKE on the other doorbell leaves the waiter asleep");
+	vm_ok(child_result(&c, 300, &ret) < 0, "a WAKE on the other doorbell leaves the waiter asleep");
 	db_wake(fd, KCOLL_DOORBELL_CQ);
 	got = child_result(&c, 5000, &ret);
-	tap_ok(got == 0 && ret == 0,
-	       "WAKE ends a wait with no timeout although the index did not move (%lld)",
-	       (long long)ret);
+	vm_ok(got == 0 && ret == 0,
+	      "WAKE ends a wait with no timeout although the index did not move (%lld)",
+	      (long long)ret);
 	reap(pid);
 
 	pid = sleeper(fd, 0, KCOLL_WAIT_FOREVER, &c);
 	kill(pid, SIGUSR1);
-	tap_ok(child_result(&c, 300, &ret) < 0,
-	       "default wait is killable only: a handled SIGUSR1 does not end it");
+	vm_ok(child_result(&c, 300, &ret) < 0,
+	      "default wait is killable only: a handled SIGUSR1 does not end it");
 	kill(pid, SIGKILL);
 	st = reap(pid);
-	tap_ok(st == 128 + SIGKILL, "SIGKILL ends a wait with no timeout (status %d)", st);
+	vm_ok(st == 128 + SIGKILL, "SIGKILL ends a wait with no timeout (status %d)", st);
 
 	pid = sleeper(fd, KCOLL_WAIT_F_INTERRUPTIBLE, KCOLL_WAIT_FOREVER, &c);
 	kill(pid, SIGUSR1);
 	got = child_result(&c, 5000, &ret);
-	tap_ok(got == 0 && ret == -EINTR,
-	       "KCOLL_WAIT_F_INTERRUPTIBLE: SIGUSR1 ends the wait with -EINTR (%lld)", (long long)ret);
+	vm_ok(got == 0 && ret == -EINTR,
+	      "KCOLL_WAIT_F_INTERRUPTIBLE: SIGUSR1 ends the wait with -EINTR (%lld)", (long long)ret);
 	reap(pid);
 	close(fd);
 }
@@ -332,11 +332,12 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && !strcmp(argv[1], "--hold"))
 		return hold();
+	ksft_print_header();
 	rings0 = sysfs_read("rings");
 	mapping_rules();
 	round_trips();
 	timeouts();
 	wakes_and_signals();
-	tap_ok(sysfs_read("rings") == rings0, "rings back to %lld after every file closed", rings0);
-	return tap_done();
+	vm_ok(sysfs_read("rings") == rings0, "rings back to %lld after every file closed", rings0);
+	return vm_done();
 }

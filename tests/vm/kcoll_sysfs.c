@@ -62,20 +62,20 @@ static void knob_tests(const struct knob *k)
 	int i, ret;
 
 	read_str(k->name, now, sizeof(now));
-	tap_ok(!strcmp(now, k->def), "%s defaults to %s (reads %s)", k->name, k->def, now);
+	vm_ok(!strcmp(now, k->def), "%s defaults to %s (reads %s)", k->name, k->def, now);
 	for (i = 0; i < 3; i++) {
 		ret = sysfs_write(k->name, k->good[i]);
 		read_str(k->name, now, sizeof(now));
 		canonical(k->good[i], want, sizeof(want));
-		tap_ok(ret == 0 && !strcmp(now, want), "%s: write '%s' -> reads %s (%d)", k->name,
-		       want, now, ret);
+		vm_ok(ret == 0 && !strcmp(now, want), "%s: write '%s' -> reads %s (%d)", k->name,
+		      want, now, ret);
 	}
 	for (i = 0; i < 6 && k->bad[i]; i++) {
 		read_str(k->name, before, sizeof(before));
 		ret = sysfs_write(k->name, k->bad[i]);
 		read_str(k->name, now, sizeof(now));
-		tap_ok(ret < 0 && !strcmp(now, before), "%s: write '%s' refused (%d), stays %s",
-		       k->name, k->bad[i], ret, now);
+		vm_ok(ret < 0 && !strcmp(now, before), "%s: write '%s' refused (%d), stays %s",
+		      k->name, k->bad[i], ret, now);
 	}
 	sysfs_write(k->name, k->def);
 }
@@ -100,13 +100,13 @@ static void access_tests(void)
 	int ret;
 
 	for (i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++)
-		tap_ok(nobody_write(knobs[i].name) == 0, "%s: uid 65534 cannot write it (EACCES)",
-		       knobs[i].name);
+		vm_ok(nobody_write(knobs[i].name) == 0, "%s: uid 65534 cannot write it (EACCES)",
+		      knobs[i].name);
 	for (i = 0; i < sizeof(ro) / sizeof(ro[0]); i++) {
 		ret = sysfs_write(ro[i], "0");
-		tap_ok(ret == -EACCES, "%s is read-only, even for root (%d)", ro[i], ret);
+		vm_ok(ret == -EACCES, "%s is read-only, even for root (%d)", ro[i], ret);
 	}
-	tap_ok(sysfs_read("features") == 0x3f, "features reads 0x3f");
+	vm_ok(sysfs_read("features") == 0x3f, "features reads 0x3f");
 }
 
 static int report(int fd, uint32_t peer, uint32_t state, uint32_t lat, uint32_t bw)
@@ -153,22 +153,22 @@ static void peer_tests(void)
 {
 	int fd = dev_open(), i, ret = 0;
 
-	tap_ok(peers_lines() == 0, "peers starts empty (header only)");
+	vm_ok(peers_lines() == 0, "peers starts empty (header only)");
 	ret |= report(fd, 3, KCOLL_PEER_SLOW, 120, 500);
 	ret |= report(fd, 0, KCOLL_PEER_OK, 15, 9000);
 	ret |= report(fd, 63, KCOLL_PEER_DOWN, 0, 0);
-	tap_ok(ret == 0 && peers_has("3 slow 120 500 ") && peers_has("0 ok 15 9000 ") &&
-	       peers_has("63 down 0 0 ") && peers_lines() == 3,
-	       "three reports show as three lines in peers");
+	vm_ok(ret == 0 && peers_has("3 slow 120 500 ") && peers_has("0 ok 15 9000 ") &&
+	      peers_has("63 down 0 0 ") && peers_lines() == 3,
+	      "three reports show as three lines in peers");
 	report(fd, 3, KCOLL_PEER_HUNG, 0, 0);
-	tap_ok(peers_has("3 hung 0 0 ") && !peers_has("3 slow"), "a new report replaces the old one");
+	vm_ok(peers_has("3 hung 0 0 ") && !peers_has("3 slow"), "a new report replaces the old one");
 	for (i = 0; i < KCOLL_MAX_PEERS; i++)
 		ret |= report(fd, (uint32_t)i, KCOLL_PEER_SLOW, 4294967295U, 4294967295U);
-	tap_ok(ret == 0 && peers_lines() == KCOLL_MAX_PEERS,
-	       "all %d peers at the widest values fit in the file", KCOLL_MAX_PEERS);
+	vm_ok(ret == 0 && peers_lines() == KCOLL_MAX_PEERS,
+	      "all %d peers at the widest values fit in the file", KCOLL_MAX_PEERS);
 	for (i = 0; i < KCOLL_MAX_PEERS; i++)
 		report(fd, (uint32_t)i, KCOLL_PEER_UNKNOWN, 0, 0);
-	tap_ok(peers_lines() == 0, "state unknown forgets each peer");
+	vm_ok(peers_lines() == 0, "state unknown forgets each peer");
 	close(fd);
 }
 
@@ -176,9 +176,10 @@ int main(void)
 {
 	size_t i;
 
+	ksft_print_header();
 	for (i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++)
 		knob_tests(&knobs[i]);
 	access_tests();
 	peer_tests();
-	return tap_done();
+	return vm_done();
 }

@@ -1,9 +1,16 @@
 /* SPDX-License-Identifier: MIT */
-/* Helpers shared by the VM-tier tests of kcoll.ko (they run as root in the guest). */
+/*
+ * Helpers shared by the VM-tier tests of kcoll.ko (they run as root in the
+ * guest). Results, counts, the TAP plan and the exit status are kselftest's
+ * (tools/testing/selftests/kselftest.h, which scripts/vmtest.sh takes from
+ * Debian's linux-source): vm_ok and friends add printf checking and return
+ * the verdict, so that a step can stop what depends on it.
+ */
 #ifndef KCOLL_VM_UTIL_H
 #define KCOLL_VM_UTIL_H
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stddef.h>
 #include <grp.h>
@@ -21,19 +28,63 @@
 #include <unistd.h>
 
 #include <linux/kcoll.h>
-#include <kcoll/tap.h>
+
+#include "kselftest.h"
 
 #define SYSFS_DIR	"/sys/kernel/kcoll/"
 #define NOBODY		65534
+
+/* m = fmt formatted with the caller's variadic arguments. */
+#define VM_FORMAT(m, fmt)                              \
+	do {                                           \
+		va_list ap_;                           \
+		va_start(ap_, fmt);                    \
+		vsnprintf(m, sizeof(m), fmt, ap_);     \
+		va_end(ap_);                           \
+	} while (0)
+
+/* One result, counted by kselftest; returns ok. */
+static inline int __attribute__((format(printf, 2, 3))) vm_ok(int ok, const char *fmt, ...)
+{
+	char m[1024];
+
+	VM_FORMAT(m, fmt);
+	ksft_test_result(ok, "- %s\n", m);
+	fflush(stdout);
+	return ok;
+}
+
+static inline void __attribute__((format(printf, 1, 2))) vm_skip(const char *fmt, ...)
+{
+	char m[1024];
+
+	VM_FORMAT(m, fmt);
+	ksft_test_result_skip("%s\n", m);
+	fflush(stdout);
+}
+
+static inline void __attribute__((format(printf, 1, 2))) vm_diag(const char *fmt, ...)
+{
+	char m[1024];
+
+	VM_FORMAT(m, fmt);
+	ksft_print_msg("%s\n", m);
+}
+
+/* The plan (what ran), kselftest's totals, and exit: 0 unless a check failed. */
+static inline int vm_done(void)
+{
+	ksft_set_plan(ksft_test_num());
+	ksft_finished();
+	return KSFT_FAIL;	/* not reached: ksft_finished exits */
+}
 
 static inline int dev_open(void)
 {
 	int fd = open(KCOLL_DEV_PATH, O_RDWR | O_CLOEXEC);
 
-	if (fd < 0) {
-		printf("Bail out! open %s: %s\n", KCOLL_DEV_PATH, strerror(errno));
-		exit(1);
-	}
+	if (fd < 0)
+		ksft_exit_fail_msg("open %s: %s\n", KCOLL_DEV_PATH, strerror(errno));
 	return fd;
 }
 
@@ -113,10 +164,8 @@ struct chan {
 
 static inline void chan_init(struct chan *c)
 {
-	if (pipe(c->up) || pipe(c->down)) {
-		printf("Bail out! pipe: %s\n", strerror(errno));
-		exit(1);
-	}
+	if (pipe(c->up) || pipe(c->down))
+		ksft_exit_fail_msg("pipe: %s\n", strerror(errno));
 }
 
 static inline int chan_send(int fd, uint64_t v)
