@@ -26,6 +26,8 @@
 #            Each round also measures the network's bound (kcoll-tcpcap
 #            ring: every host streams raw TCP to the next at once; the
 #            slowest link bounds a ring all-reduce's busbw).
+#            KCOLL_CLUSTER_GSO_BYTES (netns-cluster.sh up --gso) is passed
+#            on and recorded (cluster_gso_bytes in the JSON).
 #            BENCH_PARTS picks "sweep" (the default), "kv" or both; kv here:
 #            a kcoll-kvbench -m target on host 0 (256 MiB, kcolld-mapped),
 #            written from host 1 by kcoll-kvbench -m initiator (C) and by
@@ -326,6 +328,8 @@ doc = {
     "python": platform.python_version(), "torch": torch.__version__,
     "collective": "allreduce", "dtype": "f32", "op": "sum", "rounds": rounds,
     "loadavg_start": load0, "loadavg_end": load1, "cluster_hosts": hosts,
+    "cluster_gso_bytes": int(os.environ["KCOLL_CLUSTER_GSO_BYTES"])
+    if hosts and os.environ.get("KCOLL_CLUSTER_GSO_BYTES") else None,
     "note": "summary: best round (and median) per point; busbw = 2(n-1)/n x bytes / time, GB = 1e9 B; "
             "systems: kcoll, gloo = torch.distributed on plain tensors (kcoll: large ones shared with "
             "kcolld in place, kcoll_mem_share); kcoll_copy = kcoll on plain tensors with "
@@ -383,7 +387,9 @@ def table(head, rows):
 
 print("torch.distributed all_reduce f32 sum: kcoll backend vs gloo, same processes; %sbest of %d "
       "rounds; %s, %s CPUs, torch %s, %s; load average before %s, after %s"
-      % ("one rank on each of %d netns hosts; " % doc["cluster_hosts"] if doc.get("cluster_hosts") else "",
+      % ("one rank on each of %d netns hosts%s; " % (doc["cluster_hosts"], ", links taking %d-byte packets"
+                                                      % doc["cluster_gso_bytes"] if doc.get("cluster_gso_bytes") else "")
+         if doc.get("cluster_hosts") else "",
          doc["rounds"], doc["host"], doc["cpus"], doc["torch"], doc["date"],
          " ".join(doc["loadavg_start"].split()[:3]), " ".join(doc["loadavg_end"].split()[:3])))
 print()

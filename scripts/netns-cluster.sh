@@ -2,7 +2,8 @@
 # A multi-host test bed on one machine: H "hosts" as network namespaces, each
 # with two interfaces on two separate networks, and one kcolld per host.
 #
-#   scripts/netns-cluster.sh up [-H HOSTS] [--no-daemon]   create (default 4 hosts)
+#   scripts/netns-cluster.sh up [-H HOSTS] [--no-daemon] [--gso BYTES]
+#                                                          create (default 4 hosts)
 #   scripts/netns-cluster.sh down                          delete everything (idempotent)
 #   scripts/netns-cluster.sh exec HOST CMD...              run CMD on HOST
 #   scripts/netns-cluster.sh restart HOST                  (re)start HOST's kcolld
@@ -21,6 +22,11 @@
 # Every host pair has two disjoint paths (eth0-br0-eth0, eth1-br1-eth1).
 # The bridges forward frames without br_netfilter's IP hooks, as a switch
 # would (KCOLL_CLUSTER_BRIDGE_NF=1 keeps them where the module is loaded).
+# --gso BYTES (default $KCOLL_CLUSTER_GSO_BYTES, else the kernel's 64 KiB)
+# lets TCP hand the links packets of up to BYTES, both ends of every veth:
+# above 64 KiB that is BIG TCP (IPv4 needs Linux 6.3; set through rtnetlink
+# by build/tests/link_gso), fewer packets for the hosts' CPUs to carry
+# through veth and bridge per byte.
 #
 # HOST is an index (2), hN, P-hN, or one of the host's addresses.
 # exec runs CMD in the host's namespace and in a UTS namespace of its own whose
@@ -161,6 +167,18 @@ add_link() {	# i iface bridge addr
 	ip -n "$ns" link set "$2" up
 }
 
+# Both ends of host i's two links take packets of up to BYTES; the kernel's
+# own reading back, so that a kernel without IPv4 BIG TCP is named.
+set_gso() {	# i bytes
+	local ns got
+	ns=$(host_ns "$1")
+	ip netns exec "$ns" "$BUILD_DIR/tests/link_gso" "$2" eth0 eth1 || return 1
+	ip netns exec "$SW" "$BUILD_DIR/tests/link_gso" "$2" "h$1-eth0" "h$1-eth1" || return 1
+	got=$(ip netns exec "$ns" "$BUILD_DIR/tests/link_gso" --get eth0 | awk '$1 == "gso_ipv4_max_size" { print $2 }')
+	[ "$got" = "$2" ] ||
+		die "--gso $2: eth0 of $ns takes IPv4 packets of up to ${got:-?} bytes (IPv4 BIG TCP needs Linux 6.3)"
+}
+
 start_daemon() {	# i
 	local i=$1 ns dir
 	ns=$(host_ns "$i")
@@ -187,12 +205,14 @@ wait_daemon() {	# i
 }
 
 cmd_up() {
-	local hosts=4 daemons=1 i
+	local hosts=4 daemons=1 i gso=${KCOLL_CLUSTER_GSO_BYTES:-}
 	while [ $# -gt 0 ]; do
 		case "$1" in
 		-H | --hosts) [ $# -ge 2 ] || die "-H needs a number"; hosts=$2; shift ;;
 		--hosts=*) hosts=${1#*=} ;;
 		--no-daemon) daemons=0 ;;
+		--gso) [ $# -ge 2 ] || die "--gso needs a size in bytes"; gso=$2; shift ;;
+		--gso=*) gso=${1#*=} ;;
 		-h | --help) usage; exit 0 ;;
 		*) die "up: unknown option '$1' (try --help)" ;;
 		esac
@@ -204,6 +224,11 @@ cmd_up() {
 	need_root
 	check_prefix
 	command -v tc >/dev/null || die "'tc' (iproute2) is missing"
+	if [ -n "$gso" ]; then
+		[[ "$gso" =~ ^[0-9]+$ ]] || die "--gso $gso: a size in bytes"
+		[ -x "$BUILD_DIR/tests/link_gso" ] ||
+			die "$BUILD_DIR/tests/link_gso missing (--gso): run make (it needs libnl-3-dev: make deps)"
+	fi
 	if [ "$daemons" -eq 1 ] && [ ! -x "$BUILD_DIR/bin/kcolld" ]; then
 		die "$BUILD_DIR/bin/kcolld missing: run make (or up --no-daemon)"
 	fi
@@ -229,6 +254,7 @@ cmd_up() {
 		ip -n "$(host_ns "$i")" link set lo up
 		add_link "$i" eth0 "$P-br0" "$NET0.$((i + 1))"
 		add_link "$i" eth1 "$P-br1" "$NET1.$((i + 1))"
+		[ -z "$gso" ] || set_gso "$i" "$gso"
 	done
 	if [ "$daemons" -eq 1 ]; then
 		for ((i = 0; i < hosts; i++)); do start_daemon "$i"; done

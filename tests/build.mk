@@ -74,3 +74,16 @@ $(TBIN)/kv_hostile: $(OBJ)/tests/kv_hostile.o $(LIB)/libkcoll.a $(COMMON_LIB)
 
 ALL_TARGETS += $(TBIN)/kv_hostile
 CHECK_TARGETS += $(TBIN)/kv_hostile
+
+# Sets the GSO/GRO maxima of the netns cluster's links through rtnetlink
+# (scripts/netns-cluster.sh up --gso); libnl-3-dev (make deps) has its headers.
+ifneq ($(wildcard /usr/include/libnl3/netlink/netlink.h),)
+$(OBJ)/tests/link_gso.o: CPPFLAGS += -I/usr/include/libnl3
+$(TBIN)/link_gso: $(OBJ)/tests/link_gso.o
+	$(call msg,LD,$@)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) -lnl-3
+
+ALL_TARGETS += $(TBIN)/link_gso
+CHECK_TARGETS += $(TBIN)/link_gso
+endif

@@ -4,7 +4,9 @@
 # host reaches every other on both networks, each host's kcolld answers from
 # inside its own namespace, degrade slows exactly one link (measured with
 # kcoll-tcpcap) and heal restores it, and down leaves nothing behind, also
-# after a partial up. Needs root and network namespaces (SKIP otherwise).
+# after a partial up; up --gso sets both ends of every link to the size asked
+# for (and refuses what is not a size). Needs root and network namespaces
+# (SKIP otherwise).
 # Bounded: about 10-15 s. TAP.
 set -u
 . "${KCOLL_TOP:?run through tests/run.sh}/tests/cluster_lib.sh"
@@ -174,6 +176,34 @@ ip netns add "$P-sw" && ip netns add "$P-h2" && ip -n "$P-sw" link add "$P-br0" 
 "$C" up -H $H >/dev/null 2>&1; [ $? -ne 0 ]; ok $? "up refuses over a partial cluster"
 "$C" down && [ -z "$(ip netns list | awk '{print $1}' | grep -E "^$P-")" ]
 ok $? "down removes a partial cluster"
+
+# ---- --gso: links that take packets over 64 KiB (BIG TCP) ---------------------------
+"$C" up -H 2 --no-daemon --gso 12k >"$T/gso.out" 2>&1; rc=$?
+[ $rc -ne 0 ] && grep -q "a size in bytes" "$T/gso.out" && [ -z "$(ip netns list | awk '{print $1}' | grep -E "^$P-")" ]
+ok $? "up --gso 12k: refused, says what it takes, nothing created ($(head -c 200 "$T/gso.out"))"
+if [ ! -x "$B/tests/link_gso" ]; then
+	skip "up --gso: $B/tests/link_gso not built (libnl-3-dev missing: make deps)"
+elif ! "$C" up -H 2 --no-daemon --gso 131072 >"$T/gso.out" 2>&1; then
+	if grep -q "IPv4 BIG TCP needs Linux 6.3" "$T/gso.out"; then
+		skip "up --gso: this kernel ($(uname -r)) has no IPv4 BIG TCP"
+	else
+		ok 1 "up -H 2 --gso 131072 ($(tr '\n' ' ' <"$T/gso.out" | head -c 300))"
+	fi
+	"$C" down >/dev/null 2>&1
+else
+	bad=
+	for i in 0 1; do
+		for end in "$P-h$i eth0" "$P-h$i eth1" "$P-sw h$i-eth0" "$P-sw h$i-eth1"; do
+			set -- $end
+			got=$(ip netns exec "$1" "$B/tests/link_gso" --get "$2" | awk '$2 == 131072' | wc -l)
+			[ "$got" -eq 4 ] || bad+=" $1/$2"
+		done
+	done
+	[ -z "$bad" ]; ok $? "up --gso 131072: both ends of every link take 128 KiB packets, IPv4 and IPv6, GSO and GRO${bad:+ (not:$bad)}"
+	r=$(rate 0 10.10.0.2 1)
+	lt 0.01 "$r" 1; ok $? "a TCP stream over the 128 KiB links: h0->h1 $r GB/s"
+	"$C" down; ok $? "down after up --gso"
+fi
 
 echo "1..$n"
 exit $failed
