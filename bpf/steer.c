@@ -322,17 +322,17 @@ static int neigh_mac(struct rt *rt, __u32 laddr, __u32 raddr, int ifindex, __u8 
 	if (!if_indextoname((unsigned)ifindex, dev))
 		return say(msg, len, -ENODEV, "interface #%d is gone", ifindex);
 	err = rt_neigh(rt, raddr, ifindex, mac);
-	if (err != -ENOENT)
-		return err ? hint(msg, len, err, "reading the neighbour table") : 0;
-	s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	if (s >= 0) {
-		if (!bind(s, (struct sockaddr *)&src, sizeof(src)))
-			sendto(s, "", 0, MSG_DONTWAIT, (struct sockaddr *)&dst, sizeof(dst));
-		close(s);
-	}
-	for (int i = 0; i < 40 && err == -ENOENT; i++) {
-		nanosleep(&ms50, NULL);
-		err = rt_neigh(rt, raddr, ifindex, mac);
+	if (err == -ENOENT) {
+		s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		if (s >= 0) {
+			if (!bind(s, (struct sockaddr *)&src, sizeof(src)))
+				sendto(s, "", 0, MSG_DONTWAIT, (struct sockaddr *)&dst, sizeof(dst));
+			close(s);
+		}
+		for (int i = 0; i < 40 && err == -ENOENT; i++) {
+			nanosleep(&ms50, NULL);
+			err = rt_neigh(rt, raddr, ifindex, mac);
+		}
 	}
 	if (err != -ENOENT)
 		return err ? hint(msg, len, err, "reading the neighbour table") : 0;
