@@ -385,11 +385,15 @@ def table(head, rows):
         print("| " + " | ".join(r) + " |")
     print()
 
+where = ""
+if doc.get("cluster_hosts"):
+    where = "one rank on each of %d netns hosts" % doc["cluster_hosts"]
+    if doc.get("cluster_gso_bytes"):
+        where += ", links taking %d-byte packets" % doc["cluster_gso_bytes"]
+    where += "; "
 print("torch.distributed all_reduce f32 sum: kcoll backend vs gloo, same processes; %sbest of %d "
       "rounds; %s, %s CPUs, torch %s, %s; load average before %s, after %s"
-      % ("one rank on each of %d netns hosts%s; " % (doc["cluster_hosts"], ", links taking %d-byte packets"
-                                                      % doc["cluster_gso_bytes"] if doc.get("cluster_gso_bytes") else "")
-         if doc.get("cluster_hosts") else "",
+      % (where,
          doc["rounds"], doc["host"], doc["cpus"], doc["torch"], doc["date"],
          " ".join(doc["loadavg_start"].split()[:3]), " ".join(doc["loadavg_end"].split()[:3])))
 print()
